@@ -1,0 +1,45 @@
+// Non-owning views of weight tensors (usually memory-mapped from safetensors files).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace duet {
+
+// A read-only view: `data` points at shape-product elements of `dtype`, row-major.
+struct TensorView {
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype); }
+  int64_t dim(int i) const { return shape.at(static_cast<size_t>(i)); }
+};
+
+// A weight matrix as linear layers use it: W[rows = n_out, cols = n_in], row-major, y = W x.
+struct Matrix {
+  DType dtype = DType::kF32;  // kF32 or kBF16 (f16 files are converted to f32 when loaded)
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const void* data = nullptr;
+
+  // Rows [r0, r0 + n) as a matrix of their own (e.g. one expert's slice or one head).
+  Matrix row_slice(int64_t r0, int64_t n) const {
+    Matrix m = *this;
+    m.rows = n;
+    m.data = static_cast<const char*>(data) + static_cast<size_t>(r0 * cols) * dtype_size(dtype);
+    return m;
+  }
+};
+
+std::string shape_str(const std::vector<int64_t>& shape);
+
+}  // namespace duet

@@ -1,0 +1,28 @@
+// Element-wise and row-wise f32 kernels used by every architecture. All pointers are f32,
+// contiguous; "in place" is allowed where a comment says so.
+#pragma once
+
+#include <cstdint>
+
+namespace duet {
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w[:] for r < n_rows; x, y: [n_rows, n];
+// w: [n]. y may equal x. The sum of squares is accumulated in f32 (as torch does for f32).
+void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y);
+
+// out[i] = silu(gate[i]) * up[i], silu(v) = v / (1 + exp(-v)); out may equal gate or up.
+void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+
+// x[:n] = softmax(x[:n]) in place, max-subtracted. n >= 1.
+void softmax(float* x, int64_t n);
+
+// Σ a[i] b[i].
+float dot(const float* a, const float* b, int64_t n);
+
+// y[i] += alpha * x[i].
+void axpy(float alpha, const float* x, int64_t n, float* y);
+
+// y[i] += x[i].
+void add_inplace(const float* x, int64_t n, float* y);
+
+}  // namespace duet

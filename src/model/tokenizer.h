@@ -1,0 +1,43 @@
+// Byte-level BPE tokenizer read from a Hugging Face tokenizer.json (model.type "BPE", ByteLevel
+// pre-tokenizer and decoder, optional Split pre-tokenizer with a PCRE2 regex, added tokens).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace duet {
+
+class Tokenizer {
+ public:
+  // Reads dir/tokenizer.json (and dir/tokenizer_config.json for bos/eos names if present).
+  // Throws duet::Error naming the file and the unsupported component.
+  static std::unique_ptr<Tokenizer> load(const std::string& dir);
+  static std::unique_ptr<Tokenizer> from_json(const std::string& tokenizer_json_text,
+                                              const std::string& source_name);
+  ~Tokenizer();
+
+  // Text -> ids. Special/added tokens written literally in the text are matched as themselves.
+  std::vector<int32_t> encode(const std::string& text) const;
+  // Ids -> text (byte-level decode); skip_special drops added tokens marked special.
+  std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
+
+  int32_t vocab_size() const;         // number of ids (model vocab + added tokens)
+  int32_t token_to_id(const std::string& token) const;  // -1 if absent
+  const std::string& id_to_token(int32_t id) const;
+
+ private:
+  Tokenizer();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Builds the tokenizer.json text for a generated model: byte-level BPE whose merges are learned
+// deterministically from a built-in corpus, with exactly `vocab_size` ids in total, of which the
+// last ones are the special tokens named in `specials` (e.g. "<|endoftext|>"), added as special.
+// The pre-tokenizer is a Split with the Qwen2-style regex plus ByteLevel, as real checkpoints use.
+std::string build_bpe_tokenizer_json(int32_t vocab_size, const std::vector<std::string>& specials);
+
+}  // namespace duet
