@@ -1,0 +1,145 @@
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/generator.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+
+namespace duet {
+
+namespace {
+
+struct GenerateOptions {
+  std::string model_dir;
+  std::string prompt;
+  std::string prompt_ids;
+  int64_t max_tokens = 16;
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  int32_t top_k = 0;
+  int64_t seed = -1;
+  std::string dump_logits;
+  int threads = 0;
+  bool ignore_eos = false;
+};
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      long v = std::stol(item, &used);
+      if (used != item.size()) throw std::invalid_argument(item);
+      ids.push_back(static_cast<int32_t>(v));
+    } catch (const std::exception&) {
+      throw Error("--prompt-ids: '" + item + "' is not an integer (expected e.g. 1,2,3)");
+    }
+  }
+  return ids;
+}
+
+// Whether tokenizer_config.json asks for a BOS token before the prompt (Llama, DeepSeek).
+bool wants_bos(const std::string& model_dir) {
+  std::ifstream in(model_dir + "/tokenizer_config.json");
+  if (!in) return false;
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.value("add_bos_token", false);
+}
+
+void write_logits(const std::string& path, const std::vector<int32_t>& prompt,
+                  const GenerateResult& r, int64_t n_vocab) {
+  std::ofstream out(path);
+  if (!out) throw Error(path + ": cannot write");
+  char buf[32];
+  out << "{\"tokens\": " << nlohmann::json(prompt).dump() << ", \"logits\": [";
+  for (size_t p = 0; p < prompt.size(); ++p) {
+    out << (p ? ",\n[" : "\n[");
+    for (int64_t v = 0; v < n_vocab; ++v) {
+      std::snprintf(buf, sizeof buf, "%s%.9g", v ? ", " : "", r.prompt_logits[p * n_vocab + v]);
+      out << buf;
+    }
+    out << "]";
+  }
+  out << "], \"generated\": " << nlohmann::json(r.tokens).dump() << "}\n";
+  if (!out) throw Error(path + ": write failed");
+}
+
+void run_generate(const GenerateOptions& o) {
+  ThreadPool pool(o.threads > 0 ? o.threads : available_cores());
+  std::unique_ptr<Model> model = Model::load(o.model_dir);
+  const ModelConfig& c = model->config();
+  std::unique_ptr<Tokenizer> tok;
+  GenerateRequest req;
+  if (!o.prompt_ids.empty()) {
+    req.prompt = parse_ids(o.prompt_ids);
+  } else {
+    tok = Tokenizer::load(o.model_dir);
+    if (wants_bos(o.model_dir) && c.bos_token_id >= 0) req.prompt.push_back(c.bos_token_id);
+    std::vector<int32_t> ids = tok->encode(o.prompt);
+    req.prompt.insert(req.prompt.end(), ids.begin(), ids.end());
+  }
+  req.max_tokens = o.max_tokens;
+  req.sampling.temperature = o.temperature;
+  req.sampling.top_p = o.top_p;
+  req.sampling.top_k = o.top_k;
+  if (o.seed >= 0) req.sampling.seed = static_cast<uint64_t>(o.seed);
+  req.prompt_logits = !o.dump_logits.empty();
+  if (!o.ignore_eos) req.stop_ids = c.eos_token_ids;
+
+  Generator gen(*model, pool);
+  GenerateStats st;
+  GenerateResult r = gen.generate({req}, &st)[0];
+
+  if (!tok && std::ifstream(o.model_dir + "/tokenizer.json")) tok = Tokenizer::load(o.model_dir);
+  if (tok) {
+    std::printf("%s\n", tok->decode(r.tokens, /*skip_special=*/true).c_str());
+  } else {
+    std::printf("%s\n", nlohmann::json(r.tokens).dump().c_str());
+  }
+  const int64_t decoded = st.generated_tokens > 0 ? st.generated_tokens - 1 : 0;
+  std::fprintf(stderr,
+               "prompt: %lld tokens, %.1f tok/s | generation: %lld tokens, %.1f tok/s | "
+               "finish: %s | %d threads\n",
+               static_cast<long long>(st.prompt_tokens), st.prompt_tokens / st.prefill_seconds,
+               static_cast<long long>(st.generated_tokens),
+               st.decode_seconds > 0 ? decoded / st.decode_seconds : 0.0,
+               r.finish_reason.c_str(), pool.n_threads());
+  if (!o.dump_logits.empty()) write_logits(o.dump_logits, req.prompt, r, c.n_vocab);
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  CLI::App* cmd = app.add_subcommand("generate", "Generate a completion for one prompt");
+  cmd->add_option("model_dir", o->model_dir, "Hugging Face model directory")->required();
+  auto* text = cmd->add_option("--prompt", o->prompt, "Prompt text");
+  auto* ids = cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt token ids, e.g. 1,2,3");
+  text->excludes(ids);
+  cmd->add_option("--max-tokens", o->max_tokens, "Tokens to generate (default 16)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--temperature", o->temperature, "0 = greedy (default)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", o->top_p, "Nucleus sampling mass in (0, 1]");
+  cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = all)");
+  cmd->add_option("--seed", o->seed, "Sampling seed (default: random)");
+  cmd->add_option("--dump-logits", o->dump_logits,
+                  "Write {tokens, logits per prompt position, generated} as JSON");
+  cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
+  cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the end-of-sequence token");
+  cmd->callback([o, text, ids] {
+    if (text->count() == 0 && ids->count() == 0)
+      throw Error("generate needs --prompt TEXT or --prompt-ids IDS");
+    run_generate(*o);
+  });
+}
+
+}  // namespace duet

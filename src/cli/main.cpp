@@ -1,0 +1,25 @@
+// duet: an inference engine and server for Mixture-of-Experts language models on CPUs.
+#include <cstdio>
+#include <exception>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"duet: Mixture-of-Experts inference on CPUs"};
+  app.require_subcommand(1);
+  duet::add_make_model_command(app);
+  duet::add_generate_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const duet::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,67 @@
+// Batched generation on one rank: every request's prompt is prefilled in one forward pass, then
+// all unfinished sequences decode together, one token each per step. Used by `duet generate`,
+// the benchmarks and the tests; the serving scheduler builds on the same forward().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "engine/kv_cache.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+#include "moe/local_dispatcher.h"
+
+namespace duet {
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;    // token ids, not empty
+  int64_t max_tokens = 16;        // 0: prefill only
+  SamplingParams sampling;
+  bool prompt_logits = false;     // keep the logits of every prompt position
+  std::vector<int32_t> stop_ids;  // generation ends after one of these is produced
+};
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;       // generated ids (including a final stop id)
+  std::vector<float> prompt_logits;  // [prompt.size(), n_vocab] if asked
+  std::string finish_reason;         // "stop" or "length"
+};
+
+struct GenerateStats {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  int64_t decode_steps = 0;
+};
+
+class Generator {
+ public:
+  // The model and pool must outlive the generator.
+  Generator(const Model& model, ThreadPool& pool);
+
+  // Throws duet::Error on a bad request (empty prompt, id out of range, too long for the
+  // model's context). Sequences' KV rows are freed when it returns.
+  std::vector<GenerateResult> generate(const std::vector<GenerateRequest>& requests,
+                                       GenerateStats* stats = nullptr);
+
+  // One forward pass; reserves KV rows for every token first. Returns logits
+  // [in.out_rows.size(), n_vocab], valid until the next call.
+  const std::vector<float>& forward(const ForwardInput& in);
+
+  KvCache& kv_cache() { return kv_; }
+
+ private:
+  void validate(const GenerateRequest& r) const;
+
+  const Model& model_;
+  ThreadPool& pool_;
+  KvCache kv_;
+  LocalDispatcher dispatcher_;
+  ForwardState state_;
+};
+
+}  // namespace duet

@@ -1,0 +1,64 @@
+#include "engine/kv_cache.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace duet {
+
+KvCache::KvCache(int64_t n_layer, int64_t k_width, int64_t v_width)
+    : n_layer_(n_layer), k_width_(k_width), v_width_(v_width) {}
+
+int32_t KvCache::add_sequence() {
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    if (!seqs_[i]) {
+      seqs_[i] = std::make_unique<Seq>();
+      return static_cast<int32_t>(i);
+    }
+  }
+  seqs_.push_back(std::make_unique<Seq>());
+  return static_cast<int32_t>(seqs_.size() - 1);
+}
+
+void KvCache::remove_sequence(int32_t seq_id) {
+  seq(seq_id);  // checks the id
+  seqs_[seq_id].reset();
+}
+
+KvCache::Seq& KvCache::seq(int32_t seq_id) {
+  DUET_CHECK(seq_id >= 0 && seq_id < static_cast<int32_t>(seqs_.size()) && seqs_[seq_id],
+             "unknown sequence " << seq_id);
+  return *seqs_[seq_id];
+}
+
+const KvCache::Seq& KvCache::seq(int32_t seq_id) const {
+  return const_cast<KvCache*>(this)->seq(seq_id);
+}
+
+void KvCache::reserve(int32_t seq_id, int64_t n_pos) {
+  Seq& s = seq(seq_id);
+  if (n_pos <= s.capacity) return;
+  // Grow geometrically so a decode loop reallocates O(log n) times.
+  const int64_t cap = std::max(n_pos, s.capacity * 2);
+  s.k.resize(static_cast<size_t>(cap * n_layer_ * k_width_));
+  s.v.resize(static_cast<size_t>(cap * n_layer_ * v_width_));
+  s.capacity = cap;
+}
+
+int64_t KvCache::capacity(int32_t seq_id) const { return seq(seq_id).capacity; }
+
+int64_t KvCache::n_sequences() const {
+  return std::count_if(seqs_.begin(), seqs_.end(), [](const auto& s) { return s != nullptr; });
+}
+
+float* KvCache::k(int32_t seq_id, int64_t il, int64_t pos) {
+  Seq& s = *seqs_[seq_id];
+  return s.k.data() + (pos * n_layer_ + il) * k_width_;
+}
+
+float* KvCache::v(int32_t seq_id, int64_t il, int64_t pos) {
+  Seq& s = *seqs_[seq_id];
+  return s.v.data() + (pos * n_layer_ + il) * v_width_;
+}
+
+}  // namespace duet

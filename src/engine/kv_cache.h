@@ -1,0 +1,42 @@
+// A contiguous KV cache: each sequence owns one growable buffer laid out [pos][layer][width], so
+// growing it keeps earlier rows in place (a paged block pool replaces this for serving).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/forward.h"
+
+namespace duet {
+
+class KvCache final : public KvStore {
+ public:
+  // k_width / v_width: f32 values per position per layer (v_width may be 0, as for MLA).
+  KvCache(int64_t n_layer, int64_t k_width, int64_t v_width);
+
+  // A new empty sequence; ids of removed sequences are reused.
+  int32_t add_sequence();
+  void remove_sequence(int32_t seq_id);
+  // Makes rows for positions [0, n_pos) exist. Row pointers stay valid until the next reserve.
+  void reserve(int32_t seq_id, int64_t n_pos);
+  int64_t capacity(int32_t seq_id) const;
+  int64_t n_sequences() const;
+
+  float* k(int32_t seq_id, int64_t il, int64_t pos) override;
+  float* v(int32_t seq_id, int64_t il, int64_t pos) override;
+
+ private:
+  struct Seq {
+    int64_t capacity = 0;  // positions
+    std::vector<float> k;  // [capacity, n_layer, k_width]
+    std::vector<float> v;  // [capacity, n_layer, v_width]
+  };
+  Seq& seq(int32_t seq_id);
+  const Seq& seq(int32_t seq_id) const;
+
+  int64_t n_layer_, k_width_, v_width_;
+  std::vector<std::unique_ptr<Seq>> seqs_;  // null = free id
+};
+
+}  // namespace duet

@@ -1,0 +1,227 @@
+// DeepSeek-V2 (DeepseekV2ForCausalLM, following DeepSeek's modeling_deepseek.py): multi-head
+// latent attention (MLA) with an optional low-rank query, interleaved rope on a separate rope
+// part of q and k, yarn scaling with the mscale softmax factor; the first first_k_dense_replace
+// layers dense, then MoE every moe_layer_freq layers, with shared experts and greedy or
+// group-limited-greedy routing.
+//
+// The KV store keeps MLA's compressed latent, never expanded K/V: per position
+// [kv_lora_rank] normed c_kv followed by [qk_rope_head_dim] roped k_pe. Attention runs in the
+// absorbed form: q_nope is multiplied into the latent space by W_UK, scores are taken against
+// c_kv directly, and the latent output is expanded by W_UV.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+#include "kernels/rope.h"
+#include "model/gqa_attention.h"
+#include "model/layers.h"
+#include "model/model.h"
+
+namespace duet {
+namespace {
+
+struct MlaWeights {
+  const float* norm = nullptr;       // [n_embd] input_layernorm
+  Matrix wq;                         // [n_head * qk_dim, n_embd] (no q_lora_rank)
+  Matrix wq_a;                       // [q_lora_rank, n_embd]
+  const float* q_a_norm = nullptr;   // [q_lora_rank]
+  Matrix wq_b;                       // [n_head * qk_dim, q_lora_rank]
+  Matrix wkv_a;                      // [kv_lora_rank + rope_dim, n_embd]
+  const float* kv_a_norm = nullptr;  // [kv_lora_rank]
+  Matrix wkv_b;                      // [n_head * (nope + v_dim), kv_lora_rank]
+  Matrix wo;                         // [n_embd, n_head * v_dim]
+};
+
+class DeepseekV2 final : public Model {
+ public:
+  explicit DeepseekV2(const ModelConfig& c)
+      : Model(c), rope_(rope_params(c, c.qk_rope_head_dim)), scale_(softmax_scale(c)) {}
+
+  int64_t kv_k_width() const override { return config_.kv_lora_rank + config_.qk_rope_head_dim; }
+  int64_t kv_v_width() const override { return 0; }
+
+ protected:
+  void load_weights(WeightSource& src) override;
+  void attention(ForwardState& s, int64_t il) const override;
+
+ private:
+
+  static float softmax_scale(const ModelConfig& c) {
+    double scale = 1.0 / std::sqrt(static_cast<double>(c.qk_head_dim()));
+    if (!c.rope_scaling.type.empty() && c.rope_scaling.mscale_all_dim != 0) {
+      const double m = yarn_get_mscale(c.rope_scaling.factor, c.rope_scaling.mscale_all_dim);
+      scale *= m * m;
+    }
+    return static_cast<float>(scale);
+  }
+
+  void project_q(ForwardState& s, const MlaWeights& w) const;
+  void write_latents(ForwardState& s, int64_t il, const MlaWeights& w) const;
+  void absorbed_attention(ForwardState& s, int64_t il, const MlaWeights& w) const;
+
+  Rope rope_;
+  float scale_;
+  std::vector<MlaWeights> attn_;  // [n_layer]
+};
+
+void DeepseekV2::load_weights(WeightSource& src) {
+  const ModelConfig& c = config_;
+  const int64_t D = c.n_embd, H = c.n_head, qk = c.qk_head_dim();
+  load_embeddings(src);
+  attn_.resize(static_cast<size_t>(c.n_layer));
+  for (int64_t il = 0; il < c.n_layer; ++il) {
+    const std::string p = "model.layers." + std::to_string(il) + ".";
+    MlaWeights& a = attn_[il];
+    a.norm = src.vector(p + "input_layernorm.weight", D);
+    if (c.q_lora_rank == 0) {
+      a.wq = src.matrix(p + "self_attn.q_proj.weight", H * qk, D);
+    } else {
+      a.wq_a = src.matrix(p + "self_attn.q_a_proj.weight", c.q_lora_rank, D);
+      a.q_a_norm = src.vector(p + "self_attn.q_a_layernorm.weight", c.q_lora_rank);
+      a.wq_b = src.matrix(p + "self_attn.q_b_proj.weight", H * qk, c.q_lora_rank);
+    }
+    a.wkv_a = src.matrix(p + "self_attn.kv_a_proj_with_mqa.weight",
+                         c.kv_lora_rank + c.qk_rope_head_dim, D);
+    a.kv_a_norm = src.vector(p + "self_attn.kv_a_layernorm.weight", c.kv_lora_rank);
+    a.wkv_b = src.matrix(p + "self_attn.kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim),
+                         c.kv_lora_rank);
+    a.wo = src.matrix(p + "self_attn.o_proj.weight", D, H * c.v_head_dim);
+
+    FfnWeights& f = ffn_[il];
+    f.norm = src.vector(p + "post_attention_layernorm.weight", D);
+    f.is_moe = c.is_moe_layer(il);
+    if (!f.is_moe) {
+      f.dense = load_mlp(src, p + "mlp", D, c.n_ff);
+      continue;
+    }
+    f.router = src.matrix(p + "mlp.gate.weight", c.n_expert, D);
+    f.route.n_expert = c.n_expert;
+    f.route.n_expert_used = c.n_expert_used;
+    // modeling_deepseek.py (V2): renormalise only when top_k > 1 and norm_topk_prob; otherwise
+    // multiply by routed_scaling_factor.
+    f.route.norm_topk_prob = c.norm_topk_prob && c.n_expert_used > 1;
+    f.route.routed_scaling_factor = f.route.norm_topk_prob ? 1.0 : c.routed_scaling_factor;
+    f.route.norm_eps = 1e-20;
+    if (c.topk_method == TopkMethod::kGroupLimitedGreedy) {
+      f.route.n_group = c.n_group;
+      f.route.topk_group = c.topk_group;
+    }
+    for (int64_t e = 0; e < c.n_expert; ++e) {
+      f.experts.push_back(load_mlp(src, p + "mlp.experts." + std::to_string(e), D, c.n_ff_exp));
+    }
+    if (c.n_expert_shared > 0) {
+      f.has_shared = true;
+      f.shared = load_mlp(src, p + "mlp.shared_experts", D, c.n_ff_exp * c.n_expert_shared);
+    }
+  }
+  load_output(src);
+}
+
+// s.q = [n_tokens, n_head, nope + rope] queries, rope part rotated.
+void DeepseekV2::project_q(ForwardState& s, const MlaWeights& w) const {
+  const ModelConfig& c = config_;
+  const int64_t n = s.n_tokens(), qk = c.qk_head_dim();
+  s.q.resize(static_cast<size_t>(n * c.n_head * qk));
+  if (c.q_lora_rank == 0) {
+    matmul(*s.pool, w.wq, s.h.data(), n, s.q.data());
+  } else {
+    s.scratch.resize(static_cast<size_t>(n * c.q_lora_rank));
+    matmul(*s.pool, w.wq_a, s.h.data(), n, s.scratch.data());
+    rms_norm(s.scratch.data(), w.q_a_norm, n, c.q_lora_rank, static_cast<float>(c.rms_norm_eps),
+             s.scratch.data());
+    matmul(*s.pool, w.wq_b, s.scratch.data(), n, s.q.data());
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    rope_.apply(s.q.data() + t * c.n_head * qk + c.qk_nope_head_dim, c.n_head, qk, s.in->pos[t],
+                RopeStyle::kInterleaved);
+  }
+}
+
+// Computes [normed c_kv | roped k_pe] for each token and stores it as the token's latent row.
+void DeepseekV2::write_latents(ForwardState& s, int64_t il, const MlaWeights& w) const {
+  const ModelConfig& c = config_;
+  const int64_t n = s.n_tokens(), width = kv_k_width();
+  s.kv_new.resize(static_cast<size_t>(n * width));
+  matmul(*s.pool, w.wkv_a, s.h.data(), n, s.kv_new.data());
+  for (int64_t t = 0; t < n; ++t) {
+    float* row = s.kv_new.data() + t * width;
+    rms_norm(row, w.kv_a_norm, 1, c.kv_lora_rank, static_cast<float>(c.rms_norm_eps), row);
+    rope_.apply(row + c.kv_lora_rank, 1, c.qk_rope_head_dim, s.in->pos[t],
+                RopeStyle::kInterleaved);
+    const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
+    std::copy(row, row + width, s.kv->k(seq, il, s.in->pos[t]));
+  }
+}
+
+// s.attn_out = [n_tokens, n_head * v_dim] from s.q and the latent cache.
+void DeepseekV2::absorbed_attention(ForwardState& s, int64_t il, const MlaWeights& w) const {
+  const ModelConfig& c = config_;
+  const int64_t n = s.n_tokens(), H = c.n_head, qk = c.qk_head_dim();
+  const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, L = c.kv_lora_rank;
+  const int64_t vd = c.v_head_dim, kv_rows = nope + vd;
+  // q_lat [H, n, L] = q_nope[h] · W_UK[h], W_UK[h] = rows [h * kv_rows, + nope) of kv_b.
+  std::vector<float>& q_lat = s.scratch;
+  std::vector<float>& o_lat = s.scratch2;  // [H, n, L]
+  q_lat.resize(static_cast<size_t>(H * n * L));
+  o_lat.resize(q_lat.size());
+  std::vector<float> tmp(static_cast<size_t>(n * std::max(nope, vd)));
+  for (int64_t h = 0; h < H; ++h) {
+    for (int64_t t = 0; t < n; ++t) {
+      const float* src = s.q.data() + (t * H + h) * qk;
+      std::copy(src, src + nope, tmp.data() + t * nope);
+    }
+    matmul_xw(*s.pool, w.wkv_b.row_slice(h * kv_rows, nope), tmp.data(), n,
+              q_lat.data() + h * n * L);
+  }
+  s.pool->parallel_for(n * H, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t t = task / H, h = task % H;
+      const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
+      const int64_t n_ctx = s.in->pos[t] + 1;
+      const float* ql = q_lat.data() + (h * n + t) * L;
+      const float* qpe = s.q.data() + (t * H + h) * qk + nope;
+      scores.resize(static_cast<size_t>(n_ctx));
+      for (int64_t j = 0; j < n_ctx; ++j) {
+        const float* row = s.kv->k(seq, il, j);
+        scores[j] = (dot(ql, row, L) + dot(qpe, row + L, rope)) * scale_;
+      }
+      softmax(scores.data(), n_ctx);
+      float* ol = o_lat.data() + (h * n + t) * L;
+      std::fill(ol, ol + L, 0.0f);
+      for (int64_t j = 0; j < n_ctx; ++j) axpy(scores[j], s.kv->k(seq, il, j), L, ol);
+    }
+  });
+  // attn_out[t, h] = W_UV[h] · o_lat[h, t], W_UV[h] = rows [h * kv_rows + nope, + vd) of kv_b.
+  s.attn_out.resize(static_cast<size_t>(n * H * vd));
+  for (int64_t h = 0; h < H; ++h) {
+    matmul(*s.pool, w.wkv_b.row_slice(h * kv_rows + nope, vd), o_lat.data() + h * n * L, n,
+           tmp.data());
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy(tmp.data() + t * vd, tmp.data() + (t + 1) * vd,
+                s.attn_out.data() + (t * H + h) * vd);
+    }
+  }
+}
+
+void DeepseekV2::attention(ForwardState& s, int64_t il) const {
+  const MlaWeights& w = attn_[il];
+  const int64_t n = s.n_tokens(), D = config_.n_embd;
+  norm_into_h(s, w.norm, D, static_cast<float>(config_.rms_norm_eps));
+  project_q(s, w);
+  write_latents(s, il, w);
+  absorbed_attention(s, il, w);
+  s.scratch.resize(static_cast<size_t>(n * D));
+  matmul(*s.pool, w.wo, s.attn_out.data(), n, s.scratch.data());
+  add_inplace(s.scratch.data(), n * D, s.x.data());
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_deepseek_v2(const ModelConfig& config) {
+  return std::make_unique<DeepseekV2>(config);
+}
+
+}  // namespace duet

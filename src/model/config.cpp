@@ -1,0 +1,311 @@
+#include "model/config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace duet {
+
+using json = nlohmann::json;
+
+const char* arch_name(Arch a) {
+  switch (a) {
+    case Arch::kQwen3Moe: return "qwen3_moe";
+    case Arch::kDeepseekV2: return "deepseek_v2";
+    case Arch::kMixtral: return "mixtral";
+  }
+  return "?";
+}
+
+bool ModelConfig::is_moe_layer(int64_t il) const {
+  if (n_expert == 0) return false;
+  switch (arch) {
+    case Arch::kQwen3Moe:
+      for (int64_t l : mlp_only_layers)
+        if (l == il) return false;
+      return (il + 1) % decoder_sparse_step == 0;
+    case Arch::kDeepseekV2:
+      return il >= first_k_dense_replace && il % moe_layer_freq == 0;
+    case Arch::kMixtral:
+      return true;
+  }
+  return false;
+}
+
+int64_t ModelConfig::qk_head_dim() const {
+  return arch == Arch::kDeepseekV2 ? qk_nope_head_dim + qk_rope_head_dim : head_dim;
+}
+
+namespace {
+
+// Typed access to config.json fields with errors that name the file and the field.
+class Fields {
+ public:
+  Fields(const json& j, const std::string& source) : j_(j), source_(source) {}
+
+  bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+
+  int64_t integer(const char* key) const {
+    if (!j_.contains(key)) fail(key, "is missing");
+    return as_integer(j_.at(key), key);
+  }
+  int64_t integer(const char* key, int64_t dflt) const {
+    return has(key) ? as_integer(j_.at(key), key) : dflt;
+  }
+  double number(const char* key, double dflt) const {
+    if (!has(key)) return dflt;
+    const json& v = j_.at(key);
+    if (!v.is_number()) fail(key, "expected a number, found " + v.dump());
+    return v.get<double>();
+  }
+  bool boolean(const char* key, bool dflt) const {
+    if (!has(key)) return dflt;
+    const json& v = j_.at(key);
+    if (!v.is_boolean()) fail(key, "expected true or false, found " + v.dump());
+    return v.get<bool>();
+  }
+  std::string string(const char* key, const std::string& dflt) const {
+    if (!has(key)) return dflt;
+    const json& v = j_.at(key);
+    if (!v.is_string()) fail(key, "expected a string, found " + v.dump());
+    return v.get<std::string>();
+  }
+  std::vector<int64_t> int_list(const char* key) const {
+    std::vector<int64_t> out;
+    if (!has(key)) return out;
+    const json& v = j_.at(key);
+    if (!v.is_array()) fail(key, "expected a list of integers, found " + v.dump());
+    for (const json& e : v) out.push_back(as_integer(e, key));
+    return out;
+  }
+  // An integer or a list of integers (eos_token_id takes both forms).
+  std::vector<int32_t> ids(const char* key) const {
+    std::vector<int32_t> out;
+    if (!has(key)) return out;
+    const json& v = j_.at(key);
+    if (v.is_array()) {
+      for (const json& e : v) out.push_back(static_cast<int32_t>(as_integer(e, key)));
+    } else {
+      out.push_back(static_cast<int32_t>(as_integer(v, key)));
+    }
+    return out;
+  }
+
+  [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+    throw Error(source_ + ": field '" + key + "' " + what);
+  }
+  void require(bool ok, const std::string& key, const std::string& what) const {
+    if (!ok) fail(key, what);
+  }
+  void positive(const char* key, int64_t v) const {
+    if (v <= 0) fail(key, "must be positive, found " + std::to_string(v));
+  }
+
+ private:
+  int64_t as_integer(const json& v, const std::string& key) const {
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (v.is_number_float() && v.get<double>() == static_cast<double>(v.get<int64_t>()))
+      return v.get<int64_t>();
+    fail(key, "expected an integer, found " + v.dump());
+  }
+
+  const json& j_;
+  const std::string& source_;
+};
+
+RopeScaling parse_rope_scaling(const Fields& f, const json& j, const std::string& source) {
+  RopeScaling rs;
+  if (!f.has("rope_scaling")) return rs;
+  const json& r = j.at("rope_scaling");
+  if (!r.is_object()) f.fail("rope_scaling", "expected an object, found " + r.dump());
+  Fields rf(r, source);
+  std::string type = rf.string("rope_type", rf.string("type", ""));
+  if (type == "default" || type.empty()) return rs;
+  if (type != "yarn") {
+    f.fail("rope_scaling", "has type '" + type + "', which duet does not support (supported: yarn)");
+  }
+  rs.type = type;
+  rs.factor = rf.number("factor", 1.0);
+  rs.beta_fast = rf.number("beta_fast", 32.0);
+  rs.beta_slow = rf.number("beta_slow", 1.0);
+  rs.original_max_position = rf.integer("original_max_position_embeddings", 0);
+  rs.mscale = rf.number("mscale", 1.0);
+  rs.mscale_all_dim = rf.number("mscale_all_dim", 0.0);
+  rs.attention_factor = rf.number("attention_factor", -1.0);
+  if (rf.has("truncate") && !rf.boolean("truncate", true))
+    f.fail("rope_scaling", "has truncate false, which duet does not support");
+  if (rs.factor < 1.0) f.fail("rope_scaling", "has factor < 1");
+  if (rs.original_max_position <= 0)
+    f.fail("rope_scaling", "needs original_max_position_embeddings for yarn");
+  return rs;
+}
+
+void parse_common(const Fields& f, ModelConfig& c) {
+  c.n_vocab = f.integer("vocab_size");
+  c.n_embd = f.integer("hidden_size");
+  c.n_layer = f.integer("num_hidden_layers");
+  c.n_head = f.integer("num_attention_heads");
+  c.n_head_kv = f.integer("num_key_value_heads", c.n_head);
+  c.n_ff = f.integer("intermediate_size", 0);
+  c.rms_norm_eps = f.number("rms_norm_eps", 1e-6);
+  c.rope_theta = f.number("rope_theta", 10000.0);
+  c.max_position_embeddings = f.integer("max_position_embeddings", 4096);
+  c.tie_word_embeddings = f.boolean("tie_word_embeddings", false);
+  c.bos_token_id = static_cast<int32_t>(f.integer("bos_token_id", -1));
+  c.eos_token_ids = f.ids("eos_token_id");
+  for (const char* k : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                        "num_key_value_heads", "max_position_embeddings"}) {
+    if (f.has(k)) f.positive(k, f.integer(k));
+  }
+  std::string act = f.string("hidden_act", "silu");
+  f.require(act == "silu", "hidden_act", "is '" + act + "'; duet supports only 'silu'");
+  f.require(!f.boolean("attention_bias", false), "attention_bias",
+            "is true; duet does not support attention biases");
+  f.require(f.integer("pretraining_tp", 1) == 1, "pretraining_tp", "must be 1");
+  f.require(!f.has("quantization_config"), "quantization_config",
+            "is set; duet reads only unquantized bf16/f16/f32 checkpoints");
+  f.require(c.n_head % c.n_head_kv == 0, "num_key_value_heads",
+            "must divide num_attention_heads (" + std::to_string(c.n_head) + ")");
+}
+
+void parse_qwen3_moe(const Fields& f, ModelConfig& c) {
+  c.head_dim = f.integer("head_dim", c.n_embd / c.n_head);
+  c.n_expert = f.integer("num_experts", 0);
+  c.n_expert_used = f.integer("num_experts_per_tok", 0);
+  c.n_ff_exp = f.integer("moe_intermediate_size", 0);
+  c.norm_topk_prob = f.boolean("norm_topk_prob", false);
+  c.decoder_sparse_step = f.integer("decoder_sparse_step", 1);
+  c.mlp_only_layers = f.int_list("mlp_only_layers");
+  f.positive("decoder_sparse_step", c.decoder_sparse_step);
+  f.require(!f.boolean("use_sliding_window", false), "use_sliding_window",
+            "is true; duet does not support sliding-window attention");
+  for (int64_t l : c.mlp_only_layers)
+    f.require(l >= 0 && l < c.n_layer, "mlp_only_layers", "names layer " + std::to_string(l) +
+                                                              " outside [0, num_hidden_layers)");
+}
+
+void parse_mixtral(const Fields& f, ModelConfig& c) {
+  c.head_dim = f.integer("head_dim", c.n_embd / c.n_head);
+  c.n_expert = f.integer("num_local_experts");
+  c.n_expert_used = f.integer("num_experts_per_tok");
+  c.n_ff_exp = c.n_ff;
+  c.norm_topk_prob = true;
+  f.require(!f.has("sliding_window"), "sliding_window",
+            "is set; duet does not support sliding-window attention (expected null)");
+}
+
+void parse_deepseek_v2(const Fields& f, ModelConfig& c) {
+  c.n_expert = f.has("n_routed_experts") ? f.integer("n_routed_experts") : 0;
+  c.n_expert_used = f.integer("num_experts_per_tok", 0);
+  c.n_expert_shared = f.integer("n_shared_experts", 0);
+  c.n_ff_exp = f.integer("moe_intermediate_size", 0);
+  c.q_lora_rank = f.integer("q_lora_rank", 0);
+  c.kv_lora_rank = f.integer("kv_lora_rank");
+  c.qk_nope_head_dim = f.integer("qk_nope_head_dim");
+  c.qk_rope_head_dim = f.integer("qk_rope_head_dim");
+  c.v_head_dim = f.integer("v_head_dim");
+  c.first_k_dense_replace = f.integer("first_k_dense_replace", 0);
+  c.moe_layer_freq = f.integer("moe_layer_freq", 1);
+  c.norm_topk_prob = f.boolean("norm_topk_prob", false);
+  c.routed_scaling_factor = f.number("routed_scaling_factor", 1.0);
+  c.n_group = f.integer("n_group", 1);
+  c.topk_group = f.integer("topk_group", 1);
+  c.head_dim = c.v_head_dim;
+  for (const char* k : {"kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                        "moe_layer_freq"})
+    f.positive(k, f.integer(k, 1));
+  f.require(c.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim", "must be even");
+  std::string method = f.string("topk_method", "greedy");
+  if (method == "greedy") {
+    c.topk_method = TopkMethod::kGreedy;
+  } else if (method == "group_limited_greedy") {
+    c.topk_method = TopkMethod::kGroupLimitedGreedy;
+  } else {
+    f.fail("topk_method", "is '" + method +
+                              "'; duet supports 'greedy' and 'group_limited_greedy' (DeepSeek-V2)");
+  }
+  std::string scoring = f.string("scoring_func", "softmax");
+  f.require(scoring == "softmax", "scoring_func",
+            "is '" + scoring + "'; duet supports only 'softmax' (DeepSeek-V2)");
+  if (c.topk_method == TopkMethod::kGroupLimitedGreedy) {
+    f.positive("n_group", c.n_group);
+    f.require(c.n_expert % c.n_group == 0, "n_group", "must divide n_routed_experts");
+    f.require(c.topk_group >= 1 && c.topk_group <= c.n_group, "topk_group",
+              "must be in [1, n_group]");
+    f.require(c.n_expert_used <= c.topk_group * (c.n_expert / c.n_group), "num_experts_per_tok",
+              "exceeds the experts in topk_group groups");
+  }
+  f.require(c.n_head_kv == c.n_head, "num_key_value_heads",
+            "must equal num_attention_heads for MLA");
+}
+
+}  // namespace
+
+ModelConfig parse_config(const json& j, const std::string& source) {
+  if (!j.is_object()) throw Error(source + ": expected a JSON object");
+  Fields f(j, source);
+  ModelConfig c;
+  std::string type = f.string("model_type", "");
+  if (type == "qwen3_moe") {
+    c.arch = Arch::kQwen3Moe;
+  } else if (type == "deepseek_v2") {
+    c.arch = Arch::kDeepseekV2;
+  } else if (type == "mixtral") {
+    c.arch = Arch::kMixtral;
+  } else {
+    f.fail("model_type", "is '" + type +
+                             "'; duet supports 'qwen3_moe', 'deepseek_v2' and 'mixtral'");
+  }
+  parse_common(f, c);
+  c.rope_scaling = parse_rope_scaling(f, j, source);
+  switch (c.arch) {
+    case Arch::kQwen3Moe: parse_qwen3_moe(f, c); break;
+    case Arch::kDeepseekV2: parse_deepseek_v2(f, c); break;
+    case Arch::kMixtral: parse_mixtral(f, c); break;
+  }
+  if (c.n_expert > 0) {
+    f.require(c.n_expert_used >= 1 && c.n_expert_used <= c.n_expert, "num_experts_per_tok",
+              "must be in [1, " + std::to_string(c.n_expert) + "]");
+    f.require(c.n_ff_exp > 0, c.arch == Arch::kMixtral ? "intermediate_size"
+                                                       : "moe_intermediate_size",
+              "must be positive for a MoE model");
+  }
+  bool any_dense = false;
+  for (int64_t il = 0; il < c.n_layer; ++il) any_dense |= !c.is_moe_layer(il);
+  if (any_dense) f.require(c.n_ff > 0, "intermediate_size", "must be positive (dense layers)");
+  if (c.arch != Arch::kDeepseekV2) {
+    f.positive("head_dim", c.head_dim);
+    f.require(c.head_dim % 2 == 0, "head_dim", "must be even");
+  }
+  return c;
+}
+
+ModelConfig load_config(const std::string& model_dir) {
+  std::string path = model_dir + "/config.json";
+  std::ifstream in(path);
+  if (!in) throw Error(path + ": cannot open: no such file (is this a model directory?)");
+  json j;
+  try {
+    j = json::parse(in);
+  } catch (const json::exception& e) {
+    throw Error(path + ": not valid JSON: " + e.what());
+  }
+  ModelConfig c = parse_config(j, path);
+  std::ifstream gin(model_dir + "/generation_config.json");
+  if (gin) {
+    json g = json::parse(gin, nullptr, /*allow_exceptions=*/false);
+    if (g.is_object()) {
+      Fields gf(g, model_dir + "/generation_config.json");
+      std::vector<int32_t> eos = gf.ids("eos_token_id");
+      for (int32_t id : eos) {
+        bool seen = false;
+        for (int32_t e : c.eos_token_ids) seen |= e == id;
+        if (!seen) c.eos_token_ids.push_back(id);
+      }
+    }
+  }
+  return c;
+}
+
+}  // namespace duet

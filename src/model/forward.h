@@ -1,0 +1,83 @@
+// What a forward pass reads and writes: the batch description (ForwardInput), the KV store it
+// attends over, and the per-micro-batch state that the operations pass along (ForwardState).
+// A forward pass is a list of named Operations with yield markers; an executor (engine/) runs
+// the list plainly or interleaves two micro-batches' lists at the yields.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "moe/dispatcher.h"
+#include "moe/experts.h"
+
+namespace duet {
+
+// The tokens [first, first + n_tokens) of a batch belong to sequence seq_id and sit at positions
+// n_past, n_past + 1, ...
+struct SeqSpan {
+  int32_t seq_id = 0;
+  int64_t n_past = 0;
+  int64_t first = 0;
+  int64_t n_tokens = 0;
+};
+
+struct ForwardInput {
+  std::vector<int32_t> tokens;    // [n_tokens]
+  std::vector<int64_t> pos;       // [n_tokens]
+  std::vector<int32_t> span_of;   // [n_tokens] index into spans
+  std::vector<SeqSpan> spans;
+  std::vector<int64_t> out_rows;  // token indices whose logits are computed, in output order
+
+  int64_t n_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  // Appends n tokens of seq_id continuing after n_past cached positions. Logits are produced for
+  // every one of them if all_logits, else for the last one only.
+  void add(int32_t seq_id, int64_t n_past, const int32_t* toks, int64_t n, bool all_logits);
+};
+
+// Per-layer KV rows of each sequence. Rows for every position in a batch must exist (the engine
+// reserves them) before the forward pass starts; the model writes the new positions' rows.
+class KvStore {
+ public:
+  virtual ~KvStore() = default;
+  // [k_width] f32 row of (seq_id, layer il, pos): GQA keys of all KV heads, or MLA's latent.
+  virtual float* k(int32_t seq_id, int64_t il, int64_t pos) = 0;
+  // [v_width] f32 row; unused (width 0) for MLA.
+  virtual float* v(int32_t seq_id, int64_t il, int64_t pos) = 0;
+};
+
+// State of one micro-batch while its operations run. Buffers are reused across steps.
+struct ForwardState {
+  const ForwardInput* in = nullptr;
+  KvStore* kv = nullptr;
+  Dispatcher* dispatcher = nullptr;
+  ThreadPool* pool = nullptr;
+
+  std::vector<float> x;             // [n_tokens, n_embd] residual stream
+  std::vector<float> h;             // [n_tokens, n_embd] normed input of the current sublayer
+  std::vector<float> attn_out;      // [n_tokens, n_head * v_dim] attention output before o_proj
+  std::vector<float> q;             // [n_tokens, n_head * qk_dim]
+  std::vector<float> kv_new;        // [n_tokens, ...] new K/V rows or MLA latents
+  std::vector<float> scratch;       // architecture-specific temporaries
+  std::vector<float> scratch2;
+  std::vector<float> router_logits; // [n_tokens, n_expert]
+  std::vector<int32_t> topk_ids;    // [n_tokens, n_expert_used]
+  std::vector<float> topk_weights;  // [n_tokens, n_expert_used]
+  std::vector<float> shared_out;    // [n_tokens, n_embd] shared experts' output
+  ExpertBatch* expert_batch = nullptr;  // between dispatch_recv and combine_send
+  MlpScratch mlp;
+  std::vector<float> logits;        // [out_rows, n_vocab]
+
+  int64_t n_tokens() const { return in->n_tokens(); }
+};
+
+struct Operation {
+  std::string name;                        // "L3.attn", "L3.dispatch_send", ...
+  std::function<void(ForwardState&)> run;  // empty for a yield marker
+  bool is_yield() const { return !run; }
+};
+
+}  // namespace duet

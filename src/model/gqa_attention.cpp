@@ -1,0 +1,82 @@
+#include "model/gqa_attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/matmul.h"
+#include "kernels/ops.h"
+#include "model/layers.h"
+
+namespace duet {
+
+GqaWeights load_gqa(WeightSource& src, const std::string& p, const ModelConfig& c, bool qk_norm) {
+  const int64_t D = c.n_embd, hd = c.head_dim;
+  GqaWeights w;
+  w.norm = src.vector(p + "input_layernorm.weight", D);
+  w.wq = src.matrix(p + "self_attn.q_proj.weight", c.n_head * hd, D);
+  w.wk = src.matrix(p + "self_attn.k_proj.weight", c.n_head_kv * hd, D);
+  w.wv = src.matrix(p + "self_attn.v_proj.weight", c.n_head_kv * hd, D);
+  w.wo = src.matrix(p + "self_attn.o_proj.weight", D, c.n_head * hd);
+  if (qk_norm) {
+    w.q_norm = src.vector(p + "self_attn.q_norm.weight", hd);
+    w.k_norm = src.vector(p + "self_attn.k_norm.weight", hd);
+  }
+  return w;
+}
+
+RopeParams rope_params(const ModelConfig& c, int64_t dim) {
+  RopeParams p;
+  p.dim = dim;
+  p.theta = c.rope_theta;
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type == "yarn") {
+    p.yarn = true;
+    p.factor = rs.factor;
+    p.beta_fast = rs.beta_fast;
+    p.beta_slow = rs.beta_slow;
+    p.original_max_position = rs.original_max_position;
+    if (rs.attention_factor >= 0) {
+      p.cos_sin_scale = rs.attention_factor;
+    } else if (c.arch == Arch::kDeepseekV2 || (rs.mscale != 0 && rs.mscale_all_dim != 0)) {
+      p.cos_sin_scale = yarn_get_mscale(rs.factor, rs.mscale) /
+                        yarn_get_mscale(rs.factor, rs.mscale_all_dim);
+    } else {
+      p.cos_sin_scale = yarn_get_mscale(rs.factor, 1.0);
+    }
+  }
+  return p;
+}
+
+void gqa_attention(ForwardState& s, int64_t il, const GqaWeights& w, const ModelConfig& c,
+                   const Rope& rope) {
+  const int64_t n = s.n_tokens(), hd = c.head_dim;
+  const int64_t q_w = c.n_head * hd, kv_w = c.n_head_kv * hd;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  norm_into_h(s, w.norm, c.n_embd, eps);
+  s.q.resize(static_cast<size_t>(n * q_w));
+  s.kv_new.resize(static_cast<size_t>(2 * n * kv_w));
+  float* k = s.kv_new.data();          // [n, kv_w]
+  float* v = k + n * kv_w;             // [n, kv_w]
+  matmul(*s.pool, w.wq, s.h.data(), n, s.q.data());
+  matmul(*s.pool, w.wk, s.h.data(), n, k);
+  matmul(*s.pool, w.wv, s.h.data(), n, v);
+  for (int64_t t = 0; t < n; ++t) {
+    float* qt = s.q.data() + t * q_w;
+    float* kt = k + t * kv_w;
+    if (w.q_norm) rms_norm(qt, w.q_norm, c.n_head, hd, eps, qt);
+    if (w.k_norm) rms_norm(kt, w.k_norm, c.n_head_kv, hd, eps, kt);
+    rope.apply(qt, c.n_head, hd, s.in->pos[t], RopeStyle::kNeox);
+    rope.apply(kt, c.n_head_kv, hd, s.in->pos[t], RopeStyle::kNeox);
+    const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
+    std::copy(kt, kt + kv_w, s.kv->k(seq, il, s.in->pos[t]));
+    std::copy(v + t * kv_w, v + (t + 1) * kv_w, s.kv->v(seq, il, s.in->pos[t]));
+  }
+  s.attn_out.resize(static_cast<size_t>(n * q_w));
+  GqaShape shape{c.n_head, c.n_head_kv, hd, static_cast<float>(1.0 / std::sqrt(double(hd)))};
+  attention_gqa(*s.pool, *s.in, *s.kv, il, shape, s.q.data(), s.attn_out.data());
+  s.scratch.resize(static_cast<size_t>(n * c.n_embd));
+  matmul(*s.pool, w.wo, s.attn_out.data(), n, s.scratch.data());
+  add_inplace(s.scratch.data(), n * c.n_embd, s.x.data());
+}
+
+}  // namespace duet

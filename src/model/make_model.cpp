@@ -1,0 +1,255 @@
+#include "model/make_model.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "model/tokenizer.h"
+
+namespace duet {
+
+using json = nlohmann::json;
+
+namespace {
+
+json qwen3_moe_config(bool small) {
+  return {{"architectures", {"Qwen3MoeForCausalLM"}},
+          {"model_type", "qwen3_moe"},
+          {"vocab_size", small ? 32000 : 512},
+          {"hidden_size", small ? 1024 : 64},
+          {"num_hidden_layers", small ? 8 : 2},
+          {"num_attention_heads", small ? 16 : 4},
+          {"num_key_value_heads", small ? 4 : 2},
+          {"head_dim", small ? 128 : 16},
+          {"intermediate_size", small ? 3072 : 128},
+          {"moe_intermediate_size", small ? 512 : 32},
+          {"num_experts", small ? 32 : 8},
+          {"num_experts_per_tok", small ? 4 : 2},
+          {"norm_topk_prob", true},
+          {"decoder_sparse_step", 1},
+          {"mlp_only_layers", json::array()},
+          {"hidden_act", "silu"},
+          {"rms_norm_eps", 1e-6},
+          {"rope_theta", 1000000.0},
+          {"rope_scaling", nullptr},
+          {"max_position_embeddings", small ? 8192 : 2048},
+          {"attention_bias", false},
+          {"use_sliding_window", false},
+          {"sliding_window", nullptr},
+          {"tie_word_embeddings", false}};
+}
+
+json deepseek_v2_config(bool small) {
+  json yarn = {{"type", "yarn"},
+               {"factor", 40},
+               {"beta_fast", 32},
+               {"beta_slow", 1},
+               {"mscale", 0.707},
+               {"mscale_all_dim", 0.707},
+               {"original_max_position_embeddings", 4096}};
+  return {{"architectures", {"DeepseekV2ForCausalLM"}},
+          {"model_type", "deepseek_v2"},
+          {"vocab_size", small ? 32000 : 512},
+          {"hidden_size", small ? 1024 : 64},
+          {"num_hidden_layers", small ? 8 : 3},
+          {"num_attention_heads", small ? 16 : 4},
+          {"num_key_value_heads", small ? 16 : 4},
+          {"q_lora_rank", nullptr},
+          {"kv_lora_rank", small ? 256 : 32},
+          {"qk_nope_head_dim", small ? 64 : 16},
+          {"qk_rope_head_dim", small ? 32 : 8},
+          {"v_head_dim", small ? 64 : 16},
+          {"intermediate_size", small ? 2816 : 128},
+          {"moe_intermediate_size", small ? 512 : 32},
+          {"n_routed_experts", small ? 32 : 8},
+          {"num_experts_per_tok", small ? 4 : 2},
+          {"n_shared_experts", small ? 2 : 1},
+          {"first_k_dense_replace", 1},
+          {"moe_layer_freq", 1},
+          {"topk_method", "greedy"},
+          {"n_group", 1},
+          {"topk_group", 1},
+          {"norm_topk_prob", false},
+          {"routed_scaling_factor", 1.0},
+          {"scoring_func", "softmax"},
+          {"hidden_act", "silu"},
+          {"rms_norm_eps", 1e-6},
+          {"rope_theta", 10000.0},
+          {"rope_scaling", small ? yarn : json(nullptr)},
+          {"max_position_embeddings", small ? 163840 : 2048},
+          {"attention_bias", false},
+          {"tie_word_embeddings", false}};
+}
+
+json mixtral_config(bool small) {
+  return {{"architectures", {"MixtralForCausalLM"}},
+          {"model_type", "mixtral"},
+          {"vocab_size", small ? 32000 : 512},
+          {"hidden_size", small ? 1024 : 64},
+          {"num_hidden_layers", small ? 8 : 2},
+          {"num_attention_heads", small ? 16 : 4},
+          {"num_key_value_heads", small ? 4 : 2},
+          {"intermediate_size", small ? 2048 : 32},
+          {"num_local_experts", 8},
+          {"num_experts_per_tok", 2},
+          {"hidden_act", "silu"},
+          {"rms_norm_eps", 1e-5},
+          {"rope_theta", 1000000.0},
+          {"max_position_embeddings", small ? 32768 : 2048},
+          {"sliding_window", nullptr},
+          {"tie_word_embeddings", false}};
+}
+
+// Special tokens per architecture, as the real checkpoints name them; the first is BOS (or
+// none), `eos` indexes the end-of-turn token.
+struct Specials {
+  std::vector<std::string> tokens;
+  int bos = -1;
+  int eos = 0;
+  bool add_bos = false;
+  std::string chat_template;
+};
+
+Specials specials_for(const std::string& arch) {
+  Specials s;
+  if (arch == "qwen3_moe") {
+    s.tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+    s.bos = 0;
+    s.eos = 2;
+    s.chat_template =
+        "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+        "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}"
+        "{{ '<|im_start|>assistant\\n' }}{% endif %}";
+  } else if (arch == "deepseek_v2") {
+    s.tokens = {"<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+                "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"};
+    s.bos = 0;
+    s.eos = 1;
+    s.add_bos = true;
+    s.chat_template =
+        "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+        "{{ 'User: ' + message['content'] + '\\n\\n' }}{% elif message['role'] == 'assistant' %}"
+        "{{ 'Assistant: ' + message['content'] + eos_token }}{% else %}{{ message['content'] + "
+        "'\\n\\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ 'Assistant:' }}"
+        "{% endif %}";
+  } else {
+    s.tokens = {"<unk>", "<s>", "</s>"};
+    s.bos = 1;
+    s.eos = 2;
+    s.add_bos = true;
+    s.chat_template =
+        "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'user' %}"
+        "{{ '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ message['content'] + "
+        "eos_token }}{% endif %}{% endfor %}";
+  }
+  return s;
+}
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// Values with mean `mean` and standard deviation `std`, uniform, from a stream seeded by the
+// model seed and the tensor's name (so a tensor does not depend on the others' order).
+TensorData random_tensor(const std::string& name, const std::vector<int64_t>& shape, DType dtype,
+                         uint64_t seed, double mean, double std) {
+  TensorData t;
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = shape;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  t.bytes.resize(static_cast<size_t>(n) * dtype_size(dtype));
+  uint64_t state = seed * 0x2545f4914f6cdd1dull ^ fnv1a(name);
+  const double half_width = std * std::sqrt(3.0);
+  for (int64_t i = 0; i < n; ++i) {
+    const double u = static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
+    const float v = static_cast<float>(mean + (2.0 * u - 1.0) * half_width);
+    if (dtype == DType::kF32) {
+      std::memcpy(t.bytes.data() + 4 * i, &v, 4);
+    } else {
+      const uint16_t h = f32_to_bf16(v);
+      std::memcpy(t.bytes.data() + 2 * i, &h, 2);
+    }
+  }
+  return t;
+}
+
+void write_json(const std::string& path, const json& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  if (!out) throw Error(path + ": cannot write");
+}
+
+}  // namespace
+
+json preset_config(const std::string& arch, const std::string& preset) {
+  if (preset != "tiny" && preset != "small")
+    throw Error("unknown preset '" + preset + "' (expected tiny or small)");
+  const bool small = preset == "small";
+  if (arch == "qwen3_moe") return qwen3_moe_config(small);
+  if (arch == "deepseek_v2") return deepseek_v2_config(small);
+  if (arch == "mixtral") return mixtral_config(small);
+  throw Error("unknown architecture '" + arch + "' (expected qwen3_moe, deepseek_v2 or mixtral)");
+}
+
+void make_model(const MakeModelOptions& opt) {
+  json cfg = preset_config(opt.arch, opt.preset);
+  if (!opt.hf_overrides.empty()) {
+    json over = json::parse(opt.hf_overrides, nullptr, /*allow_exceptions=*/false);
+    if (!over.is_object())
+      throw Error("--hf-overrides: expected a JSON object, got: " + opt.hf_overrides);
+    for (auto& [k, v] : over.items()) cfg[k] = v;
+  }
+  const Specials sp = specials_for(opt.arch);
+  const int64_t n_vocab = cfg.at("vocab_size").get<int64_t>();
+  const int64_t first_special = n_vocab - static_cast<int64_t>(sp.tokens.size());
+  if (sp.bos >= 0) cfg["bos_token_id"] = first_special + sp.bos;
+  cfg["eos_token_id"] = first_special + sp.eos;
+  cfg["torch_dtype"] = opt.dtype == DType::kF32 ? "float32" : "bfloat16";
+  const ModelConfig config = parse_config(cfg, "make-model config");
+  if (opt.dtype == DType::kF16) throw Error("make-model writes f32 or bf16 weights, not f16");
+
+  std::filesystem::create_directories(opt.dir);
+  std::vector<TensorData> tensors;
+  for (const RecordingSource::Request& r : Model::list_weights(config)) {
+    const bool is_norm = r.shape.size() == 1;
+    const bool is_embed = r.name == "model.embed_tokens.weight";
+    const double std = is_norm ? 0.1 : is_embed ? 1.0 : 1.0 / std::sqrt(double(r.shape[1]));
+    tensors.push_back(
+        random_tensor(r.name, r.shape, opt.dtype, opt.seed, is_norm ? 1.0 : 0.0, std));
+  }
+  write_safetensors_dir(opt.dir, tensors, opt.max_shard_bytes);
+  write_json(opt.dir + "/config.json", cfg);
+
+  json gen = {{"eos_token_id", first_special + sp.eos}, {"do_sample", false}};
+  if (sp.bos >= 0) gen["bos_token_id"] = first_special + sp.bos;
+  write_json(opt.dir + "/generation_config.json", gen);
+
+  std::ofstream tok(opt.dir + "/tokenizer.json");
+  tok << build_bpe_tokenizer_json(static_cast<int32_t>(n_vocab), sp.tokens);
+  if (!tok) throw Error(opt.dir + "/tokenizer.json: cannot write");
+  json tc = {{"add_bos_token", sp.add_bos},
+             {"add_eos_token", false},
+             {"bos_token", sp.bos >= 0 ? json(sp.tokens[sp.bos]) : json(nullptr)},
+             {"eos_token", sp.tokens[sp.eos]},
+             {"model_max_length", config.max_position_embeddings},
+             {"tokenizer_class", "PreTrainedTokenizerFast"},
+             {"chat_template", sp.chat_template}};
+  write_json(opt.dir + "/tokenizer_config.json", tc);
+}
+
+}  // namespace duet

@@ -1,0 +1,58 @@
+#include "model/model.h"
+
+#include "core/error.h"
+
+namespace duet {
+
+std::unique_ptr<Model> Model::create(const ModelConfig& config) {
+  switch (config.arch) {
+    case Arch::kQwen3Moe: return make_qwen3_moe(config);
+    case Arch::kDeepseekV2: return make_deepseek_v2(config);
+    case Arch::kMixtral: return make_mixtral(config);
+  }
+  DUET_ERROR("unknown architecture");
+}
+
+std::unique_ptr<Model> Model::load(const std::string& model_dir) {
+  ModelConfig config = load_config(model_dir);
+  std::unique_ptr<Model> model = create(config);
+  auto src = std::make_unique<CheckpointSource>(model_dir);
+  model->load_weights(*src);
+  model->weight_bytes_ = src->bytes_used();
+  model->source_ = std::move(src);
+  model->build_operations();
+  return model;
+}
+
+void Model::load_embeddings(WeightSource& src) {
+  tok_embd_ = src.matrix("model.embed_tokens.weight", config_.n_vocab, config_.n_embd);
+  ffn_.resize(static_cast<size_t>(config_.n_layer));
+}
+
+void Model::load_output(WeightSource& src) {
+  out_norm_ = src.vector("model.norm.weight", config_.n_embd);
+  output_ = config_.tie_word_embeddings
+                ? tok_embd_
+                : src.matrix("lm_head.weight", config_.n_vocab, config_.n_embd);
+}
+
+void Model::build_operations() {
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  ops_.push_back({"embed", [this](ForwardState& s) { embed_tokens(s, tok_embd_); }});
+  for (int64_t il = 0; il < config_.n_layer; ++il) {
+    ops_.push_back({"L" + std::to_string(il) + ".attn",
+                    [this, il](ForwardState& s) { attention(s, il); }});
+    append_ffn_ops(ops_, il, ffn_[il], config_.n_embd, eps);
+  }
+  ops_.push_back(
+      {"output", [this, eps](ForwardState& s) { output_logits(s, out_norm_, eps, output_); }});
+}
+
+std::vector<RecordingSource::Request> Model::list_weights(const ModelConfig& config) {
+  std::unique_ptr<Model> model = create(config);
+  RecordingSource rec;
+  model->load_weights(rec);
+  return rec.requests();
+}
+
+}  // namespace duet

@@ -1,0 +1,70 @@
+// A loaded model: its configuration, its weights and its forward pass as a list of operations.
+// One subclass per architecture (model/arch/*.cpp) says which tensors it reads and which
+// operations its layers run; everything else is shared.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/forward.h"
+#include "model/layers.h"
+#include "model/weight_source.h"
+
+namespace duet {
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  // Reads MODEL_DIR (config.json + safetensors), validates every tensor, builds the operation
+  // list. Throws duet::Error naming the file, tensor or field on bad input.
+  static std::unique_ptr<Model> load(const std::string& model_dir);
+
+  // The tensors (name, shape) a checkpoint of this configuration holds, in load order.
+  static std::vector<RecordingSource::Request> list_weights(const ModelConfig& config);
+
+  const ModelConfig& config() const { return config_; }
+  // The whole forward pass: embedding, every layer, output head. Built once at load.
+  const std::vector<Operation>& operations() const { return ops_; }
+  // f32 values per position per layer in the KV store's k and v rows.
+  virtual int64_t kv_k_width() const = 0;
+  virtual int64_t kv_v_width() const = 0;
+  // Bytes of weights resident for this model (mapped or converted).
+  uint64_t weight_bytes() const { return weight_bytes_; }
+
+ protected:
+  explicit Model(const ModelConfig& config) : config_(config) {}
+  // Asks `src` for every tensor and keeps the views: load_embeddings, then each layer's
+  // attention and ffn_[il], then load_output.
+  virtual void load_weights(WeightSource& src) = 0;
+  // The attention sublayer of layer il: s.x += attention(norm(s.x)).
+  virtual void attention(ForwardState& s, int64_t il) const = 0;
+
+  void load_embeddings(WeightSource& src);
+  void load_output(WeightSource& src);
+
+  ModelConfig config_;
+  Matrix tok_embd_;                  // [n_vocab, n_embd]
+  std::vector<FfnWeights> ffn_;      // [n_layer]
+  const float* out_norm_ = nullptr;  // [n_embd]
+  Matrix output_;                    // [n_vocab, n_embd] (tok_embd_ when tied)
+
+ private:
+  static std::unique_ptr<Model> create(const ModelConfig& config);
+  // embed, then per layer attention and the feed-forward operations, then the output head.
+  void build_operations();
+
+  std::unique_ptr<WeightSource> source_;  // keeps mapped files and conversions alive
+  std::vector<Operation> ops_;
+  uint64_t weight_bytes_ = 0;
+};
+
+// Per-architecture factories (model/arch/*.cpp).
+std::unique_ptr<Model> make_qwen3_moe(const ModelConfig& config);
+std::unique_ptr<Model> make_deepseek_v2(const ModelConfig& config);
+std::unique_ptr<Model> make_mixtral(const ModelConfig& config);
+
+}  // namespace duet

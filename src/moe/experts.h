@@ -1,0 +1,35 @@
+// SiLU-gated MLPs: dense layers, shared experts and routed experts.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "moe/dispatcher.h"
+
+namespace duet {
+
+// down(silu(gate(x)) * up(x)); gate, up: [n_ff, n_embd]; down: [n_embd, n_ff].
+struct MlpWeights {
+  Matrix gate;
+  Matrix up;
+  Matrix down;
+};
+
+// Reusable scratch so the hot path does not allocate per call.
+struct MlpScratch {
+  std::vector<float> gate;  // [n_tokens, n_ff]
+  std::vector<float> up;    // [n_tokens, n_ff]
+};
+
+// y[n_tokens, n_embd] = mlp(x[n_tokens, n_embd]).
+void mlp_forward(ThreadPool& pool, const MlpWeights& w, const float* x, int64_t n_tokens,
+                 MlpScratch& scratch, float* y);
+
+// Runs each local expert on its rows of batch.x as one matmul per projection (gather -> matmul
+// -> scatter happens in the dispatcher), writing batch.y. experts[e] is local expert e.
+void run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, ExpertBatch& batch,
+                 MlpScratch& scratch);
+
+}  // namespace duet

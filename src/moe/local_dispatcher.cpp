@@ -1,0 +1,46 @@
+#include "moe/local_dispatcher.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/ops.h"
+
+namespace duet {
+
+void LocalDispatcher::dispatch_send(const RoutedTokens& tokens) {
+  tokens_ = tokens;
+  const int64_t n_pairs = tokens.n_tokens * tokens.n_expert_used;
+  batch_.first_expert = 0;
+  batch_.n_local_expert = n_expert_;
+  batch_.n_embd = tokens.n_embd;
+  // Counting sort of (token, k) pairs by expert keeps each expert's rows in token order.
+  batch_.offsets.assign(static_cast<size_t>(n_expert_ + 1), 0);
+  for (int64_t i = 0; i < n_pairs; ++i) {
+    const int32_t e = tokens.topk_ids[i];
+    DUET_CHECK(e >= 0 && e < n_expert_, "expert id " << e << " of " << n_expert_);
+    ++batch_.offsets[e + 1];
+  }
+  for (int64_t e = 0; e < n_expert_; ++e) batch_.offsets[e + 1] += batch_.offsets[e];
+  std::vector<int64_t> fill(batch_.offsets.begin(), batch_.offsets.end() - 1);
+  row_of_.resize(static_cast<size_t>(n_pairs));
+  batch_.x.resize(static_cast<size_t>(n_pairs * tokens.n_embd));
+  batch_.y.resize(batch_.x.size());
+  for (int64_t i = 0; i < n_pairs; ++i) {
+    const int64_t row = fill[tokens.topk_ids[i]]++;
+    row_of_[i] = row;
+    const float* src = tokens.x + (i / tokens.n_expert_used) * tokens.n_embd;
+    std::copy(src, src + tokens.n_embd, batch_.x.begin() + row * tokens.n_embd);
+  }
+}
+
+void LocalDispatcher::combine_recv(float* out) {
+  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
+  for (int64_t t = 0; t < tokens_.n_tokens; ++t) {
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t row = row_of_[t * K + k];
+      axpy(tokens_.topk_weights[t * K + k], batch_.y.data() + row * D, D, out + t * D);
+    }
+  }
+}
+
+}  // namespace duet
