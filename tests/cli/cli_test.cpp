@@ -1,0 +1,97 @@
+// The duet binary end to end: make-model writes a loadable directory, generate prints a
+// completion and dumps logits, and bad input ends with one "error: ..." line and exit code 1
+// (never a crash or a signal).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace duet {
+namespace {
+
+struct Run {
+  int exit_code = -1;  // -1: killed by a signal
+  std::string out;     // stdout and stderr together
+};
+
+Run run(const std::string& args) {
+  const std::string cmd = std::string(DUET_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  Run r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
+  return r;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = test::make_temp_dir("duet-cli-") + "/model";
+    Run r = run("make-model " + dir_ + " --arch qwen3_moe --preset tiny --seed 3");
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+  }
+  static std::string dir_;
+};
+std::string CliTest::dir_;
+
+TEST_F(CliTest, GenerateDumpsLogitsAndPrintsSpeeds) {
+  const std::string dump = dir_ + "/../logits.json";
+  Run r = run("generate " + dir_ + " --prompt-ids 1,2,3 --max-tokens 4 --dump-logits " + dump);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("tok/s"), std::string::npos) << r.out;
+  auto j = nlohmann::json::parse(test::read_file(dump));
+  EXPECT_EQ(j["tokens"], nlohmann::json({1, 2, 3}));
+  ASSERT_EQ(j["logits"].size(), 3u);
+  EXPECT_EQ(j["logits"][0].size(), 512u);
+  EXPECT_EQ(j["generated"].size(), 4u);
+}
+
+TEST_F(CliTest, GenerateFromTextPrompt) {
+  Run r = run("generate " + dir_ + " --prompt 'Hello there' --max-tokens 5 --temperature 0.8 "
+              "--top-p 0.9 --top-k 50 --seed 1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(run("generate " + dir_ + " --prompt 'Hello there' --max-tokens 5 --temperature 0.8 "
+                "--top-p 0.9 --top-k 50 --seed 1").out.substr(0, 20),
+            r.out.substr(0, 20));
+}
+
+void expect_error(const Run& r, const std::string& needle) {
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << r.out;
+  EXPECT_NE(r.out.find(needle), std::string::npos) << r.out;
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << r.out;
+}
+
+TEST_F(CliTest, BadInputIsOneLineErrors) {
+  expect_error(run("generate /nonexistent --prompt-ids 1"), "/nonexistent/config.json");
+  expect_error(run("generate " + dir_ + " --prompt-ids 1,x"), "'x'");
+  expect_error(run("generate " + dir_ + " --prompt-ids 1,100000"), "100000");
+  expect_error(run("generate " + dir_ + " --prompt-ids 1 --max-tokens 99999"), "context");
+  expect_error(run("generate " + dir_ + " --prompt-ids 1 --top-p 2"), "top_p");
+  expect_error(run("generate " + dir_), "--prompt");
+  expect_error(run("make-model /tmp/x --arch qwen3_moe --hf-overrides '[1]'"), "--hf-overrides");
+}
+
+TEST_F(CliTest, BrokenModelFileIsNamed) {
+  const std::string broken = test::make_temp_dir("duet-cli-broken-");
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    std::filesystem::copy(e.path(), broken + "/" + e.path().filename().string());
+  std::filesystem::resize_file(broken + "/model.safetensors", 1000);
+  expect_error(run("generate " + broken + " --prompt-ids 1"), broken + "/model.safetensors");
+}
+
+TEST_F(CliTest, UnknownOptionsAreRejected) {
+  Run r = run("generate " + dir_ + " --no-such-flag");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.exit_code, -1);
+}
+
+}  // namespace
+}  // namespace duet

@@ -1,0 +1,225 @@
+// Loading a model directory: every kind of bad input gives one clear duet::Error naming the
+// file, the tensor or the field; good variants (sharded, f16) load.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/generator.h"
+#include "model/make_model.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "test_util.h"
+
+namespace duet {
+namespace {
+
+using json = nlohmann::json;
+
+std::string fresh_model(const std::string& arch, uint64_t max_shard = 512ull << 20) {
+  MakeModelOptions opt;
+  opt.dir = test::make_temp_dir("duet-load-");
+  opt.arch = arch;
+  opt.dtype = DType::kF32;
+  opt.seed = 5;
+  opt.max_shard_bytes = max_shard;
+  make_model(opt);
+  return opt.dir;
+}
+
+std::string load_error(const std::string& dir) {
+  try {
+    Model::load(dir);
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << "one line: " << msg;
+    return msg;
+  }
+  ADD_FAILURE() << "loading " << dir << " should fail";
+  return "";
+}
+
+void edit_config(const std::string& dir, const std::function<void(json&)>& edit) {
+  json j = json::parse(test::read_file(dir + "/config.json"));
+  edit(j);
+  test::write_file(dir + "/config.json", j.dump());
+}
+
+// Rewrites model.safetensors through `edit` on the list of its tensors.
+void edit_tensors(const std::string& dir, const std::function<void(std::vector<TensorData>&)>& edit) {
+  std::vector<TensorData> ts;
+  {
+    auto f = SafetensorsFile::open(dir + "/model.safetensors");
+    for (const auto& [name, view] : f->tensors()) {
+      TensorData t{name, view.dtype, view.shape, {}};
+      const auto* p = static_cast<const uint8_t*>(view.data);
+      t.bytes.assign(p, p + view.nbytes());
+      ts.push_back(std::move(t));
+    }
+  }
+  edit(ts);
+  std::vector<const TensorData*> ptrs;
+  for (const auto& t : ts) ptrs.push_back(&t);
+  write_safetensors(dir + "/model.safetensors", ptrs);
+}
+
+TEST(LoaderTest, MissingDirectoryNamesConfig) {
+  EXPECT_NE(load_error("/nonexistent/model").find("/nonexistent/model/config.json"),
+            std::string::npos);
+}
+
+TEST(LoaderTest, UnknownArchitectureIsRefusedByName) {
+  const std::string dir = fresh_model("qwen3_moe");
+  edit_config(dir, [](json& j) { j["model_type"] = "llama"; });
+  const std::string msg = load_error(dir);
+  EXPECT_NE(msg.find("model_type"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("'llama'"), std::string::npos) << msg;
+}
+
+struct BadField {
+  const char* arch;
+  const char* key;
+  const char* value;  // JSON
+};
+
+class UnsupportedFieldTest : public ::testing::TestWithParam<BadField> {};
+
+TEST_P(UnsupportedFieldTest, IsRefusedByName) {
+  const BadField& b = GetParam();
+  const std::string dir = fresh_model(b.arch);
+  edit_config(dir, [&](json& j) { j[b.key] = json::parse(b.value); });
+  const std::string msg = load_error(dir);
+  EXPECT_NE(msg.find(dir + "/config.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(std::string("'") + b.key + "'"), std::string::npos) << msg;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, UnsupportedFieldTest,
+    ::testing::Values(BadField{"qwen3_moe", "hidden_act", "\"gelu\""},
+                      BadField{"qwen3_moe", "attention_bias", "true"},
+                      BadField{"qwen3_moe", "use_sliding_window", "true"},
+                      BadField{"qwen3_moe", "rope_scaling", "{\"type\": \"dynamic\", \"factor\": 2}"},
+                      BadField{"qwen3_moe", "quantization_config", "{\"quant_method\": \"fp8\"}"},
+                      BadField{"qwen3_moe", "num_experts_per_tok", "99"},
+                      BadField{"qwen3_moe", "hidden_size", "\"64\""},
+                      BadField{"qwen3_moe", "num_key_value_heads", "3"},
+                      BadField{"deepseek_v2", "topk_method", "\"noaux_tc\""},
+                      BadField{"deepseek_v2", "scoring_func", "\"sigmoid\""},
+                      BadField{"deepseek_v2", "n_group", "3"},
+                      BadField{"mixtral", "sliding_window", "4096"}));
+
+TEST(LoaderTest, GroupLimitedNeedsDivisibleGroups) {
+  const std::string dir = fresh_model("deepseek_v2");
+  edit_config(dir, [](json& j) {
+    j["topk_method"] = "group_limited_greedy";
+    j["n_group"] = 3;
+  });
+  EXPECT_NE(load_error(dir).find("'n_group'"), std::string::npos);
+}
+
+TEST(LoaderTest, MissingTensorIsNamed) {
+  const std::string dir = fresh_model("qwen3_moe");
+  const std::string victim = "model.layers.1.mlp.experts.3.up_proj.weight";
+  edit_tensors(dir, [&](std::vector<TensorData>& ts) {
+    std::erase_if(ts, [&](const TensorData& t) { return t.name == victim; });
+  });
+  const std::string msg = load_error(dir);
+  EXPECT_NE(msg.find("missing tensor '" + victim + "'"), std::string::npos) << msg;
+}
+
+TEST(LoaderTest, WrongShapeNamesFileTensorAndShapes) {
+  const std::string dir = fresh_model("mixtral");
+  const std::string victim = "model.layers.0.self_attn.q_proj.weight";
+  edit_tensors(dir, [&](std::vector<TensorData>& ts) {
+    for (auto& t : ts)
+      if (t.name == victim) t.shape = {t.shape[0] / 2, t.shape[1] * 2};
+  });
+  const std::string msg = load_error(dir);
+  EXPECT_NE(msg.find(dir + "/model.safetensors"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(victim), std::string::npos) << msg;
+  EXPECT_NE(msg.find("expected shape [64, 64], found [32, 128]"), std::string::npos) << msg;
+}
+
+TEST(LoaderTest, UnsupportedDtypeIsNamed) {
+  const std::string dir = fresh_model("qwen3_moe");
+  // Hand-made file: one tensor declared I64.
+  json header = {{"model.embed_tokens.weight",
+                  {{"dtype", "I64"}, {"shape", {512, 64}}, {"data_offsets", {0, 512 * 64 * 8}}}}};
+  std::string h = header.dump();
+  while (h.size() % 8) h += ' ';
+  std::string bytes(8, '\0');
+  uint64_t n = h.size();
+  std::memcpy(bytes.data(), &n, 8);
+  bytes += h + std::string(512 * 64 * 8, '\0');
+  test::write_file(dir + "/model.safetensors", bytes);
+  const std::string msg = load_error(dir);
+  EXPECT_NE(msg.find("model.embed_tokens.weight"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("I64"), std::string::npos) << msg;
+}
+
+TEST(LoaderTest, TruncatedFileIsReported) {
+  const std::string dir = fresh_model("deepseek_v2");
+  const std::string path = dir + "/model.safetensors";
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) - 100);
+  const std::string msg = load_error(dir);
+  EXPECT_NE(msg.find(path), std::string::npos) << msg;
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+}
+
+TEST(LoaderTest, HeaderThatLiesAboutOffsetsIsReported) {
+  const std::string dir = fresh_model("qwen3_moe");
+  const std::string path = dir + "/model.safetensors";
+  std::string bytes = test::read_file(path);
+  uint64_t n;
+  std::memcpy(&n, bytes.data(), 8);
+  json header = json::parse(bytes.substr(8, n));
+  header["model.norm.weight"]["data_offsets"][1] =
+      header["model.norm.weight"]["data_offsets"][1].get<int64_t>() + 4;
+  std::string h = header.dump();
+  while (h.size() < n) h += ' ';
+  ASSERT_EQ(h.size(), n);
+  test::write_file(path, bytes.substr(0, 8) + h + bytes.substr(8 + n));
+  const std::string msg = load_error(dir);
+  EXPECT_NE(msg.find("model.norm.weight"), std::string::npos) << msg;
+}
+
+// A sharded checkpoint and an f16 one load and compute the same logits as the original.
+TEST(LoaderTest, ShardedAndF16CheckpointsLoad) {
+  const std::string single = fresh_model("qwen3_moe");
+  const std::string sharded = fresh_model("qwen3_moe", 64 << 10);
+  ASSERT_TRUE(std::filesystem::exists(sharded + "/model.safetensors.index.json"));
+  ASSERT_FALSE(std::filesystem::exists(sharded + "/model.safetensors"));
+  const std::string f16 = fresh_model("qwen3_moe");
+  edit_tensors(f16, [](std::vector<TensorData>& ts) {
+    for (auto& t : ts) {
+      std::vector<uint8_t> out(t.bytes.size() / 2);
+      for (size_t i = 0; i < t.bytes.size() / 4; ++i) {
+        float v;
+        std::memcpy(&v, &t.bytes[4 * i], 4);
+        _Float16 h = static_cast<_Float16>(v);
+        std::memcpy(&out[2 * i], &h, 2);
+      }
+      t.bytes = std::move(out);
+      t.dtype = DType::kF16;
+    }
+  });
+  ThreadPool pool(1);
+  std::vector<std::vector<int32_t>> outs;
+  for (const std::string& dir : {single, sharded, f16}) {
+    auto model = Model::load(dir);
+    Generator gen(*model, pool);
+    GenerateRequest r;
+    r.prompt = {1, 2, 3, 4, 5};
+    r.max_tokens = 3;
+    r.prompt_logits = true;
+    auto res = gen.generate({r})[0];
+    outs.push_back({res.tokens});
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+  EXPECT_EQ(outs[0], outs[2]);
+}
+
+}  // namespace
+}  // namespace duet

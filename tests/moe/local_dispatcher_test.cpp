@@ -1,0 +1,52 @@
+#include "moe/local_dispatcher.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace duet {
+namespace {
+
+// 3 tokens, hidden 2, top-2 over 4 experts; "experts" multiply by (expert id + 1).
+TEST(LocalDispatcherTest, GathersByExpertAndCombinesWeighted) {
+  const std::vector<float> x = {1, 2, /**/ 3, 4, /**/ 5, 6};
+  const std::vector<int32_t> ids = {2, 0, /**/ 2, 3, /**/ 0, 2};
+  const std::vector<float> w = {0.5f, 0.25f, /**/ 1.0f, 2.0f, /**/ 0.1f, 0.2f};
+  LocalDispatcher d(4);
+  d.dispatch_send({x.data(), ids.data(), w.data(), 3, 2, 2});
+  ExpertBatch& b = d.dispatch_recv();
+  ASSERT_EQ(b.offsets, (std::vector<int64_t>{0, 2, 2, 5, 6}));  // expert 1 gets nothing
+  // Expert 0's rows in token order: token 0, token 2.
+  EXPECT_EQ(std::vector<float>(b.x.begin(), b.x.begin() + 4), (std::vector<float>{1, 2, 5, 6}));
+  for (int64_t e = 0; e < 4; ++e)
+    for (int64_t r = b.offsets[e]; r < b.offsets[e + 1]; ++r)
+      for (int j = 0; j < 2; ++j) b.y[r * 2 + j] = b.x[r * 2 + j] * float(e + 1);
+  d.combine_send();
+  std::vector<float> out(6, 1.0f);
+  d.combine_recv(out.data());
+  // token 0: 1 + 0.5*3*x + 0.25*1*x = 1 + 1.75 x
+  EXPECT_FLOAT_EQ(out[0], 1 + 1.75f * 1);
+  EXPECT_FLOAT_EQ(out[1], 1 + 1.75f * 2);
+  // token 1: 1 + 1.0*3*x + 2.0*4*x = 1 + 11 x
+  EXPECT_FLOAT_EQ(out[2], 1 + 11.0f * 3);
+  // token 2: 1 + 0.1*1*x + 0.2*3*x = 1 + 0.7 x
+  EXPECT_FLOAT_EQ(out[5], 1 + 0.7f * 6);
+}
+
+TEST(LocalDispatcherTest, AllTokensToOneExpert) {
+  const std::vector<float> x = {1, 2, 3};
+  const std::vector<int32_t> ids = {1, 1, 1};
+  const std::vector<float> w = {1, 1, 1};
+  LocalDispatcher d(3);
+  d.dispatch_send({x.data(), ids.data(), w.data(), 3, 1, 1});
+  ExpertBatch& b = d.dispatch_recv();
+  EXPECT_EQ(b.offsets, (std::vector<int64_t>{0, 0, 3, 3}));
+  b.y = b.x;
+  d.combine_send();
+  std::vector<float> out(3, 0.0f);
+  d.combine_recv(out.data());
+  EXPECT_EQ(out, x);
+}
+
+}  // namespace
+}  // namespace duet
