@@ -45,6 +45,7 @@ class Fields {
   Fields(const json& j, const std::string& source) : j_(j), source_(source) {}
 
   bool has(const char* key) const { return j_.contains(key) && !j_.at(key).is_null(); }
+  bool key_present(const char* key) const { return j_.contains(key); }
 
   int64_t integer(const char* key) const {
     if (!j_.contains(key)) fail(key, "is missing");
@@ -129,7 +130,12 @@ RopeScaling parse_rope_scaling(const Fields& f, const json& j, const std::string
   rs.factor = rf.number("factor", 1.0);
   rs.beta_fast = rf.number("beta_fast", 32.0);
   rs.beta_slow = rf.number("beta_slow", 1.0);
-  rs.original_max_position = rf.integer("original_max_position_embeddings", 0);
+  // Missing original_max_position_embeddings: DeepSeek's code assumes 4096, HF falls back to
+  // max_position_embeddings.
+  const int64_t orig_default = f.string("model_type", "") == "deepseek_v2"
+                                   ? 4096
+                                   : f.integer("max_position_embeddings", 4096);
+  rs.original_max_position = rf.integer("original_max_position_embeddings", orig_default);
   rs.mscale = rf.number("mscale", 1.0);
   rs.mscale_all_dim = rf.number("mscale_all_dim", 0.0);
   rs.attention_factor = rf.number("attention_factor", -1.0);
@@ -137,7 +143,7 @@ RopeScaling parse_rope_scaling(const Fields& f, const json& j, const std::string
     f.fail("rope_scaling", "has truncate false, which duet does not support");
   if (rs.factor < 1.0) f.fail("rope_scaling", "has factor < 1");
   if (rs.original_max_position <= 0)
-    f.fail("rope_scaling", "needs original_max_position_embeddings for yarn");
+    f.fail("rope_scaling", "has original_max_position_embeddings <= 0");
   return rs;
 }
 
@@ -165,8 +171,6 @@ void parse_common(const Fields& f, ModelConfig& c) {
   f.require(f.integer("pretraining_tp", 1) == 1, "pretraining_tp", "must be 1");
   f.require(!f.has("quantization_config"), "quantization_config",
             "is set; duet reads only unquantized bf16/f16/f32 checkpoints");
-  f.require(c.n_head % c.n_head_kv == 0, "num_key_value_heads",
-            "must divide num_attention_heads (" + std::to_string(c.n_head) + ")");
 }
 
 void parse_qwen3_moe(const Fields& f, ModelConfig& c) {
@@ -186,6 +190,10 @@ void parse_qwen3_moe(const Fields& f, ModelConfig& c) {
 }
 
 void parse_mixtral(const Fields& f, ModelConfig& c) {
+  // MixtralConfig's defaults differ from the other two.
+  c.n_head_kv = f.integer("num_key_value_heads", 8);
+  c.rope_theta = f.number("rope_theta", 1e6);
+  c.rms_norm_eps = f.number("rms_norm_eps", 1e-5);
   c.head_dim = f.integer("head_dim", c.n_embd / c.n_head);
   c.n_expert = f.integer("num_local_experts");
   c.n_expert_used = f.integer("num_experts_per_tok");
@@ -200,7 +208,9 @@ void parse_deepseek_v2(const Fields& f, ModelConfig& c) {
   c.n_expert_used = f.integer("num_experts_per_tok", 0);
   c.n_expert_shared = f.integer("n_shared_experts", 0);
   c.n_ff_exp = f.integer("moe_intermediate_size", 0);
-  c.q_lora_rank = f.integer("q_lora_rank", 0);
+  // DeepseekV2Config defaults q_lora_rank to 1536 when the key is absent; null means none.
+  c.q_lora_rank = f.has("q_lora_rank") ? f.integer("q_lora_rank")
+                                        : f.key_present("q_lora_rank") ? 0 : 1536;
   c.kv_lora_rank = f.integer("kv_lora_rank");
   c.qk_nope_head_dim = f.integer("qk_nope_head_dim");
   c.qk_rope_head_dim = f.integer("qk_rope_head_dim");
@@ -216,8 +226,9 @@ void parse_deepseek_v2(const Fields& f, ModelConfig& c) {
                         "moe_layer_freq"})
     f.positive(k, f.integer(k, 1));
   f.require(c.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim", "must be even");
+  // "gready" is how DeepSeek-V2's own configuration code spells the greedy default.
   std::string method = f.string("topk_method", "greedy");
-  if (method == "greedy") {
+  if (method == "greedy" || method == "gready") {
     c.topk_method = TopkMethod::kGreedy;
   } else if (method == "group_limited_greedy") {
     c.topk_method = TopkMethod::kGroupLimitedGreedy;
@@ -264,6 +275,8 @@ ModelConfig parse_config(const json& j, const std::string& source) {
     case Arch::kDeepseekV2: parse_deepseek_v2(f, c); break;
     case Arch::kMixtral: parse_mixtral(f, c); break;
   }
+  f.require(c.n_head_kv > 0 && c.n_head % c.n_head_kv == 0, "num_key_value_heads",
+            "must divide num_attention_heads (" + std::to_string(c.n_head) + ")");
   if (c.n_expert > 0) {
     f.require(c.n_expert_used >= 1 && c.n_expert_used <= c.n_expert, "num_experts_per_tok",
               "must be in [1, " + std::to_string(c.n_expert) + "]");
