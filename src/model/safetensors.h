@@ -17,6 +17,8 @@ namespace duet {
 // One memory-mapped .safetensors file. Opening validates the whole header: every tensor's dtype
 // is known, its byte range matches dtype × shape, lies inside the file and overlaps no other.
 // Errors (duet::Error) name the file and the tensor: "model.safetensors: tensor 'x': ...".
+// Views point straight into the mapping and live as long as this object. Their `data` may be at
+// any byte offset: consumers must not assume it is aligned for the dtype.
 class SafetensorsFile {
  public:
   static std::unique_ptr<SafetensorsFile> open(const std::string& path);
