@@ -19,14 +19,23 @@ class Tokenizer {
                                               const std::string& source_name);
   ~Tokenizer();
 
-  // Text -> ids. Special/added tokens written literally in the text are matched as themselves.
+  // Text -> ids. Special/added tokens written literally in the text are matched as themselves
+  // (longest first, left to right). Never adds BOS/EOS or any other template token: the engine
+  // adds BOS when the model config asks. Any bytes are accepted; invalid UTF-8 bytes become
+  // single-byte tokens. With an NFC normalizer (Qwen2/3), decode(encode(t)) is NFC(t). Thread-safe.
   std::vector<int32_t> encode(const std::string& text) const;
-  // Ids -> text (byte-level decode); skip_special drops added tokens marked special.
+  // Ids -> text (byte-level decode); skip_special drops added tokens marked special. Returns the
+  // raw bytes, which may end in the middle of a UTF-8 character when `ids` does (no U+FFFD
+  // replacement). Throws duet::Error on an id that is not a token.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
 
-  int32_t vocab_size() const;         // number of ids (model vocab + added tokens)
+  int32_t vocab_size() const;  // number of ids (model vocab + added tokens)
   int32_t token_to_id(const std::string& token) const;  // -1 if absent
-  const std::string& id_to_token(int32_t id) const;
+  const std::string& id_to_token(int32_t id) const;     // throws duet::Error if not a token
+
+  // Ids of tokenizer_config.json's bos_token / eos_token (load() only); -1 if not named.
+  int32_t bos_id() const;
+  int32_t eos_id() const;
 
  private:
   Tokenizer();
