@@ -100,10 +100,11 @@ void run_generate(const GenerateOptions& o) {
 
   if (!tok && std::ifstream(o.model_dir + "/tokenizer.json")) tok = Tokenizer::load(o.model_dir);
   if (tok) {
-    std::printf("%s\n", tok->decode(r.tokens, /*skip_special=*/true).c_str());
+    std::printf("%s\n", utf8_lossy(tok->decode(r.tokens, /*skip_special=*/true)).c_str());
   } else {
     std::printf("%s\n", nlohmann::json(r.tokens).dump().c_str());
   }
+  std::fflush(stdout);
   const int64_t decoded = st.generated_tokens > 0 ? st.generated_tokens - 1 : 0;
   std::fprintf(stderr,
                "prompt: %lld tokens, %.1f tok/s | generation: %lld tokens, %.1f tok/s | "

@@ -43,6 +43,10 @@ class Tokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
+// `bytes` with every invalid UTF-8 sequence replaced by U+FFFD, as Hugging Face's decode
+// (from_utf8_lossy) does; for printing whole decoded texts.
+std::string utf8_lossy(const std::string& bytes);
+
 // Builds the tokenizer.json text for a generated model: byte-level BPE whose merges are learned
 // deterministically from a built-in corpus, with exactly `vocab_size` ids in total, of which the
 // last ones are the special tokens named in `specials` (e.g. "<|endoftext|>"), added as special.

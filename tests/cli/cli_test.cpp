@@ -13,15 +13,15 @@
 namespace duet {
 namespace {
 
-struct Run {
+struct RunResult {
   int exit_code = -1;  // -1: killed by a signal
   std::string out;     // stdout and stderr together
 };
 
-Run run(const std::string& args) {
+RunResult run_duet(const std::string& args) {
   const std::string cmd = std::string(DUET_BINARY) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
-  Run r;
+  RunResult r;
   char buf[4096];
   size_t n;
   while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
@@ -34,7 +34,7 @@ class CliTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = test::make_temp_dir("duet-cli-") + "/model";
-    Run r = run("make-model " + dir_ + " --arch qwen3_moe --preset tiny --seed 3");
+    RunResult r = run_duet("make-model " + dir_ + " --arch qwen3_moe --preset tiny --seed 3");
     ASSERT_EQ(r.exit_code, 0) << r.out;
   }
   static std::string dir_;
@@ -43,7 +43,7 @@ std::string CliTest::dir_;
 
 TEST_F(CliTest, GenerateDumpsLogitsAndPrintsSpeeds) {
   const std::string dump = dir_ + "/../logits.json";
-  Run r = run("generate " + dir_ + " --prompt-ids 1,2,3 --max-tokens 4 --dump-logits " + dump);
+  RunResult r = run_duet("generate " + dir_ + " --prompt-ids 1,2,3 --max-tokens 4 --dump-logits " + dump);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("tok/s"), std::string::npos) << r.out;
   auto j = nlohmann::json::parse(test::read_file(dump));
@@ -54,15 +54,17 @@ TEST_F(CliTest, GenerateDumpsLogitsAndPrintsSpeeds) {
 }
 
 TEST_F(CliTest, GenerateFromTextPrompt) {
-  Run r = run("generate " + dir_ + " --prompt 'Hello there' --max-tokens 5 --temperature 0.8 "
+  RunResult r = run_duet("generate " + dir_ + " --prompt 'Hello there' --max-tokens 5 --temperature 0.8 "
               "--top-p 0.9 --top-k 50 --seed 1");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_EQ(run("generate " + dir_ + " --prompt 'Hello there' --max-tokens 5 --temperature 0.8 "
-                "--top-p 0.9 --top-k 50 --seed 1").out.substr(0, 20),
-            r.out.substr(0, 20));
+  // The completion comes first (stdout is flushed before the speeds go to stderr).
+  const std::string completion = r.out.substr(0, r.out.find("prompt: "));
+  RunResult again = run_duet("generate " + dir_ + " --prompt 'Hello there' --max-tokens 5 "
+                             "--temperature 0.8 --top-p 0.9 --top-k 50 --seed 1");
+  EXPECT_EQ(again.out.substr(0, again.out.find("prompt: ")), completion) << "seeded run repeats";
 }
 
-void expect_error(const Run& r, const std::string& needle) {
+void expect_error(const RunResult& r, const std::string& needle) {
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << r.out;
   EXPECT_NE(r.out.find(needle), std::string::npos) << r.out;
@@ -70,13 +72,13 @@ void expect_error(const Run& r, const std::string& needle) {
 }
 
 TEST_F(CliTest, BadInputIsOneLineErrors) {
-  expect_error(run("generate /nonexistent --prompt-ids 1"), "/nonexistent/config.json");
-  expect_error(run("generate " + dir_ + " --prompt-ids 1,x"), "'x'");
-  expect_error(run("generate " + dir_ + " --prompt-ids 1,100000"), "100000");
-  expect_error(run("generate " + dir_ + " --prompt-ids 1 --max-tokens 99999"), "context");
-  expect_error(run("generate " + dir_ + " --prompt-ids 1 --top-p 2"), "top_p");
-  expect_error(run("generate " + dir_), "--prompt");
-  expect_error(run("make-model /tmp/x --arch qwen3_moe --hf-overrides '[1]'"), "--hf-overrides");
+  expect_error(run_duet("generate /nonexistent --prompt-ids 1"), "/nonexistent/config.json");
+  expect_error(run_duet("generate " + dir_ + " --prompt-ids 1,x"), "'x'");
+  expect_error(run_duet("generate " + dir_ + " --prompt-ids 1,100000"), "100000");
+  expect_error(run_duet("generate " + dir_ + " --prompt-ids 1 --max-tokens 99999"), "context");
+  expect_error(run_duet("generate " + dir_ + " --prompt-ids 1 --top-p 2"), "top_p");
+  expect_error(run_duet("generate " + dir_), "--prompt");
+  expect_error(run_duet("make-model /tmp/x --arch qwen3_moe --hf-overrides '[1]'"), "--hf-overrides");
 }
 
 TEST_F(CliTest, BrokenModelFileIsNamed) {
@@ -84,11 +86,11 @@ TEST_F(CliTest, BrokenModelFileIsNamed) {
   for (const auto& e : std::filesystem::directory_iterator(dir_))
     std::filesystem::copy(e.path(), broken + "/" + e.path().filename().string());
   std::filesystem::resize_file(broken + "/model.safetensors", 1000);
-  expect_error(run("generate " + broken + " --prompt-ids 1"), broken + "/model.safetensors");
+  expect_error(run_duet("generate " + broken + " --prompt-ids 1"), broken + "/model.safetensors");
 }
 
 TEST_F(CliTest, UnknownOptionsAreRejected) {
-  Run r = run("generate " + dir_ + " --no-such-flag");
+  RunResult r = run_duet("generate " + dir_ + " --no-such-flag");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.exit_code, -1);
 }

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "core/error.h"
 #include "engine/tiny_models.h"
 
 namespace duet {

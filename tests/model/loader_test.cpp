@@ -107,8 +107,10 @@ INSTANTIATE_TEST_SUITE_P(
                       BadField{"qwen3_moe", "num_key_value_heads", "3"},
                       BadField{"deepseek_v2", "topk_method", "\"noaux_tc\""},
                       BadField{"deepseek_v2", "scoring_func", "\"sigmoid\""},
-                      BadField{"deepseek_v2", "n_group", "3"},
-                      BadField{"mixtral", "sliding_window", "4096"}));
+                      BadField{"mixtral", "sliding_window", "4096"}),
+    [](const ::testing::TestParamInfo<BadField>& info) {
+      return std::string(info.param.arch) + "_" + info.param.key;
+    });
 
 TEST(LoaderTest, GroupLimitedNeedsDivisibleGroups) {
   const std::string dir = fresh_model("deepseek_v2");

@@ -396,3 +396,18 @@ TEST(BpeMergesTest, ScanAndHeapAgree) {
 
 }  // namespace
 }  // namespace duet
+
+namespace duet {
+namespace {
+
+TEST(Utf8LossyTest, ReplacesInvalidSequencesOnly) {
+  EXPECT_EQ(utf8_lossy("plain"), "plain");
+  EXPECT_EQ(utf8_lossy("\xe4\xbd\xa0\xe5\xa5\xbd"), "\xe4\xbd\xa0\xe5\xa5\xbd");  // 你好
+  EXPECT_EQ(utf8_lossy("a\xe4\xbd"), "a\xef\xbf\xbd");  // cut short: one replacement
+  EXPECT_EQ(utf8_lossy("\xff" "b"), "\xef\xbf\xbd" "b");
+  EXPECT_EQ(utf8_lossy("\xc0\xaf"), "\xef\xbf\xbd\xef\xbf\xbd");  // overlong '/'
+  EXPECT_EQ(utf8_lossy("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // surrogate
+}
+
+}  // namespace
+}  // namespace duet

@@ -1,0 +1,131 @@
+#include "core/thread_pool.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <exception>
+
+#include "core/error.h"
+
+namespace duet {
+
+namespace {
+
+// Chunks handed out per thread: more than one so a thread that loses its core for a while
+// (two cores shared with other processes here) does not hold the whole job back.
+constexpr int64_t kChunksPerThread = 4;
+
+// worker_loop(kCaller) is the caller's share: it takes chunks of the current job until none are
+// left and returns, instead of waiting for the next job as a worker does.
+constexpr int kCaller = -1;
+
+}  // namespace
+
+ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
+  workers_.reserve(static_cast<size_t>(n_threads_ - 1));
+  for (int i = 0; i < n_threads_ - 1; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  work_cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+// Chunks start at multiples of min_chunk and are `chunk` long (a multiple of min_chunk), except
+// the last, which runs to n and so is between chunk and 2 * chunk - 1 long. A kernel that blocks
+// rows by 4 can pass min_chunk = 4 and only ever sees a ragged edge at the end of the matrix.
+void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn,
+                              int64_t min_chunk) {
+  if (n <= 0) return;
+  min_chunk = std::max<int64_t>(1, min_chunk);
+  if (n_threads_ == 1 || n <= min_chunk) {
+    fn(0, n);
+    return;
+  }
+  int64_t target_chunks = n_threads_ * kChunksPerThread;
+  int64_t chunk = (n + target_chunks - 1) / target_chunks;
+  chunk = (chunk + min_chunk - 1) / min_chunk * min_chunk;  // <= n, as n > min_chunk
+  int64_t n_chunks = n / chunk;
+  if (n_chunks == 1) {
+    fn(0, n);
+    return;
+  }
+
+  std::unique_lock<std::mutex> lock(mu_);
+  DUET_CHECK(job_ == nullptr, "ThreadPool::parallel_for called while a job is running");
+  job_ = &fn;
+  job_n_ = n;
+  job_chunk_ = chunk;
+  next_chunk_ = 0;
+  n_chunks_ = n_chunks;
+  chunks_done_ = 0;
+  error_ = nullptr;
+  ++generation_;
+  // Wake only as many workers as there are chunks besides the caller's first one.
+  int64_t to_wake = std::min<int64_t>(n_chunks - 1, static_cast<int64_t>(workers_.size()));
+  lock.unlock();
+  if (to_wake == static_cast<int64_t>(workers_.size())) {
+    work_cv_.notify_all();
+  } else {
+    for (int64_t i = 0; i < to_wake; ++i) work_cv_.notify_one();
+  }
+
+  worker_loop(kCaller);
+
+  lock.lock();
+  done_cv_.wait(lock, [this] { return chunks_done_ == n_chunks_; });
+  job_ = nullptr;
+  std::exception_ptr error = error_;
+  error_ = nullptr;
+  lock.unlock();
+  if (error) std::rethrow_exception(error);
+}
+
+void ThreadPool::worker_loop(int worker_index) {
+  std::unique_lock<std::mutex> lock(mu_);
+  uint64_t seen_generation = generation_;
+  while (true) {
+    if (worker_index != kCaller) {
+      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen_generation; });
+      if (stop_) return;
+      seen_generation = generation_;
+    }
+    // Take chunks of the current job; mu_ is released while one runs.
+    while (job_ != nullptr && next_chunk_ < n_chunks_) {
+      int64_t c = next_chunk_++;
+      const std::function<void(int64_t, int64_t)>& fn = *job_;
+      int64_t begin = c * job_chunk_;
+      int64_t end = c == n_chunks_ - 1 ? job_n_ : begin + job_chunk_;
+      lock.unlock();
+      std::exception_ptr error;
+      try {
+        fn(begin, end);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      lock.lock();
+      ++chunks_done_;
+      if (error) {
+        if (!error_) error_ = error;
+        // Skip the chunks nobody has started: the caller rethrows the error anyway.
+        chunks_done_ += n_chunks_ - next_chunk_;
+        next_chunk_ = n_chunks_;
+      }
+      if (chunks_done_ == n_chunks_) done_cv_.notify_one();
+    }
+    if (worker_index == kCaller) return;
+  }
+}
+
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return 1;
+  return std::max(1, CPU_COUNT(&set));
+}
+
+}  // namespace duet

@@ -1,0 +1,190 @@
+#include "kernels/matmul.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/matmul_impl.h"
+#include "kernels/simd_impl.h"
+
+namespace duet {
+
+namespace {
+
+// Chunk sizes handed to the pool: whole register blocks (direct), whole tiles (tiled), and
+// whole column blocks (matmul_xw), so only the last chunk has a ragged edge.
+constexpr int64_t kDirectChunk = 4;
+constexpr int64_t kTiledChunk = 16;
+constexpr int64_t kXwChunk = 64;
+
+namespace avx512 {
+using S = simd::Avx512;
+constexpr int kMmRows = 4;  // 16 accumulators + 4 weight vectors + 1 x vector of 32 zmm
+constexpr int kMmTokens = 4;
+constexpr int kXwCols = 4;  // 64 columns
+constexpr int kXwTokens = 4;
+#define DUET_SIMD_TARGET DUET_TARGET_AVX512
+#include "kernels/matmul_simd_impl.h"
+#undef DUET_SIMD_TARGET
+static_assert(kTiledChunk == kTileRows && kDirectChunk % kMmRows == 0 &&
+              kXwChunk % (kXwCols * kW) == 0);
+}  // namespace avx512
+
+namespace avx2 {
+using S = simd::Avx2;
+constexpr int kMmRows = 4;  // 8 accumulators + 4 weight vectors + 1 x vector of 16 ymm
+constexpr int kMmTokens = 2;
+constexpr int kXwCols = 2;  // 16 columns
+constexpr int kXwTokens = 4;
+#define DUET_SIMD_TARGET DUET_TARGET_AVX2
+#include "kernels/matmul_simd_impl.h"
+#undef DUET_SIMD_TARGET
+static_assert(kTiledChunk == kTileRows && kDirectChunk % kMmRows == 0 &&
+              kXwChunk % (kXwCols * kW) == 0);
+}  // namespace avx2
+
+inline float weight_at(const float* w, int64_t i) {
+  return w[i];
+}
+inline float weight_at(const uint16_t* w, int64_t i) {
+  return bf16_to_f32(w[i]);
+}
+
+// Plain loops accumulating in double: the reference the SIMD paths are tested against.
+template <typename W>
+void scalar_rows(const W* w, int64_t rows, int64_t cols, const float* x, int64_t n_tokens, float* y,
+                 int64_t r_begin, int64_t r_end) {
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    const W* wr = w + r * cols;
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float* xt = x + t * cols;
+      double acc = 0;
+      for (int64_t k = 0; k < cols; ++k) acc += double(weight_at(wr, k)) * double(xt[k]);
+      y[t * rows + r] = static_cast<float>(acc);
+    }
+  }
+}
+
+template <typename W>
+void scalar_xw_cols(const W* w, int64_t rows, int64_t cols, const float* x, int64_t n_tokens,
+                    float* y, int64_t c_begin, int64_t c_end) {
+  std::vector<double> acc(static_cast<size_t>(c_end - c_begin));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      double xv = x[t * rows + r];
+      const W* wr = w + r * cols;
+      for (int64_t c = c_begin; c < c_end; ++c) acc[c - c_begin] += xv * double(weight_at(wr, c));
+    }
+    for (int64_t c = c_begin; c < c_end; ++c)
+      y[t * cols + c] = static_cast<float>(acc[c - c_begin]);
+  }
+}
+
+void scalar_matmul_rows(const Matrix& w, const float* x, int64_t n_tokens, float* y,
+                        int64_t r_begin, int64_t r_end, bool /*tiled*/) {
+  if (w.dtype == DType::kBF16) {
+    scalar_rows(static_cast<const uint16_t*>(w.data), w.rows, w.cols, x, n_tokens, y, r_begin,
+                r_end);
+  } else {
+    scalar_rows(static_cast<const float*>(w.data), w.rows, w.cols, x, n_tokens, y, r_begin, r_end);
+  }
+}
+
+void scalar_matmul_xw_range(const Matrix& w, const float* x, int64_t n_tokens, float* y,
+                            int64_t c_begin, int64_t c_end) {
+  if (w.dtype == DType::kBF16) {
+    scalar_xw_cols(static_cast<const uint16_t*>(w.data), w.rows, w.cols, x, n_tokens, y, c_begin,
+                   c_end);
+  } else {
+    scalar_xw_cols(static_cast<const float*>(w.data), w.rows, w.cols, x, n_tokens, y, c_begin,
+                   c_end);
+  }
+}
+
+void check_args(const char* op, const Matrix& w, const float* x, int64_t n_tokens, const float* y) {
+  DUET_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kBF16,
+             op << ": weight dtype " << dtype_name(w.dtype) << " is not supported");
+  DUET_CHECK(w.rows >= 0 && w.cols >= 0 && n_tokens >= 0,
+             op << ": rows " << w.rows << " cols " << w.cols << " n_tokens " << n_tokens);
+  DUET_CHECK(n_tokens == 0 || w.rows * w.cols == 0 || (w.data && x && y),
+             op << ": null pointer (w " << w.data << " x " << x << " y " << y << ")");
+  DUET_CHECK(n_tokens == 0 || x != y, op << ": y aliases x");
+}
+
+void check_isa(simd::Isa isa) {
+  DUET_CHECK(simd::isa_supported(isa),
+             "matmul: instruction set " << simd::isa_name(isa) << " not supported by this CPU");
+}
+
+}  // namespace
+
+namespace matmul_impl {
+
+void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w, const float* x,
+                 int64_t n_tokens, float* y) {
+  check_args("matmul", w, x, n_tokens, y);
+  check_isa(isa);
+  if (n_tokens == 0 || w.rows == 0) return;
+  if (w.cols == 0) {
+    std::fill(y, y + n_tokens * w.rows, 0.0f);
+    return;
+  }
+  bool tiled =
+      path == Path::kTiled || (path == Path::kAuto && n_tokens >= tiled_min_tokens(w.dtype));
+  auto rows_fn = isa == simd::Isa::kAvx512 ? &avx512::matmul_rows
+                 : isa == simd::Isa::kAvx2 ? &avx2::matmul_rows
+                                           : &scalar_matmul_rows;
+  pool.parallel_for(
+      w.rows, [&](int64_t begin, int64_t end) { rows_fn(w, x, n_tokens, y, begin, end, tiled); },
+      tiled ? kTiledChunk : kDirectChunk);
+}
+
+void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const float* x,
+                    int64_t n_tokens, float* y) {
+  check_args("matmul_xw", w, x, n_tokens, y);
+  check_isa(isa);
+  if (n_tokens == 0 || w.cols == 0) return;
+  if (w.rows == 0) {
+    std::fill(y, y + n_tokens * w.cols, 0.0f);
+    return;
+  }
+  auto cols_fn = isa == simd::Isa::kAvx512 ? &avx512::matmul_xw_range
+                 : isa == simd::Isa::kAvx2 ? &avx2::matmul_xw_range
+                                           : &scalar_matmul_xw_range;
+  pool.parallel_for(
+      w.cols, [&](int64_t begin, int64_t end) { cols_fn(w, x, n_tokens, y, begin, end); },
+      kXwChunk);
+}
+
+}  // namespace matmul_impl
+
+void matmul(ThreadPool& pool, const Matrix& w, const float* x, int64_t n_tokens, float* y) {
+  matmul_impl::matmul_with(simd::best_isa(), matmul_impl::Path::kAuto, pool, w, x, n_tokens, y);
+}
+
+void matmul_xw(ThreadPool& pool, const Matrix& w, const float* x, int64_t n_tokens, float* y) {
+  matmul_impl::matmul_xw_with(simd::best_isa(), pool, w, x, n_tokens, y);
+}
+
+void matmul_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y) {
+  check_args("matmul_scalar", w, x, n_tokens, y);
+  if (n_tokens == 0) return;
+  scalar_matmul_rows(w, x, n_tokens, y, 0, w.rows, false);
+}
+
+void matmul_xw_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y) {
+  check_args("matmul_xw_scalar", w, x, n_tokens, y);
+  if (n_tokens == 0) return;
+  scalar_matmul_xw_range(w, x, n_tokens, y, 0, w.cols);
+}
+
+const char* matmul_isa() {
+  return simd::isa_name(simd::best_isa());
+}
+
+}  // namespace duet

@@ -1,0 +1,244 @@
+#include "kernels/ops.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/ops_impl.h"
+#include "kernels/simd_impl.h"
+
+namespace duet {
+
+namespace ops_impl::scalar {
+
+void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y) {
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    double ss = 0;
+    for (int64_t i = 0; i < n; ++i) ss += double(xr[i]) * double(xr[i]);
+    float scale = 1.0f / std::sqrt(static_cast<float>(ss / double(n)) + eps);
+    for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * scale * w[i];
+  }
+}
+
+void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    float g = gate[i];
+    out[i] = g / (1.0f + std::exp(-g)) * up[i];
+  }
+}
+
+void softmax(float* x, int64_t n) {
+  float max = x[0];
+  for (int64_t i = 1; i < n; ++i) max = std::max(max, x[i]);
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - max);
+    sum += x[i];
+  }
+  float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  double acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc += double(a[i]) * double(b[i]);
+  return static_cast<float>(acc);
+}
+
+void axpy(float alpha, const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void add_inplace(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+}  // namespace ops_impl::scalar
+
+// GCC 12 warns about its own AVX-512 intrinsics; see simd_impl.h.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace ops_impl::avx512 {
+
+namespace {
+
+constexpr int64_t kW = 16;
+
+DUET_TARGET_AVX512 inline __mmask16 first(int64_t n) {
+  return static_cast<__mmask16>((1u << n) - 1u);
+}
+
+// e^x for 16 lanes, within 1 ulp of std::exp (measured over [-87, 89)).
+// x = n ln2 + r with |r| <= ln2/2; e^r by Cephes' expf polynomial; scaled by 2^n with vscalefps,
+// which also gives inf and 0 at the ends. x < -103.97 gives 0, x >= 89 inf, NaN stays NaN.
+DUET_TARGET_AVX512 inline __m512 exp16(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-103.972084f);
+  const __m512 hi = _mm512_set1_ps(89.0f);
+  // max/min return their second operand when either is NaN, so NaN passes through.
+  __m512 xc = _mm512_min_ps(hi, _mm512_max_ps(lo, x));
+  __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  __m512 e = _mm512_scalef_ps(p, n);
+  // Below lo (e.g. -inf from masked logits) the result is exactly 0.
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), e);
+}
+
+DUET_TARGET_AVX512 inline __m512 silu_mul16(__m512 g, __m512 u) {
+  __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+  return _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), u);
+}
+
+}  // namespace
+
+DUET_TARGET_AVX512 void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n,
+                                 float eps, float* y) {
+  for (int64_t row = 0; row < n_rows; ++row) {
+    const float* xr = x + row * n;
+    float* yr = y + row * n;
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 4 * kW <= n; i += 4 * kW) {
+      for (int j = 0; j < 4; ++j) {
+        __m512 v = _mm512_loadu_ps(xr + i + j * kW);
+        acc[j] = _mm512_fmadd_ps(v, v, acc[j]);
+      }
+    }
+    for (; i < n; i += kW) {
+      __m512 v = _mm512_maskz_loadu_ps(first(std::min(kW, n - i)), xr + i);
+      acc[0] = _mm512_fmadd_ps(v, v, acc[0]);
+    }
+    float ss = _mm512_reduce_add_ps(
+        _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+    __m512 scale = _mm512_set1_ps(1.0f / std::sqrt(ss / static_cast<float>(n) + eps));
+    for (i = 0; i < n; i += kW) {
+      __mmask16 m = first(std::min(kW, n - i));
+      __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, xr + i), scale);
+      _mm512_mask_storeu_ps(yr + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
+    }
+  }
+}
+
+DUET_TARGET_AVX512 void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; i += kW) {
+    __mmask16 m = first(std::min(kW, n - i));
+    __m512 r = silu_mul16(_mm512_maskz_loadu_ps(m, gate + i), _mm512_maskz_loadu_ps(m, up + i));
+    _mm512_mask_storeu_ps(out + i, m, r);
+  }
+}
+
+DUET_TARGET_AVX512 void softmax(float* x, int64_t n) {
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int64_t i = 0; i < n; i += kW) {
+    __mmask16 m = first(std::min(kW, n - i));
+    vmax = _mm512_mask_max_ps(vmax, m, vmax, _mm512_maskz_loadu_ps(m, x + i));
+  }
+  __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += kW) {
+    __mmask16 m = first(std::min(kW, n - i));
+    __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), max));
+    e = _mm512_maskz_mov_ps(m, e);
+    sum = _mm512_add_ps(sum, e);
+    _mm512_mask_storeu_ps(x + i, m, e);
+  }
+  __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  for (int64_t i = 0; i < n; i += kW) {
+    __mmask16 m = first(std::min(kW, n - i));
+    _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
+  }
+}
+
+DUET_TARGET_AVX512 float dot(const float* a, const float* b, int64_t n) {
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                   _mm512_setzero_ps()};
+  int64_t i = 0;
+  for (; i + 4 * kW <= n; i += 4 * kW) {
+    for (int j = 0; j < 4; ++j) {
+      acc[j] =
+          _mm512_fmadd_ps(_mm512_loadu_ps(a + i + j * kW), _mm512_loadu_ps(b + i + j * kW), acc[j]);
+    }
+  }
+  for (; i < n; i += kW) {
+    __mmask16 m = first(std::min(kW, n - i));
+    acc[0] =
+        _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc[0]);
+  }
+  return _mm512_reduce_add_ps(
+      _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+}
+
+DUET_TARGET_AVX512 void axpy(float alpha, const float* x, int64_t n, float* y) {
+  __m512 a = _mm512_set1_ps(alpha);
+  for (int64_t i = 0; i < n; i += kW) {
+    __mmask16 m = first(std::min(kW, n - i));
+    __m512 r = _mm512_fmadd_ps(a, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+    _mm512_mask_storeu_ps(y + i, m, r);
+  }
+}
+
+DUET_TARGET_AVX512 void add_inplace(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; i += kW) {
+    __mmask16 m = first(std::min(kW, n - i));
+    __m512 r = _mm512_add_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+    _mm512_mask_storeu_ps(y + i, m, r);
+  }
+}
+
+}  // namespace ops_impl::avx512
+
+#pragma GCC diagnostic pop
+
+namespace {
+
+bool use_avx512() {
+  static const bool yes = simd::isa_supported(simd::Isa::kAvx512);
+  return yes;
+}
+
+}  // namespace
+
+void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y) {
+  if (use_avx512()) return ops_impl::avx512::rms_norm(x, w, n_rows, n, eps, y);
+  ops_impl::scalar::rms_norm(x, w, n_rows, n, eps, y);
+}
+
+void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
+  if (use_avx512()) return ops_impl::avx512::silu_mul(gate, up, n, out);
+  ops_impl::scalar::silu_mul(gate, up, n, out);
+}
+
+void softmax(float* x, int64_t n) {
+  if (use_avx512()) return ops_impl::avx512::softmax(x, n);
+  ops_impl::scalar::softmax(x, n);
+}
+
+float dot(const float* a, const float* b, int64_t n) {
+  if (use_avx512()) return ops_impl::avx512::dot(a, b, n);
+  return ops_impl::scalar::dot(a, b, n);
+}
+
+void axpy(float alpha, const float* x, int64_t n, float* y) {
+  if (use_avx512()) return ops_impl::avx512::axpy(alpha, x, n, y);
+  ops_impl::scalar::axpy(alpha, x, n, y);
+}
+
+void add_inplace(const float* x, int64_t n, float* y) {
+  if (use_avx512()) return ops_impl::avx512::add_inplace(x, n, y);
+  ops_impl::scalar::add_inplace(x, n, y);
+}
+
+}  // namespace duet

@@ -1,0 +1,33 @@
+// Private to src/kernels and its tests: each op of ops.h on one instruction set, so tests can
+// check the AVX-512 versions against the scalar ones. ops.h's functions pick AVX-512 when the
+// CPU has it and the scalar versions otherwise (these ops are a small share of a step; AVX2
+// machines use the scalar code).
+#pragma once
+
+#include <cstdint>
+
+namespace duet::ops_impl {
+
+// Plain loops; sums (sum of squares, dot, softmax denominator) accumulate in double, which
+// makes them the reference for the tests.
+namespace scalar {
+void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y);
+void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+void softmax(float* x, int64_t n);
+float dot(const float* a, const float* b, int64_t n);
+void axpy(float alpha, const float* x, int64_t n, float* y);
+void add_inplace(const float* x, int64_t n, float* y);
+}  // namespace scalar
+
+// Call only when simd::isa_supported(simd::Isa::kAvx512). Sums accumulate in f32 over 64
+// lanes; exp is a polynomial within 1 ulp of std::exp for normal results (exp16 in ops.cpp).
+namespace avx512 {
+void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y);
+void silu_mul(const float* gate, const float* up, int64_t n, float* out);
+void softmax(float* x, int64_t n);
+float dot(const float* a, const float* b, int64_t n);
+void axpy(float alpha, const float* x, int64_t n, float* y);
+void add_inplace(const float* x, int64_t n, float* y);
+}  // namespace avx512
+
+}  // namespace duet::ops_impl

@@ -1,0 +1,158 @@
+// Private to src/kernels: the instruction sets the kernels are built for, run-time detection,
+// and a thin vector interface per instruction set so one kernel body serves both.
+//
+// The build uses plain -O2, so every function that uses AVX2 or AVX-512 carries a target
+// attribute (DUET_TARGET_AVX512 / DUET_TARGET_AVX2) and is only called after
+// isa_supported() said yes.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace duet::simd {
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+
+inline const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kScalar:
+      return "scalar";
+  }
+  return "?";
+}
+
+inline bool isa_supported(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("fma");
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case Isa::kScalar:
+      return true;
+  }
+  return false;
+}
+
+// The widest instruction set this CPU runs, decided once.
+inline Isa best_isa() {
+  static const Isa isa = isa_supported(Isa::kAvx512) ? Isa::kAvx512
+                         : isa_supported(Isa::kAvx2) ? Isa::kAvx2
+                                                     : Isa::kScalar;
+  return isa;
+}
+
+}  // namespace duet::simd
+
+#define DUET_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#define DUET_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define DUET_ALWAYS_INLINE inline __attribute__((always_inline))
+
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() (`__m512 __Y = __Y;`), which
+// -Wuninitialized reports wherever they are inlined under a target attribute. The warning is
+// silenced where the intrinsics are inlined, i.e. in these vector interfaces.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace duet::simd {
+
+// 16 f32 lanes. bf16 is widened by shifting into the high half (no avx512_bf16 needed).
+struct Avx512 {
+  using V = __m512;
+  static constexpr int kWidth = 16;
+
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static __mmask16 first(int n) {
+    return static_cast<__mmask16>((1u << n) - 1u);
+  }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V zero() { return _mm512_setzero_ps(); }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V set1(float v) { return _mm512_set1_ps(v); }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V load(const float* p) { return _mm512_loadu_ps(p); }
+  // bf16 → f32: zero-extend to 32 bits, shift into the high half.
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V widen(__m256i h) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V load(const uint16_t* p) {
+    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  // The first n < kWidth elements; the other lanes are 0 and nothing past p + n is read.
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V load_part(const float* p, int n) {
+    return _mm512_maskz_loadu_ps(first(n), p);
+  }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V load_part(const uint16_t* p, int n) {
+    return widen(_mm256_maskz_loadu_epi16(first(n), p));
+  }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static void store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static void store_part(float* p, V v, int n) {
+    _mm512_mask_storeu_ps(p, first(n), v);
+  }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V fmadd(V a, V b, V c) {
+    return _mm512_fmadd_ps(a, b, c);
+  }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V add(V a, V b) { return _mm512_add_ps(a, b); }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static float hsum(V v) { return _mm512_reduce_add_ps(v); }
+  // {Σa, Σb, Σc, Σd} with one shared reduction tree.
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static __m128 hsum4(V a, V b, V c, V d) {
+    V ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+    V cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+    // Each 128-bit lane now holds partial {a, b, c, d}.
+    V s = _mm512_add_ps(_mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(1, 0, 1, 0)),
+                        _mm512_shuffle_ps(ab, cd, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  }
+};
+
+// 8 f32 lanes. Partial bf16 loads go through a zero-padded copy (AVX2 has no 16-bit masks).
+struct Avx2 {
+  using V = __m256;
+  static constexpr int kWidth = 8;
+
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static __m256i first(int n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static V zero() { return _mm256_setzero_ps(); }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static V set1(float v) { return _mm256_set1_ps(v); }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static V load(const float* p) { return _mm256_loadu_ps(p); }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static V load(const uint16_t* p) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static V load_part(const float* p, int n) {
+    return _mm256_maskload_ps(p, first(n));
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static V load_part(const uint16_t* p, int n) {
+    uint16_t tmp[kWidth] = {};
+    std::memcpy(tmp, p, static_cast<size_t>(n) * sizeof(uint16_t));
+    return load(tmp);
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static void store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static void store_part(float* p, V v, int n) {
+    _mm256_maskstore_ps(p, first(n), v);
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static V fmadd(V a, V b, V c) {
+    return _mm256_fmadd_ps(a, b, c);
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static float hsum(V v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static __m128 hsum4(V a, V b, V c, V d) {
+    V h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  }
+};
+
+}  // namespace duet::simd
+
+#pragma GCC diagnostic pop

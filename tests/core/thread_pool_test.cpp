@@ -1,0 +1,153 @@
+#include "core/thread_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+
+namespace duet {
+namespace {
+
+struct Chunk {
+  int64_t begin;
+  int64_t end;
+};
+
+// Runs parallel_for and returns the chunks it handed out, checking each index ran once.
+std::vector<Chunk> run_and_check(ThreadPool& pool, int64_t n, int64_t min_chunk) {
+  std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+  std::mutex mu;
+  std::vector<Chunk> chunks;
+  pool.parallel_for(
+      n,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) hits[static_cast<size_t>(i)]++;
+        std::lock_guard<std::mutex> lock(mu);
+        chunks.push_back({begin, end});
+      },
+      min_chunk);
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "index " << i << " n " << n;
+  }
+  return chunks;
+}
+
+TEST(ThreadPoolTest, EveryIndexRunsExactlyOnce) {
+  for (int n_threads : {1, 2, 3, 4, 8}) {
+    ThreadPool pool(n_threads);
+    EXPECT_EQ(pool.n_threads(), n_threads);
+    for (int64_t n : {1, 2, 3, 7, 16, 100, 1000, 12345}) {
+      for (int64_t min_chunk : {1, 4, 16, 1000}) {
+        SCOPED_TRACE(testing::Message()
+                     << "threads " << n_threads << " n " << n << " min_chunk " << min_chunk);
+        std::vector<Chunk> chunks = run_and_check(pool, n, min_chunk);
+        for (const Chunk& c : chunks) {
+          EXPECT_LT(c.begin, c.end);
+          // Chunks start on multiples of min_chunk, are at least min_chunk long (unless n is
+          // smaller), and all but the last are whole multiples of it.
+          EXPECT_EQ(c.begin % min_chunk, 0);
+          EXPECT_GE(c.end - c.begin, std::min(n, min_chunk));
+          if (c.end != n) {
+            EXPECT_EQ((c.end - c.begin) % min_chunk, 0);
+          }
+        }
+        if (n_threads > 1 && n >= 8 * n_threads * min_chunk) {
+          EXPECT_GT(chunks.size(), 1u) << "work was not split";
+        }
+      }
+    }
+  }
+}
+
+TEST(ThreadPoolTest, ZeroItemsNeverCallsFn) {
+  ThreadPool pool(3);
+  bool called = false;
+  pool.parallel_for(0, [&](int64_t, int64_t) { called = true; });
+  pool.parallel_for(-5, [&](int64_t, int64_t) { called = true; });
+  EXPECT_FALSE(called);
+}
+
+TEST(ThreadPoolTest, PoolOfOneRunsInlineOnCaller) {
+  ThreadPool pool(1);
+  std::set<std::thread::id> ids;
+  int calls = 0;
+  pool.parallel_for(1000, [&](int64_t begin, int64_t end) {
+    ids.insert(std::this_thread::get_id());
+    EXPECT_EQ(begin, 0);
+    EXPECT_EQ(end, 1000);
+    ++calls;
+  });
+  EXPECT_EQ(calls, 1);
+  ASSERT_EQ(ids.size(), 1u);
+  EXPECT_EQ(*ids.begin(), std::this_thread::get_id());
+}
+
+TEST(ThreadPoolTest, FirstExceptionIsRethrownOnCaller) {
+  ThreadPool pool(4);
+  for (int64_t bad : {0, 37, 999}) {
+    EXPECT_THROW(pool.parallel_for(1000,
+                                   [&](int64_t begin, int64_t end) {
+                                     if (begin <= bad && bad < end) throw std::out_of_range("bad");
+                                   }),
+                 std::out_of_range);
+  }
+  // Every chunk throwing: still exactly one exception, and the pool keeps working.
+  EXPECT_THROW(pool.parallel_for(100, [](int64_t, int64_t) { throw std::runtime_error("all"); }),
+               std::runtime_error);
+  run_and_check(pool, 5000, 1);
+}
+
+TEST(ThreadPoolTest, ExceptionFromInlineRunPropagates) {
+  ThreadPool pool(1);
+  EXPECT_THROW(pool.parallel_for(10, [](int64_t, int64_t) { throw std::logic_error("x"); }),
+               std::logic_error);
+}
+
+TEST(ThreadPoolTest, ManyRepeatedCallsDoNotDeadlock) {
+  ThreadPool pool(3);
+  std::atomic<int64_t> sum{0};
+  constexpr int kCalls = 20000;
+  for (int call = 0; call < kCalls; ++call) {
+    int64_t n = 1 + call % 13;
+    pool.parallel_for(n, [&](int64_t begin, int64_t end) {
+      int64_t s = 0;
+      for (int64_t i = begin; i < end; ++i) s += i;
+      sum += s;
+    });
+  }
+  int64_t expected = 0;
+  for (int call = 0; call < kCalls; ++call) {
+    int64_t n = 1 + call % 13;
+    expected += n * (n - 1) / 2;
+  }
+  EXPECT_EQ(sum.load(), expected);
+}
+
+TEST(ThreadPoolTest, CreateAndDestroyRepeatedly) {
+  for (int i = 0; i < 200; ++i) {
+    ThreadPool pool(1 + i % 4);
+    if (i % 2 == 0) run_and_check(pool, 64, 1);
+  }
+}
+
+TEST(ThreadPoolTest, NestedCallOnSamePoolIsRejected) {
+  ThreadPool pool(2);
+  EXPECT_THROW(pool.parallel_for(
+                   100, [&](int64_t, int64_t) { pool.parallel_for(100, [](int64_t, int64_t) {}); }),
+               Error);
+  run_and_check(pool, 100, 1);
+}
+
+TEST(ThreadPoolTest, AvailableCoresIsPositive) {
+  EXPECT_GE(available_cores(), 1);
+}
+
+}  // namespace
+}  // namespace duet

@@ -1,0 +1,195 @@
+#include "kernels/ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/ops_impl.h"
+#include "kernels/simd_impl.h"
+
+namespace duet {
+namespace {
+
+namespace scalar = ops_impl::scalar;
+namespace avx512 = ops_impl::avx512;
+
+const std::vector<int64_t> kSizes = {1, 7, 15, 16, 17, 33, 63, 64, 65, 100, 1003, 2048, 7171};
+
+// Values of mixed magnitude (2^-20 .. 2^20 times a normal sample), some exact zeros.
+std::vector<float> random_values(std::mt19937& rng, int64_t n, float sigma = 1.0f) {
+  std::normal_distribution<float> normal(0.0f, sigma);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  std::uniform_int_distribution<int> pick(0, 15);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& f : v) {
+    int p = pick(rng);
+    f = p == 0 ? 0.0f : p <= 2 ? std::ldexp(normal(rng), exponent(rng)) : normal(rng);
+  }
+  return v;
+}
+
+bool have_avx512() {
+  return simd::isa_supported(simd::Isa::kAvx512);
+}
+
+// |got - want| <= rel · |want| + abs for every element.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float rel,
+                  float abs, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  int failures = 0;
+  for (size_t i = 0; i < got.size() && failures < 5; ++i) {
+    bool same_special = (std::isnan(got[i]) && std::isnan(want[i])) || got[i] == want[i];
+    if (!same_special && !(std::fabs(got[i] - want[i]) <= rel * std::fabs(want[i]) + abs)) {
+      ADD_FAILURE() << what << ": element " << i << " got " << got[i] << " want " << want[i];
+      ++failures;
+    }
+  }
+}
+
+TEST(OpsTest, RmsNormHandComputed) {
+  // mean(x^2) = 12.5, so x / sqrt(12.5) * w.
+  std::vector<float> x = {3, 4}, w = {1, 2}, y(2);
+  rms_norm(x.data(), w.data(), 1, 2, 0.0f, y.data());
+  EXPECT_NEAR(y[0], 3 / std::sqrt(12.5), 1e-6);
+  EXPECT_NEAR(y[1], 8 / std::sqrt(12.5), 1e-6);
+  scalar::rms_norm(x.data(), w.data(), 1, 2, 0.5f, y.data());
+  EXPECT_NEAR(y[0], 3 / std::sqrt(13.0), 1e-6);
+}
+
+TEST(OpsTest, RmsNormSimdMatchesScalar) {
+  if (!have_avx512()) GTEST_SKIP() << "no AVX-512";
+  std::mt19937 rng(11);
+  for (int64_t n : kSizes) {
+    for (int64_t n_rows : {1, 3}) {
+      std::vector<float> x = random_values(rng, n_rows * n);
+      std::vector<float> w = random_values(rng, n);
+      std::vector<float> want(x.size()), got(x.size());
+      scalar::rms_norm(x.data(), w.data(), n_rows, n, 1e-6f, want.data());
+      avx512::rms_norm(x.data(), w.data(), n_rows, n, 1e-6f, got.data());
+      std::string what = "rms_norm n " + std::to_string(n);
+      expect_close(got, want, 1e-5f, 0.0f, what);
+      // In place.
+      std::vector<float> inplace = x;
+      rms_norm(inplace.data(), w.data(), n_rows, n, 1e-6f, inplace.data());
+      expect_close(inplace, want, 1e-5f, 0.0f, what + " in place");
+    }
+  }
+}
+
+TEST(OpsTest, SiluMulHandComputed) {
+  std::vector<float> gate = {0, 1, -2, 30}, up = {5, 2, 1, 1}, out(4);
+  silu_mul(gate.data(), up.data(), 4, out.data());
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_NEAR(out[1], 2 / (1 + std::exp(-1.0)), 1e-6);
+  EXPECT_NEAR(out[2], -2 / (1 + std::exp(2.0)), 1e-6);
+  EXPECT_NEAR(out[3], 30.0, 1e-5);
+}
+
+TEST(OpsTest, SiluMulSimdMatchesScalar) {
+  if (!have_avx512()) GTEST_SKIP() << "no AVX-512";
+  std::mt19937 rng(12);
+  for (int64_t n : kSizes) {
+    std::vector<float> gate = random_values(rng, n, 4.0f);
+    std::vector<float> up = random_values(rng, n);
+    // The ends of exp's range.
+    const float edges[] = {-100.0f, -88.0f, -87.0f, 87.0f, 88.0f, 100.0f, -0.0f, 1e-30f};
+    for (size_t i = 0; i < std::size(edges) && i < gate.size(); ++i) gate[i] = edges[i];
+    std::vector<float> want(static_cast<size_t>(n)), got(static_cast<size_t>(n));
+    scalar::silu_mul(gate.data(), up.data(), n, want.data());
+    avx512::silu_mul(gate.data(), up.data(), n, got.data());
+    expect_close(got, want, 2e-6f, 1e-37f, "silu_mul n " + std::to_string(n));
+    // out aliasing gate.
+    std::vector<float> inplace = gate;
+    silu_mul(inplace.data(), up.data(), n, inplace.data());
+    expect_close(inplace, want, 2e-6f, 1e-37f, "silu_mul in place n " + std::to_string(n));
+  }
+}
+
+TEST(OpsTest, SoftmaxSimdMatchesScalar) {
+  if (!have_avx512()) GTEST_SKIP() << "no AVX-512";
+  std::mt19937 rng(13);
+  std::vector<int64_t> sizes = kSizes;
+  sizes.push_back(151936);  // a vocabulary
+  for (int64_t n : sizes) {
+    std::vector<float> x = random_values(rng, n, 5.0f);
+    for (size_t i = 1; i < x.size(); i += 5) x[i] = -std::numeric_limits<float>::infinity();
+    std::vector<float> want = x, got = x;
+    scalar::softmax(want.data(), n);
+    avx512::softmax(got.data(), n);
+    expect_close(got, want, 2e-6f, 1e-38f, "softmax n " + std::to_string(n));
+    double sum = 0;
+    for (float v : got) sum += v;
+    EXPECT_NEAR(sum, 1.0, 1e-5) << n;
+    for (size_t i = 1; i < got.size(); i += 5) ASSERT_EQ(got[i], 0.0f) << "masked entry " << i;
+  }
+}
+
+TEST(OpsTest, SoftmaxHandComputed) {
+  std::vector<float> x = {1, 2, 3};
+  softmax(x.data(), 3);
+  double z = std::exp(1.0) + std::exp(2.0) + std::exp(3.0);
+  EXPECT_NEAR(x[0], std::exp(1.0) / z, 1e-7);
+  EXPECT_NEAR(x[2], std::exp(3.0) / z, 1e-7);
+  float one = 42;
+  softmax(&one, 1);
+  EXPECT_EQ(one, 1.0f);
+}
+
+TEST(OpsTest, DotSimdMatchesScalar) {
+  if (!have_avx512()) GTEST_SKIP() << "no AVX-512";
+  std::mt19937 rng(14);
+  for (int64_t n : kSizes) {
+    std::vector<float> a = random_values(rng, n), b = random_values(rng, n);
+    double scale = 0;
+    for (size_t i = 0; i < a.size(); ++i) scale += std::fabs(double(a[i]) * b[i]);
+    float want = scalar::dot(a.data(), b.data(), n);
+    EXPECT_NEAR(avx512::dot(a.data(), b.data(), n), want, 1e-5 * scale) << n;
+    EXPECT_NEAR(dot(a.data(), b.data(), n), want, 1e-5 * scale) << n;
+  }
+  EXPECT_EQ(dot(nullptr, nullptr, 0), 0.0f);
+}
+
+TEST(OpsTest, AxpyAndAddSimdMatchScalar) {
+  if (!have_avx512()) GTEST_SKIP() << "no AVX-512";
+  std::mt19937 rng(15);
+  for (int64_t n : kSizes) {
+    std::vector<float> x = random_values(rng, n), y = random_values(rng, n);
+    std::vector<float> want = y, got = y;
+    scalar::axpy(-0.37f, x.data(), n, want.data());
+    avx512::axpy(-0.37f, x.data(), n, got.data());
+    // The SIMD version fuses the multiply-add (one rounding instead of two).
+    std::vector<float> scale(y.size());
+    for (size_t i = 0; i < y.size(); ++i) scale[i] = std::fabs(y[i]) + std::fabs(0.37f * x[i]);
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 2e-7f * scale[i]) << "axpy n " << n << " i " << i;
+    }
+    want = y;
+    got = y;
+    scalar::add_inplace(x.data(), n, want.data());
+    avx512::add_inplace(x.data(), n, got.data());
+    EXPECT_EQ(got, want) << "add_inplace n " << n;
+    got = y;
+    add_inplace(x.data(), n, got.data());
+    EXPECT_EQ(got, want) << "add_inplace() n " << n;
+  }
+}
+
+TEST(OpsTest, SimdLeavesMemoryPastTheEndAlone) {
+  if (!have_avx512()) GTEST_SKIP() << "no AVX-512";
+  std::mt19937 rng(16);
+  const int64_t n = 19;
+  std::vector<float> x = random_values(rng, n + 16), y(n + 16, 7.0f), w(n + 16, 1.0f);
+  avx512::axpy(2.0f, x.data(), n, y.data());
+  avx512::add_inplace(x.data(), n, y.data());
+  avx512::silu_mul(x.data(), x.data(), n, y.data());
+  avx512::rms_norm(x.data(), w.data(), 1, n, 1e-6f, y.data());
+  avx512::softmax(y.data(), n);
+  for (int64_t i = n; i < n + 16; ++i) EXPECT_EQ(y[static_cast<size_t>(i)], 7.0f) << i;
+}
+
+}  // namespace
+}  // namespace duet
