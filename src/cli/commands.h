@@ -8,5 +8,6 @@ namespace duet {
 
 void add_make_model_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
+void add_bench_command(CLI::App& app);  // adds "bench" and its benchmarks (bench_command.cpp)
 
 }  // namespace duet

@@ -3,7 +3,6 @@
 #include <chrono>
 
 #include "core/error.h"
-#include "engine/executor.h"
 
 namespace duet {
 
@@ -15,20 +14,12 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 Generator::Generator(const Model& model, ThreadPool& pool)
     : model_(model),
-      pool_(pool),
       kv_(model.config().n_layer, model.kv_k_width(), model.kv_v_width()),
-      dispatcher_(model.config().n_expert) {
-  state_.kv = &kv_;
-  state_.dispatcher = &dispatcher_;
-  state_.pool = &pool_;
-}
+      runner_(model, pool) {}
 
 const std::vector<float>& Generator::forward(const ForwardInput& in) {
   for (const SeqSpan& span : in.spans) kv_.reserve(span.seq_id, span.n_past + span.n_tokens);
-  state_.in = &in;
-  run_plain(model_.operations(), state_);
-  state_.in = nullptr;
-  return state_.logits;
+  return runner_.forward(in, kv_);
 }
 
 void Generator::validate(const GenerateRequest& r) const {
@@ -55,6 +46,14 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
   std::vector<GenerateResult> results(n_req);
   std::vector<Sampler> samplers;
   std::vector<int32_t> seq_ids;
+  // Frees the sequences' KV rows however generate() ends.
+  struct Release {
+    KvCache& kv;
+    std::vector<int32_t>& ids;
+    ~Release() {
+      for (int32_t id : ids) kv.remove_sequence(id);
+    }
+  } release{kv_, seq_ids};
   for (const GenerateRequest& r : requests) {
     samplers.emplace_back(r.sampling);
     seq_ids.push_back(kv_.add_sequence());
@@ -127,7 +126,6 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
     for (size_t r = 0; r < who.size(); ++r) emit(who[r], logits->data() + r * n_vocab);
   }
   st.decode_seconds = seconds_since(t0);
-  for (int32_t id : seq_ids) kv_.remove_sequence(id);
   if (stats) *stats = st;
   return results;
 }

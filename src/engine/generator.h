@@ -10,9 +10,9 @@
 
 #include "core/thread_pool.h"
 #include "engine/kv_cache.h"
+#include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "model/model.h"
-#include "moe/local_dispatcher.h"
 
 namespace duet {
 
@@ -58,10 +58,8 @@ class Generator {
   void validate(const GenerateRequest& r) const;
 
   const Model& model_;
-  ThreadPool& pool_;
   KvCache kv_;
-  LocalDispatcher dispatcher_;
-  ForwardState state_;
+  ModelRunner runner_;
 };
 
 }  // namespace duet

@@ -1,0 +1,12 @@
+#include "cli/commands.h"
+
+namespace duet {
+
+// `duet bench <what>`: benchmarks that print ratios taken side by side in one run.
+void add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks (latency, tokenizer, serve, ...)");
+  bench->require_subcommand(1);
+  // Each benchmark registers itself here.
+}
+
+}  // namespace duet

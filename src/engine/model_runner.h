@@ -1,0 +1,32 @@
+// Runs one forward pass of a model over a batch on a KV store: the piece every engine front
+// (the batch generator, the serving loop, later the DP/EP ranks) shares.
+#pragma once
+
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "model/forward.h"
+#include "model/model.h"
+#include "moe/local_dispatcher.h"
+
+namespace duet {
+
+class ModelRunner {
+ public:
+  // The model and pool must outlive the runner.
+  ModelRunner(const Model& model, ThreadPool& pool);
+
+  // Runs the operation list over `in`. The KV rows of every position in `in` must exist in `kv`
+  // (the caller reserves them). Returns logits [in.out_rows.size(), n_vocab], valid until the
+  // next call.
+  const std::vector<float>& forward(const ForwardInput& in, KvStore& kv);
+
+  const Model& model() const { return model_; }
+
+ private:
+  const Model& model_;
+  LocalDispatcher dispatcher_;
+  ForwardState state_;
+};
+
+}  // namespace duet
