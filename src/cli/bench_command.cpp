@@ -7,6 +7,7 @@ void add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks (latency, tokenizer, serve, ...)");
   bench->require_subcommand(1);
   // Each benchmark registers itself here.
+  add_bench_latency(*bench);
 }
 
 }  // namespace duet

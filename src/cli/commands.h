@@ -8,6 +8,7 @@ namespace duet {
 
 void add_make_model_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
-void add_bench_command(CLI::App& app);  // adds "bench" and its benchmarks (bench_command.cpp)
+void add_bench_command(CLI::App& app);
+void add_bench_latency(CLI::App& bench);  // adds "bench" and its benchmarks (bench_command.cpp)
 
 }  // namespace duet

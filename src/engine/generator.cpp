@@ -110,6 +110,9 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
 
   // Decode: one token per live sequence per step.
   t0 = std::chrono::steady_clock::now();
+  const uint64_t expert_bytes0 = runner_.expert_bytes_read();
+  const uint64_t kv_row_bytes = static_cast<uint64_t>(model_.config().n_layer) *
+                                (model_.kv_k_width() + model_.kv_v_width()) * sizeof(float);
   for (;;) {
     ForwardInput step;
     std::vector<size_t> who;
@@ -118,6 +121,7 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
       const int64_t n_past = static_cast<int64_t>(requests[i].prompt.size() +
                                                   results[i].tokens.size()) - 1;
       step.add(seq_ids[i], n_past, &last[i], 1, false);
+      st.decode_kv_bytes += static_cast<uint64_t>(n_past + 1) * kv_row_bytes;
       who.push_back(i);
     }
     if (who.empty()) break;
@@ -126,6 +130,7 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
     for (size_t r = 0; r < who.size(); ++r) emit(who[r], logits->data() + r * n_vocab);
   }
   st.decode_seconds = seconds_since(t0);
+  st.decode_expert_bytes = runner_.expert_bytes_read() - expert_bytes0;
   if (stats) *stats = st;
   return results;
 }

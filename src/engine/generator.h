@@ -36,6 +36,8 @@ struct GenerateStats {
   double prefill_seconds = 0;
   double decode_seconds = 0;
   int64_t decode_steps = 0;
+  uint64_t decode_expert_bytes = 0;  // routed-expert weights read by the decode steps
+  uint64_t decode_kv_bytes = 0;      // KV rows read by the decode steps' attention
 };
 
 class Generator {

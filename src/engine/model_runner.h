@@ -22,6 +22,8 @@ class ModelRunner {
   const std::vector<float>& forward(const ForwardInput& in, KvStore& kv);
 
   const Model& model() const { return model_; }
+  // Routed-expert weight bytes read by all forward passes so far (benchmarks).
+  uint64_t expert_bytes_read() const { return state_.expert_bytes_read; }
 
  private:
   const Model& model_;

@@ -70,6 +70,7 @@ struct ForwardState {
   ExpertBatch* expert_batch = nullptr;  // between dispatch_recv and combine_send
   MlpScratch mlp;
   std::vector<float> logits;        // [out_rows, n_vocab]
+  uint64_t expert_bytes_read = 0;   // weights of the routed experts run so far (benchmarks)
 
   int64_t n_tokens() const { return in->n_tokens(); }
 };

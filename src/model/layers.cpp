@@ -103,7 +103,7 @@ void append_ffn_ops(std::vector<Operation>& ops, int64_t il, const FfnWeights& w
   ops.push_back({L + "dispatch_recv",
                  [](ForwardState& s) { s.expert_batch = &s.dispatcher->dispatch_recv(); }});
   ops.push_back({L + "experts", [wp](ForwardState& s) {
-                   run_experts(*s.pool, wp->experts, *s.expert_batch, s.mlp);
+                   s.expert_bytes_read += run_experts(*s.pool, wp->experts, *s.expert_batch, s.mlp);
                  }});
   ops.push_back({L + "combine_send", [](ForwardState& s) {
                    s.dispatcher->combine_send();

@@ -19,9 +19,23 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir) {
   auto src = std::make_unique<CheckpointSource>(model_dir);
   model->load_weights(*src);
   model->weight_bytes_ = src->bytes_used();
+  model->account_bytes(src->bytes_by_name());
   model->source_ = std::move(src);
   model->build_operations();
   return model;
+}
+
+void Model::account_bytes(const std::map<std::string, uint64_t>& bytes_by_name) {
+  uint64_t experts = 0, n_experts = 0;
+  for (const auto& [name, bytes] : bytes_by_name) {
+    if (name.find(".experts.") != std::string::npos) {
+      experts += bytes;
+      if (name.ends_with(".down_proj.weight") || name.ends_with(".w2.weight")) ++n_experts;
+    } else if (name != "model.embed_tokens.weight" || config_.tie_word_embeddings) {
+      dense_bytes_per_step_ += bytes;
+    }
+  }
+  bytes_per_expert_ = n_experts ? experts / n_experts : 0;
 }
 
 void Model::load_embeddings(WeightSource& src) {

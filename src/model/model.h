@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,12 @@ class Model {
   virtual int64_t kv_v_width() const = 0;
   // Bytes of weights resident for this model (mapped or converted).
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // Bytes of the weights every forward pass reads whatever the routing: attention, norms,
+  // routers, dense and shared MLPs, the output head (not the embedding table, which is gathered
+  // row by row, nor the routed experts, counted per step in ForwardState::expert_bytes_read).
+  uint64_t dense_bytes_per_step() const { return dense_bytes_per_step_; }
+  // Bytes of one routed expert (its three projections).
+  uint64_t bytes_per_expert() const { return bytes_per_expert_; }
 
  protected:
   explicit Model(const ModelConfig& config) : config_(config) {}
@@ -54,12 +61,15 @@ class Model {
 
  private:
   static std::unique_ptr<Model> create(const ModelConfig& config);
+  void account_bytes(const std::map<std::string, uint64_t>& bytes_by_name);
   // embed, then per layer attention and the feed-forward operations, then the output head.
   void build_operations();
 
   std::unique_ptr<WeightSource> source_;  // keeps mapped files and conversions alive
   std::vector<Operation> ops_;
   uint64_t weight_bytes_ = 0;
+  uint64_t dense_bytes_per_step_ = 0;
+  uint64_t bytes_per_expert_ = 0;
 };
 
 // Per-architecture factories (model/arch/*.cpp).

@@ -29,6 +29,7 @@ Matrix CheckpointSource::matrix(const std::string& name, int64_t rows, int64_t c
       m.dtype = t.dtype;
       m.data = t.data;
       bytes_used_ += t.nbytes();
+      bytes_by_name_[name] = t.nbytes();
       return m;
     case DType::kF16: {
       // No f16 kernels: widen once to f32 (f16 checkpoints of these models are rare).
@@ -42,6 +43,7 @@ Matrix CheckpointSource::matrix(const std::string& name, int64_t rows, int64_t c
       m.dtype = DType::kF32;
       m.data = buf.data();
       bytes_used_ += buf.size() * 4;
+      bytes_by_name_[name] = buf.size() * 4;
       return m;
     }
   }
@@ -61,6 +63,7 @@ const float* CheckpointSource::vector(const std::string& name, int64_t n) {
     }
   }
   bytes_used_ += static_cast<uint64_t>(n) * 4;
+  bytes_by_name_[name] = static_cast<uint64_t>(n) * 4;
   return buf.data();
 }
 

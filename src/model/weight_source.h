@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,8 @@ class CheckpointSource final : public WeightSource {
   const float* vector(const std::string& name, int64_t n) override;
   // Bytes of weights this source handed out (views and conversions), for memory reports.
   uint64_t bytes_used() const { return bytes_used_; }
+  // Bytes of each tensor handed out, by name.
+  const std::map<std::string, uint64_t>& bytes_by_name() const { return bytes_by_name_; }
 
  private:
   const TensorView& expect(const std::string& name, const std::vector<int64_t>& shape);
@@ -40,6 +43,7 @@ class CheckpointSource final : public WeightSource {
   SafetensorsSet set_;
   std::deque<std::vector<float>> owned_;  // f32 conversions of f16 matrices and of vectors
   uint64_t bytes_used_ = 0;
+  std::map<std::string, uint64_t> bytes_by_name_;
 };
 
 // Records what was asked for; hands out null views (a recorded model is listed, never run).

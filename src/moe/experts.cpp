@@ -18,16 +18,21 @@ void mlp_forward(ThreadPool& pool, const MlpWeights& w, const float* x, int64_t 
   matmul(pool, w.down, scratch.gate.data(), n_tokens, y);
 }
 
-void run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, ExpertBatch& batch,
+uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, ExpertBatch& batch,
                  MlpScratch& scratch) {
   DUET_CHECK(static_cast<int64_t>(experts.size()) == batch.n_local_expert,
              "experts " << experts.size() << " batch " << batch.n_local_expert);
   const int64_t D = batch.n_embd;
+  uint64_t bytes = 0;
   for (int64_t e = 0; e < batch.n_local_expert; ++e) {
     const int64_t r0 = batch.offsets[e], n = batch.offsets[e + 1] - r0;
     if (n == 0) continue;
     mlp_forward(pool, experts[e], batch.x.data() + r0 * D, n, scratch, batch.y.data() + r0 * D);
+    const MlpWeights& w = experts[e];
+    for (const Matrix* m : {&w.gate, &w.up, &w.down})
+      bytes += static_cast<uint64_t>(m->rows * m->cols) * dtype_size(m->dtype);
   }
+  return bytes;
 }
 
 }  // namespace duet

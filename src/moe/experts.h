@@ -29,7 +29,8 @@ void mlp_forward(ThreadPool& pool, const MlpWeights& w, const float* x, int64_t 
 
 // Runs each local expert on its rows of batch.x as one matmul per projection (gather -> matmul
 // -> scatter happens in the dispatcher), writing batch.y. experts[e] is local expert e.
-void run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, ExpertBatch& batch,
+// Returns the bytes of expert weights it read (the experts that had rows).
+uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, ExpertBatch& batch,
                  MlpScratch& scratch);
 
 }  // namespace duet

@@ -1,0 +1,110 @@
+// `duet bench latency`: prefill and decode speed of one batch, with decode's bytes read per step
+// against the memory bandwidth measured in the same run, and prefill's GFLOP/s.
+#include <cstdio>
+#include <memory>
+#include <random>
+
+#include "cli/commands.h"
+#include "core/thread_pool.h"
+#include "engine/generator.h"
+#include "kernels/bandwidth.h"
+#include "kernels/matmul.h"
+#include "model/model.h"
+
+namespace duet {
+
+namespace {
+
+struct LatencyOptions {
+  std::string model_dir;
+  int64_t batch = 1;
+  int64_t prompt_len = 128;
+  int64_t gen_len = 64;
+  int threads = 0;
+  uint64_t seed = 0;
+};
+
+std::vector<GenerateRequest> make_requests(const LatencyOptions& o, int64_t n_vocab) {
+  std::mt19937_64 rng(o.seed);
+  std::vector<GenerateRequest> reqs(static_cast<size_t>(o.batch));
+  for (GenerateRequest& r : reqs) {
+    for (int64_t i = 0; i < o.prompt_len; ++i)
+      r.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(n_vocab)));
+    r.max_tokens = o.gen_len;  // no stop ids: every sequence runs to gen_len
+  }
+  return reqs;
+}
+
+void run_latency(const LatencyOptions& o) {
+  ThreadPool pool(o.threads > 0 ? o.threads : available_cores());
+  std::unique_ptr<Model> model = Model::load(o.model_dir);
+  const ModelConfig& c = model->config();
+  Generator gen(*model, pool);
+  const std::vector<GenerateRequest> reqs = make_requests(o, c.n_vocab);
+
+  gen.generate(reqs);  // warm-up: pages of the mapped weights, buffers
+  GenerateStats st;
+  gen.generate(reqs, &st);
+  const double bw = measure_read_bandwidth(pool);
+
+  // Prefill: FLOPs of the matmuls (2 per weight per token) plus attention scores and sums.
+  int64_t n_moe = 0;
+  for (int64_t il = 0; il < c.n_layer; ++il) n_moe += c.is_moe_layer(il);
+  const double elem = model->bytes_per_expert() > 0
+                          ? double(model->bytes_per_expert()) / (3.0 * c.n_embd * c.n_ff_exp)
+                          : 2.0;
+  const double active_params =
+      (model->dense_bytes_per_step() + double(n_moe * c.n_expert_used) * model->bytes_per_expert()) /
+      elem;
+  const double v_dim = c.arch == Arch::kDeepseekV2 ? c.v_head_dim : c.head_dim;
+  const double attn_flops_per_token =
+      2.0 * c.n_layer * c.n_head * (c.qk_head_dim() + v_dim) * (o.prompt_len + 1) / 2.0;
+  const double prefill_flops = st.prompt_tokens * (2.0 * active_params + attn_flops_per_token);
+  const double prefill_tps = st.prompt_tokens / st.prefill_seconds;
+
+  // Decode: every step reads the dense weights, the experts routed to, and the KV rows.
+  const int64_t steps = st.decode_steps;
+  const double decode_tokens = double(steps) * o.batch;
+  const double bytes_per_step =
+      steps > 0 ? model->dense_bytes_per_step() +
+                      double(st.decode_expert_bytes + st.decode_kv_bytes) / steps
+                : 0.0;
+  const double step_s = steps > 0 ? st.decode_seconds / steps : 0.0;
+  const double achieved = steps > 0 ? bytes_per_step / step_s : 0.0;
+  const double limit_tps = bytes_per_step > 0 ? bw / bytes_per_step * o.batch : 0.0;
+
+  std::printf("model %s (%s), batch %lld, prompt %lld, gen %lld, %d threads, matmul %s\n",
+              o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
+              (long long)o.gen_len, pool.n_threads(), matmul_isa());
+  std::printf("prefill: %8.1f tok/s  %7.1f GFLOP/s  (%.3f s for %lld tokens)\n", prefill_tps,
+              prefill_flops / st.prefill_seconds / 1e9, st.prefill_seconds,
+              (long long)st.prompt_tokens);
+  std::printf("decode:  %8.1f tok/s  (%.2f ms/step, %lld steps x %lld seqs)\n",
+              decode_tokens / st.decode_seconds, step_s * 1e3, (long long)steps, (long long)o.batch);
+  std::printf("decode bytes/step: %.1f MB (dense %.1f, experts %.1f, KV %.1f)\n",
+              bytes_per_step / 1e6, model->dense_bytes_per_step() / 1e6,
+              steps ? double(st.decode_expert_bytes) / steps / 1e6 : 0.0,
+              steps ? double(st.decode_kv_bytes) / steps / 1e6 : 0.0);
+  std::printf("decode achieved %.1f GB/s; measured read bandwidth %.1f GB/s; ratio %.2f\n",
+              achieved / 1e9, bw / 1e9, achieved / bw);
+  std::printf("decode bandwidth limit %.1f tok/s; achieved/limit %.2f\n", limit_tps,
+              limit_tps > 0 ? decode_tokens / st.decode_seconds / limit_tps : 0.0);
+}
+
+}  // namespace
+
+void add_bench_latency(CLI::App& bench) {
+  auto o = std::make_shared<LatencyOptions>();
+  CLI::App* cmd = bench.add_subcommand("latency", "Prefill and decode speed of one batch");
+  cmd->add_option("model_dir", o->model_dir, "Hugging Face model directory")->required();
+  cmd->add_option("--batch", o->batch, "Sequences decoded together")->check(CLI::PositiveNumber);
+  cmd->add_option("--prompt-len", o->prompt_len, "Prompt tokens per sequence")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--gen-len", o->gen_len, "Generated tokens per sequence")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
+  cmd->add_option("--seed", o->seed, "Seed of the random prompts");
+  cmd->callback([o] { run_latency(*o); });
+}
+
+}  // namespace duet

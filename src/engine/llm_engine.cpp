@@ -1,0 +1,225 @@
+#include "engine/llm_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace duet {
+
+namespace {
+
+BlockPoolShape pool_shape(const Model& model, int64_t block_size) {
+  BlockPoolShape s;
+  s.n_layer = model.config().n_layer;
+  s.k_width = model.kv_k_width();
+  s.v_width = model.kv_v_width();
+  s.block_size = block_size;
+  return s;
+}
+
+int64_t pool_blocks(const Model& model, const EngineConfig& c) {
+  if (c.block_size < 1 || c.block_size > 1024)
+    DUET_ERROR("--block-size must be in [1, 1024], got " << c.block_size);
+  if (!(c.kv_cache_gib > 0) || !std::isfinite(c.kv_cache_gib))
+    DUET_ERROR("--kv-cache-memory must be > 0 GiB, got " << c.kv_cache_gib);
+  const BlockPoolShape shape = pool_shape(model, c.block_size);
+  const int64_t n = BlockPool::blocks_in(shape, static_cast<uint64_t>(c.kv_cache_gib * (1ull << 30)));
+  if (n < 1) {
+    DUET_ERROR("--kv-cache-memory " << c.kv_cache_gib << " GiB holds no KV block of "
+                                    << BlockPool::bytes_per_block(shape) << " bytes");
+  }
+  return std::min<int64_t>(n, (int64_t{1} << 31) - 1);
+}
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+LlmEngine::LlmEngine(const Model& model, ThreadPool& pool, const Tokenizer* tokenizer,
+                     const EngineConfig& config)
+    : model_(model),
+      tokenizer_(tokenizer),
+      max_model_len_(model.config().max_position_embeddings),
+      blocks_(pool_shape(model, config.block_size), pool_blocks(model, config)),
+      kv_(blocks_),
+      scheduler_(config.scheduler, kv_),
+      runner_(model, pool) {
+  publish_state();
+  thread_ = std::thread([this] { loop(); });
+}
+
+LlmEngine::~LlmEngine() {
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    stop_ = true;
+  }
+  inbox_cv_.notify_all();
+  thread_.join();
+  fail_all("");
+}
+
+std::shared_ptr<RequestStream> LlmEngine::submit(EngineRequest req) {
+  const ModelConfig& c = model_.config();
+  if (req.prompt.empty()) DUET_ERROR("the prompt is empty");
+  for (int32_t id : req.prompt) {
+    if (id < 0 || id >= c.n_vocab)
+      DUET_ERROR("prompt token id " << id << " is outside the vocabulary [0, " << c.n_vocab << ")");
+  }
+  if (req.max_tokens < 1) DUET_ERROR("max_tokens must be at least 1, got " << req.max_tokens);
+  const int64_t n_prompt = static_cast<int64_t>(req.prompt.size());
+  if (req.max_tokens > max_model_len_ || n_prompt + req.max_tokens > max_model_len_) {
+    DUET_ERROR("This model's maximum context length is "
+               << max_model_len_ << " tokens. However, you requested " << n_prompt + req.max_tokens
+               << " tokens (" << n_prompt << " in the prompt, " << req.max_tokens
+               << " in the completion). Please reduce the length of the prompt or completion.");
+  }
+  if (!scheduler_.can_fit(n_prompt + req.max_tokens)) {
+    DUET_ERROR("the request needs " << kv_.blocks_for(n_prompt + req.max_tokens)
+                                    << " KV blocks but the whole cache has " << blocks_.n_blocks()
+                                    << " (raise --kv-cache-memory)");
+  }
+  for (const std::string& s : req.stop)
+    if (s.empty()) DUET_ERROR("stop strings must not be empty");
+  if (!req.stop.empty() && !tokenizer_) DUET_ERROR("stop strings need the model's tokenizer");
+  if (!req.ignore_eos)
+    req.stop_ids.insert(req.stop_ids.end(), c.eos_token_ids.begin(), c.eos_token_ids.end());
+
+  Sampler sampler(req.sampling);  // throws on bad parameters
+  auto live = std::unique_ptr<Live>(new Live{nullptr, nullptr, std::move(req), std::move(sampler),
+                                             OutputText({}), Clock::now(), Clock::now()});
+  live->text = OutputText(live->req.stop);
+  live->seq = std::make_unique<Sequence>();
+  live->seq->id = next_id_.fetch_add(1);
+  live->seq->tokens = live->req.prompt;
+  live->seq->n_prompt = n_prompt;
+  live->seq->max_tokens = live->req.max_tokens;
+  live->stream = std::make_shared<RequestStream>(live->seq->id, n_prompt);
+  std::shared_ptr<RequestStream> stream = live->stream;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    if (!alive_.load()) return nullptr;
+    inbox_.push_back(std::move(live));
+  }
+  inbox_cv_.notify_one();
+  return stream;
+}
+
+void LlmEngine::loop() {
+  try {
+    for (;;) {
+      std::vector<std::unique_ptr<Live>> fresh;
+      {
+        std::unique_lock<std::mutex> lock(inbox_mu_);
+        inbox_cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !live_.empty(); });
+        if (stop_) return;
+        fresh.swap(inbox_);
+      }
+      for (auto& l : fresh) {
+        scheduler_.add(l->seq.get());
+        const uint64_t id = l->seq->id;
+        live_.emplace(id, std::move(l));
+      }
+      reap_aborted();
+      if (!step() && !live_.empty()) {
+        // Nothing could run (should not happen: every admitted request fits the pool alone).
+        std::unique_lock<std::mutex> lock(inbox_mu_);
+        inbox_cv_.wait_for(lock, std::chrono::milliseconds(10));
+      }
+      publish_state();
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: engine loop stopped: %s\n", e.what());
+    fail_all(std::string("engine error: ") + e.what());
+  }
+}
+
+bool LlmEngine::step() {
+  SchedulerStep plan = scheduler_.schedule();
+  if (plan.empty()) return false;
+  ForwardInput in;
+  uint64_t prompt_tokens = 0;
+  for (const ScheduledChunk& c : plan.chunks) {
+    const Sequence& s = *c.seq;
+    in.add(s.kv_seq, c.n_past, s.tokens.data() + c.n_past, c.n_tokens, /*all_logits=*/false);
+    if (!c.sample) in.out_rows.pop_back();  // a middle chunk of a prefill: no logits needed
+    if (s.n_preempted == 0) prompt_tokens += std::max<int64_t>(
+        0, std::min(c.n_past + c.n_tokens, s.n_prompt) - c.n_past);
+  }
+  const std::vector<float>& logits = runner_.forward(in, kv_);
+  const int64_t n_vocab = model_.config().n_vocab;
+  int64_t row = 0;
+  uint64_t generated = 0;
+  for (const ScheduledChunk& c : plan.chunks) {
+    if (!c.sample) continue;
+    Live& live = *live_.at(c.seq->id);
+    ++generated;
+    emit(live, logits.data() + row * n_vocab);
+    ++row;
+  }
+  metrics_.add_tokens(prompt_tokens, generated, plan.preempted.size());
+  return true;
+}
+
+bool LlmEngine::emit(Live& live, const float* logits) {
+  Sequence& seq = *live.seq;
+  const int32_t tok = live.sampler.sample(logits, model_.config().n_vocab);
+  seq.tokens.push_back(tok);
+  const Clock::time_point now = Clock::now();
+  if (seq.n_generated() == 1) {
+    metrics_.observe_ttft(seconds(now - live.arrival));
+  } else {
+    metrics_.observe_itl(seconds(now - live.last_token));
+  }
+  live.last_token = now;
+
+  std::string reason;
+  const auto& stop_ids = live.req.stop_ids;
+  if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
+    reason = "stop";
+  } else if (tokenizer_ && live.text.append(tokenizer_->decode({tok}, /*skip_special=*/true))) {
+    reason = "stop";
+  } else if (seq.n_generated() >= seq.max_tokens) {
+    reason = "length";
+  }
+  live.stream->push(tokenizer_ && reason.empty() ? live.text.take_ready() : std::string(), tok);
+  if (reason.empty()) return false;
+  finish(seq.id, reason, tokenizer_ ? live.text.take_rest() : std::string());
+  return true;
+}
+
+void LlmEngine::finish(uint64_t id, const std::string& reason, const std::string& tail) {
+  auto it = live_.find(id);
+  Live& live = *it->second;
+  scheduler_.remove(live.seq.get());
+  live.stream->finish(reason, tail);
+  metrics_.finished(reason, seconds(Clock::now() - live.arrival));
+  live_.erase(it);
+}
+
+void LlmEngine::reap_aborted() {
+  std::vector<uint64_t> gone;
+  for (const auto& [id, live] : live_)
+    if (live->stream->aborted()) gone.push_back(id);
+  for (uint64_t id : gone) finish(id, "abort");
+}
+
+void LlmEngine::fail_all(const std::string& error) {
+  std::vector<std::unique_ptr<Live>> queued;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    alive_.store(false);
+    queued.swap(inbox_);
+  }
+  for (auto& l : queued) l->stream->finish("abort", "", error);
+  for (auto& [id, live] : live_) live->stream->finish("abort", "", error);
+  live_.clear();
+}
+
+void LlmEngine::publish_state() {
+  metrics_.set_state(scheduler_.n_running(), scheduler_.n_waiting(), blocks_.n_used(),
+                     blocks_.n_blocks());
+}
+
+}  // namespace duet

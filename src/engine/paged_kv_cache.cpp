@@ -1,0 +1,92 @@
+#include "engine/paged_kv_cache.h"
+
+#include "core/error.h"
+
+namespace duet {
+
+PagedKvCache::PagedKvCache(BlockPool& pool)
+    : pool_(pool), block_size_(pool.shape().block_size) {}
+
+PagedKvCache::~PagedKvCache() {
+  for (size_t i = 0; i < seqs_.size(); ++i)
+    if (seqs_[i].live) remove_sequence(static_cast<int32_t>(i));
+}
+
+PagedKvCache::Seq& PagedKvCache::seq(int32_t seq_id) {
+  DUET_CHECK(seq_id >= 0 && static_cast<size_t>(seq_id) < seqs_.size() && seqs_[seq_id].live,
+             "no KV sequence " << seq_id);
+  return seqs_[seq_id];
+}
+
+const PagedKvCache::Seq& PagedKvCache::seq(int32_t seq_id) const {
+  return const_cast<PagedKvCache*>(this)->seq(seq_id);
+}
+
+int32_t PagedKvCache::add_sequence() {
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    if (!seqs_[i].live) {
+      seqs_[i].live = true;
+      return static_cast<int32_t>(i);
+    }
+  }
+  seqs_.push_back(Seq{true, {}});
+  return static_cast<int32_t>(seqs_.size() - 1);
+}
+
+void PagedKvCache::remove_sequence(int32_t seq_id) {
+  Seq& s = seq(seq_id);
+  for (int32_t b : s.blocks) pool_.free(b);
+  s.blocks.clear();
+  s.live = false;
+}
+
+int64_t PagedKvCache::blocks_for(int64_t n_pos) const {
+  return (n_pos + block_size_ - 1) / block_size_;
+}
+
+bool PagedKvCache::reserve(int32_t seq_id, int64_t n_pos) {
+  Seq& s = seq(seq_id);
+  const int64_t need = blocks_for(n_pos) - static_cast<int64_t>(s.blocks.size());
+  if (need <= 0) return true;
+  if (need > pool_.n_free()) return false;
+  for (int64_t i = 0; i < need; ++i) s.blocks.push_back(pool_.alloc());
+  return true;
+}
+
+int64_t PagedKvCache::capacity(int32_t seq_id) const {
+  return static_cast<int64_t>(seq(seq_id).blocks.size()) * block_size_;
+}
+
+int64_t PagedKvCache::max_reservable(int32_t seq_id) const {
+  return capacity(seq_id) + pool_.n_free() * block_size_;
+}
+
+const std::vector<int32_t>& PagedKvCache::block_table(int32_t seq_id) const {
+  return seq(seq_id).blocks;
+}
+
+int64_t PagedKvCache::n_sequences() const {
+  int64_t n = 0;
+  for (const Seq& s : seqs_) n += s.live;
+  return n;
+}
+
+// Hot path (attention calls it per position per layer): one table lookup; a position past the
+// table is an engine bug (rows are reserved before every forward pass), so it is checked.
+float* PagedKvCache::k(int32_t seq_id, int64_t il, int64_t pos) {
+  const Seq& s = seqs_[seq_id];
+  const size_t i = static_cast<size_t>(pos / block_size_);
+  DUET_CHECK(i < s.blocks.size(), "KV position " << pos << " of seq " << seq_id
+                                                  << " is not reserved");
+  return pool_.k(s.blocks[i], il, pos % block_size_);
+}
+
+float* PagedKvCache::v(int32_t seq_id, int64_t il, int64_t pos) {
+  const Seq& s = seqs_[seq_id];
+  const size_t i = static_cast<size_t>(pos / block_size_);
+  DUET_CHECK(i < s.blocks.size(), "KV position " << pos << " of seq " << seq_id
+                                                  << " is not reserved");
+  return pool_.v(s.blocks[i], il, pos % block_size_);
+}
+
+}  // namespace duet

@@ -1,0 +1,56 @@
+// The serving KV store: every sequence has a block table mapping its positions, block_size at a
+// time, onto blocks of a shared BlockPool. GQA models keep K and V rows; MLA models keep the
+// compressed latent in the k rows (v width 0), so an MLA block is a "latent block".
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/block_pool.h"
+#include "model/forward.h"
+
+namespace duet {
+
+class PagedKvCache final : public KvStore {
+ public:
+  // The pool must outlive the cache. Not thread-safe: one engine thread owns it.
+  explicit PagedKvCache(BlockPool& pool);
+  ~PagedKvCache() override;
+
+  // A new sequence with an empty block table; ids of removed sequences are reused.
+  int32_t add_sequence();
+  // Returns the sequence's blocks to the pool.
+  void remove_sequence(int32_t seq_id);
+
+  // Makes rows for positions [0, n_pos) exist, allocating blocks as needed. All or nothing:
+  // returns false, changing nothing, when the pool has too few free blocks.
+  bool reserve(int32_t seq_id, int64_t n_pos);
+  // Positions the sequence could hold after reserve() with the blocks free now.
+  int64_t max_reservable(int32_t seq_id) const;
+  // Positions the sequence's blocks hold now.
+  int64_t capacity(int32_t seq_id) const;
+  const std::vector<int32_t>& block_table(int32_t seq_id) const;
+
+  // Blocks a sequence of n_pos positions needs.
+  int64_t blocks_for(int64_t n_pos) const;
+  BlockPool& pool() { return pool_; }
+  const BlockPool& pool() const { return pool_; }
+  int64_t n_sequences() const;
+
+  float* k(int32_t seq_id, int64_t il, int64_t pos) override;
+  float* v(int32_t seq_id, int64_t il, int64_t pos) override;
+
+ private:
+  struct Seq {
+    bool live = false;
+    std::vector<int32_t> blocks;  // block table: positions [i * block_size, (i + 1) * block_size)
+  };
+  Seq& seq(int32_t seq_id);
+  const Seq& seq(int32_t seq_id) const;
+
+  BlockPool& pool_;
+  int64_t block_size_;
+  std::vector<Seq> seqs_;
+};
+
+}  // namespace duet
