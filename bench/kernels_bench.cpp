@@ -1,0 +1,122 @@
+// Micro-benchmarks of the CPU kernels. Decode is bound by reading weights, so matmul reports the
+// weight bytes read per second ("weight_GB/s"; compare with ≈ 40 GB/s read bandwidth here) and
+// the arithmetic rate ("GFLOP/s", 2 · rows · cols · n_tokens per call).
+//
+// Args: rows, cols, n_tokens, threads, cold. cold = 1 cycles through enough copies of the
+// weights (≥ 256 MiB) that every call reads them from memory, as a decode step does; cold = 0
+// reuses one matrix, which then sits in cache.
+//
+// BM_ReadBandwidth sums 256 MiB with the same pool: the ceiling for decode, to quote matmul's
+// weight_GB/s against side by side (timings on shared machines drift between runs).
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "kernels/matmul.h"
+#include "kernels/simd_impl.h"
+
+namespace duet {
+namespace {
+
+constexpr size_t kColdBytes = size_t{256} << 20;
+
+DUET_TARGET_AVX2 uint64_t sum_avx2(const uint64_t* p, size_t n) {
+  __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                    _mm256_setzero_si256()};
+  for (size_t i = 0; i + 16 <= n; i += 16) {
+    for (int j = 0; j < 4; ++j) {
+      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 4 * j));
+      acc[j] = _mm256_add_epi64(acc[j], v);
+    }
+  }
+  __m256i s = _mm256_add_epi64(_mm256_add_epi64(acc[0], acc[1]), _mm256_add_epi64(acc[2], acc[3]));
+  uint64_t out[4];
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), s);
+  return out[0] + out[1] + out[2] + out[3];
+}
+
+uint64_t sum_scalar(const uint64_t* p, size_t n) {
+  uint64_t s = 0;
+  for (size_t i = 0; i < n; ++i) s += p[i];
+  return s;
+}
+
+void BM_ReadBandwidth(benchmark::State& state) {
+  const int n_threads = static_cast<int>(state.range(0));
+  const size_t n = kColdBytes / sizeof(uint64_t);
+  std::vector<uint64_t> data(n, 1);  // [n] u64, 256 MiB
+  const bool avx2 = simd::isa_supported(simd::Isa::kAvx2);
+  ThreadPool pool(n_threads);
+  std::vector<uint64_t> sums(static_cast<size_t>(n_threads) * 8);
+  for (auto _ : state) {
+    // 1 MiB blocks, so no chunk has a ragged edge.
+    const int64_t kBlock = 1 << 17;
+    pool.parallel_for(static_cast<int64_t>(n) / kBlock, [&](int64_t begin, int64_t end) {
+      const uint64_t* p = data.data() + begin * kBlock;
+      size_t len = static_cast<size_t>((end - begin) * kBlock);
+      uint64_t s = avx2 ? sum_avx2(p, len) : sum_scalar(p, len);
+      benchmark::DoNotOptimize(s);
+    });
+  }
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(kColdBytes) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_ReadBandwidth)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
+
+void BM_MatmulBf16(benchmark::State& state) {
+  const int64_t rows = state.range(0);
+  const int64_t cols = state.range(1);
+  const int64_t n_tokens = state.range(2);
+  const int n_threads = static_cast<int>(state.range(3));
+  const bool cold = state.range(4) != 0;
+
+  const size_t matrix_bytes = static_cast<size_t>(rows * cols) * 2;
+  const size_t n_copies = cold ? (kColdBytes + matrix_bytes - 1) / matrix_bytes : 1;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> weights(n_copies *
+                                static_cast<size_t>(rows * cols));  // [n_copies, rows, cols] bf16
+  for (uint16_t& w : weights) w = f32_to_bf16(normal(rng) * 0.02f);
+  std::vector<float> x(static_cast<size_t>(n_tokens * cols));  // [n_tokens, cols] f32
+  for (float& v : x) v = normal(rng);
+  std::vector<float> y(static_cast<size_t>(n_tokens * rows));  // [n_tokens, rows] f32
+
+  ThreadPool pool(n_threads);
+  size_t copy = 0;
+  for (auto _ : state) {
+    Matrix w{DType::kBF16, rows, cols, weights.data() + copy * static_cast<size_t>(rows * cols)};
+    matmul(pool, w, x.data(), n_tokens, y.data());
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+    copy = (copy + 1) % n_copies;
+  }
+  state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(matrix_bytes) * 1e-9,
+                                                     benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * static_cast<double>(rows * cols * n_tokens) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(matmul_isa());
+}
+
+void matmul_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"rows", "cols", "n_tokens", "threads", "cold"});
+  for (int64_t cold : {1, 0}) {
+    for (int64_t threads : {1, 2}) {
+      for (int64_t rows : {1024, 2048}) {
+        for (int64_t n_tokens : {1, 8, 32, 128}) b->Args({rows, 1024, n_tokens, threads, cold});
+      }
+    }
+  }
+  b->UseRealTime();
+}
+
+BENCHMARK(BM_MatmulBf16)->Apply(matmul_args);
+
+}  // namespace
+}  // namespace duet
