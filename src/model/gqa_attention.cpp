@@ -24,6 +24,18 @@ GqaWeights load_gqa(WeightSource& src, const std::string& p, const ModelConfig& 
   return w;
 }
 
+void GqaMoeModel::load_weights(WeightSource& src) {
+  load_embeddings(src);
+  attn_.resize(static_cast<size_t>(config_.n_layer));
+  for (int64_t il = 0; il < config_.n_layer; ++il) {
+    const std::string p = "model.layers." + std::to_string(il) + ".";
+    attn_[il] = load_gqa(src, p, config_, qk_norm_);
+    ffn_[il].norm = src.vector(p + "post_attention_layernorm.weight", config_.n_embd);
+    load_ffn(src, p, il, ffn_[il]);
+  }
+  load_output(src);
+}
+
 RopeParams rope_params(const ModelConfig& c, int64_t dim) {
   RopeParams p;
   p.dim = dim;

@@ -10,6 +10,8 @@
 #include "model/attention.h"
 #include "model/config.h"
 #include "model/forward.h"
+#include "model/layers.h"
+#include "model/model.h"
 #include "model/weight_source.h"
 
 namespace duet {
@@ -35,5 +37,29 @@ RopeParams rope_params(const ModelConfig& c, int64_t dim);
 // s.x += attention(norm(s.x)); writes the batch's K/V rows of layer il into s.kv.
 void gqa_attention(ForwardState& s, int64_t il, const GqaWeights& w, const ModelConfig& c,
                    const Rope& rope);
+
+// The shared shape of Llama-style MoE models (Qwen3-MoE, Mixtral): GQA attention in every layer;
+// a subclass says whether q/k are normed and how a layer's feed-forward weights are named.
+class GqaMoeModel : public Model {
+ public:
+  int64_t kv_k_width() const override { return config_.n_head_kv * config_.head_dim; }
+  int64_t kv_v_width() const override { return kv_k_width(); }
+
+ protected:
+  GqaMoeModel(const ModelConfig& c, bool qk_norm)
+      : Model(c), qk_norm_(qk_norm), rope_(rope_params(c, c.head_dim)) {}
+
+  void load_weights(WeightSource& src) override;
+  void attention(ForwardState& s, int64_t il) const override {
+    gqa_attention(s, il, attn_[il], config_, rope_);
+  }
+  // Loads ffn (norm excluded) of layer il; `p` is "model.layers.<il>.".
+  virtual void load_ffn(WeightSource& src, const std::string& p, int64_t il, FfnWeights& ffn) = 0;
+
+ private:
+  bool qk_norm_;
+  Rope rope_;
+  std::vector<GqaWeights> attn_;  // [n_layer]
+};
 
 }  // namespace duet
