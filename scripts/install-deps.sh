@@ -3,7 +3,10 @@
 # when everything is already installed).
 set -euo pipefail
 packages=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libpcre2-dev
-          libgtest-dev libbenchmark-dev python3 python3-numpy)
+          libcpp-httplib-dev libgtest-dev libbenchmark-dev python3 python3-numpy
+          openmpi-bin libopenmpi-dev)
+# node and npm run the tokenizer's reference tests (tests/npm/tokenizer).
+command -v node > /dev/null || packages+=(nodejs npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

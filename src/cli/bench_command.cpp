@@ -8,6 +8,9 @@ void add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   // Each benchmark registers itself here.
   add_bench_latency(*bench);
+  add_bench_serve(*bench);
+  add_bench_tokenizer(*bench);
+  add_bench_all2all(*bench);
 }
 
 }  // namespace duet

@@ -8,7 +8,12 @@ namespace duet {
 
 void add_make_model_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
+void add_serve_command(CLI::App& app);    // serve_command.cpp
+void add_bench_serve(CLI::App& bench);    // bench_serve.cpp
 void add_bench_command(CLI::App& app);
 void add_bench_latency(CLI::App& bench);  // adds "bench" and its benchmarks (bench_command.cpp)
+void add_tokenize_command(CLI::App& app);  // tokenize_command.cpp
+void add_bench_tokenizer(CLI::App& bench);  // bench_tokenizer.cpp
+void add_bench_all2all(CLI::App& bench);  // bench_all2all.cpp
 
 }  // namespace duet

@@ -87,9 +87,11 @@ std::shared_ptr<RequestStream> LlmEngine::submit(EngineRequest req) {
     req.stop_ids.insert(req.stop_ids.end(), c.eos_token_ids.begin(), c.eos_token_ids.end());
 
   Sampler sampler(req.sampling);  // throws on bad parameters
+  OutputText text(req.stop);
   auto live = std::unique_ptr<Live>(new Live{nullptr, nullptr, std::move(req), std::move(sampler),
-                                             OutputText({}), Clock::now(), Clock::now()});
-  live->text = OutputText(live->req.stop);
+                                             nullptr, std::move(text), Clock::now(), Clock::now()});
+  if (tokenizer_)
+    live->decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, /*skip_special=*/true);
   live->seq = std::make_unique<Sequence>();
   live->seq->id = next_id_.fetch_add(1);
   live->seq->tokens = live->req.prompt;
@@ -178,14 +180,23 @@ bool LlmEngine::emit(Live& live, const float* logits) {
   const auto& stop_ids = live.req.stop_ids;
   if (std::find(stop_ids.begin(), stop_ids.end(), tok) != stop_ids.end()) {
     reason = "stop";
-  } else if (tokenizer_ && live.text.append(tokenizer_->decode({tok}, /*skip_special=*/true))) {
+  } else if (live.decoder && live.text.append(live.decoder->step(tok))) {
     reason = "stop";
   } else if (seq.n_generated() >= seq.max_tokens) {
     reason = "length";
   }
-  live.stream->push(tokenizer_ && reason.empty() ? live.text.take_ready() : std::string(), tok);
-  if (reason.empty()) return false;
-  finish(seq.id, reason, tokenizer_ ? live.text.take_rest() : std::string());
+  if (reason.empty()) {
+    live.stream->push(live.decoder ? live.text.take_ready() : std::string(), tok);
+    return false;
+  }
+  live.stream->push("", tok);
+  std::string tail;
+  if (live.decoder) {
+    // What the decoder still held (an incomplete character) may itself complete a stop string.
+    if (!live.text.stopped() && live.text.append(live.decoder->finish())) reason = "stop";
+    tail = live.text.take_rest();
+  }
+  finish(seq.id, reason, tail);
   return true;
 }
 

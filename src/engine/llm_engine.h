@@ -3,6 +3,7 @@
 // in with submit() and read their output from the returned RequestStream.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -50,6 +51,10 @@ class LlmEngine {
 
   bool alive() const { return alive_.load(); }
   int64_t max_model_len() const { return max_model_len_; }
+  // Positions one request may use: the model's context, or less if the KV pool is smaller.
+  int64_t max_request_len() const {
+    return std::min(max_model_len_, blocks_.n_blocks() * blocks_.shape().block_size);
+  }
   const EngineMetrics& metrics() const { return metrics_; }
 
  private:
@@ -59,7 +64,8 @@ class LlmEngine {
     std::shared_ptr<RequestStream> stream;
     EngineRequest req;  // stop_ids include eos unless ignore_eos
     Sampler sampler;
-    OutputText text;
+    std::unique_ptr<IncrementalDecoder> decoder;  // null without a tokenizer
+    OutputText text;                              // decoded text, stop strings applied
     Clock::time_point arrival;
     Clock::time_point last_token;
   };

@@ -13,8 +13,10 @@ namespace duet {
 
 class ModelRunner {
  public:
-  // The model and pool must outlive the runner.
-  ModelRunner(const Model& model, ThreadPool& pool);
+  // The model and pool must outlive the runner. `dispatcher`, if given (it must outlive the
+  // runner too), replaces the single-rank LocalDispatcher: an EpDispatcher for expert
+  // parallelism, which a model holding only some experts requires.
+  ModelRunner(const Model& model, ThreadPool& pool, Dispatcher* dispatcher = nullptr);
 
   // Runs the operation list over `in`. The KV rows of every position in `in` must exist in `kv`
   // (the caller reserves them). Returns logits [in.out_rows.size(), n_vocab], valid until the

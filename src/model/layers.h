@@ -23,6 +23,7 @@ struct FfnWeights {
   Matrix router;                     // [n_expert, n_embd]
   RouterParams route;
   std::vector<MlpWeights> experts;   // local experts, [n_local]
+  int64_t first_expert = 0;          // global id of experts[0]
   bool has_shared = false;
   MlpWeights shared;                 // DeepSeek shared experts (width n_ff_exp * n_shared)
 };

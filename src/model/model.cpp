@@ -13,11 +13,21 @@ std::unique_ptr<Model> Model::create(const ModelConfig& config) {
   DUET_ERROR("unknown architecture");
 }
 
-std::unique_ptr<Model> Model::load(const std::string& model_dir) {
+std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptions& opt) {
   ModelConfig config = load_config(model_dir);
   std::unique_ptr<Model> model = create(config);
+  const int64_t end = opt.expert_end < 0 ? config.n_expert : opt.expert_end;
+  if (opt.expert_begin < 0 || opt.expert_begin > end || end > config.n_expert ||
+      (config.n_expert > 0 && opt.expert_begin == end)) {
+    DUET_ERROR(model_dir << ": expert range [" << opt.expert_begin << ", " << end
+                         << ") is not a non-empty part of the model's " << config.n_expert
+                         << " experts");
+  }
+  model->expert_begin_ = opt.expert_begin;
+  model->expert_end_ = end;
   auto src = std::make_unique<CheckpointSource>(model_dir);
   model->load_weights(*src);
+  for (FfnWeights& f : model->ffn_) f.first_expert = opt.expert_begin;
   model->weight_bytes_ = src->bytes_used();
   model->account_bytes(src->bytes_by_name());
   model->source_ = std::move(src);

@@ -16,13 +16,22 @@
 
 namespace duet {
 
+// What Model::load reads. The default is the whole model, as a single rank needs it.
+struct LoadOptions {
+  // The routed experts to load, [expert_begin, expert_end) (expert parallelism: this rank's
+  // range); expert_end -1 means n_expert. Every other tensor is always loaded.
+  int64_t expert_begin = 0;
+  int64_t expert_end = -1;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
 
   // Reads MODEL_DIR (config.json + safetensors), validates every tensor, builds the operation
-  // list. Throws duet::Error naming the file, tensor or field on bad input.
-  static std::unique_ptr<Model> load(const std::string& model_dir);
+  // list. Throws duet::Error naming the file, tensor or field on bad input, or on an expert
+  // range outside [0, n_expert).
+  static std::unique_ptr<Model> load(const std::string& model_dir, const LoadOptions& opt = {});
 
   // The tensors (name, shape) a checkpoint of this configuration holds, in load order.
   static std::vector<RecordingSource::Request> list_weights(const ModelConfig& config);
@@ -41,9 +50,14 @@ class Model {
   uint64_t dense_bytes_per_step() const { return dense_bytes_per_step_; }
   // Bytes of one routed expert (its three projections).
   uint64_t bytes_per_expert() const { return bytes_per_expert_; }
+  // The routed experts this model holds, [expert_begin, expert_end): FfnWeights::experts[i] is
+  // global expert expert_begin + i. All of them unless LoadOptions said otherwise.
+  int64_t expert_begin() const { return expert_begin_; }
+  int64_t expert_end() const { return expert_end_; }
 
  protected:
-  explicit Model(const ModelConfig& config) : config_(config) {}
+  explicit Model(const ModelConfig& config)
+      : config_(config), expert_end_(config.n_expert) {}
   // Asks `src` for every tensor and keeps the views: load_embeddings, then each layer's
   // attention and ffn_[il], then load_output.
   virtual void load_weights(WeightSource& src) = 0;
@@ -58,6 +72,8 @@ class Model {
   std::vector<FfnWeights> ffn_;      // [n_layer]
   const float* out_norm_ = nullptr;  // [n_embd]
   Matrix output_;                    // [n_vocab, n_embd] (tok_embd_ when tied)
+  int64_t expert_begin_ = 0;         // the routed experts load_weights loads
+  int64_t expert_end_ = 0;
 
  private:
   static std::unique_ptr<Model> create(const ModelConfig& config);

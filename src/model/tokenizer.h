@@ -1,5 +1,11 @@
-// Byte-level BPE tokenizer read from a Hugging Face tokenizer.json (model.type "BPE", ByteLevel
-// pre-tokenizer and decoder, optional Split pre-tokenizer with a PCRE2 regex, added tokens).
+// BPE tokenizer read from a Hugging Face tokenizer.json, encoding and decoding as Hugging Face's
+// tokenizers library does. Two families are supported:
+//  - byte-level BPE (Qwen2/3, DeepSeek-V2/V3, Llama 3): NFC normalizer, Split pre-tokenizers with
+//    their regexes (PCRE2), ByteLevel pre-tokenizer and decoder;
+//  - SentencePiece-style BPE (Llama-2, Mistral, Mixtral): Prepend/Replace normalizers or a
+//    Metaspace pre-tokenizer, byte_fallback, and the Replace/ByteFallback/Fuse/Strip or Metaspace
+//    decoders;
+// with added and special tokens. Any other component is refused by name at load.
 #pragma once
 
 #include <cstdint>
@@ -19,14 +25,15 @@ class Tokenizer {
                                               const std::string& source_name);
   ~Tokenizer();
 
-  // Text -> ids. Special/added tokens written literally in the text are matched as themselves
-  // (longest first, left to right). Never adds BOS/EOS or any other template token: the engine
-  // adds BOS when the model config asks. Any bytes are accepted; invalid UTF-8 bytes become
-  // single-byte tokens. With an NFC normalizer (Qwen2/3), decode(encode(t)) is NFC(t). Thread-safe.
+  // Text -> ids, as Hugging Face's encode(text, add_special_tokens=False): added tokens written
+  // literally in the text are matched as themselves (leftmost, longest first). Never adds BOS/EOS
+  // or any other template token: the engine adds BOS when the model config asks. Any bytes are
+  // accepted: byte-level tokenizers encode invalid UTF-8 bytes as single-byte tokens, others read
+  // them as U+FFFD. With an NFC normalizer (Qwen2/3), decode(encode(t)) is NFC(t). Thread-safe.
   std::vector<int32_t> encode(const std::string& text) const;
-  // Ids -> text (byte-level decode); skip_special drops added tokens marked special. Returns the
-  // raw bytes, which may end in the middle of a UTF-8 character when `ids` does (no U+FFFD
-  // replacement). Throws duet::Error on an id that is not a token.
+  // Ids -> text, as Hugging Face's decode(ids, skip_special_tokens): skip_special drops added
+  // tokens marked special; the result is valid UTF-8 (invalid or cut-off byte sequences become
+  // U+FFFD). Throws duet::Error on an id that is not a token. Thread-safe.
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
 
   int32_t vocab_size() const;  // number of ids (model vocab + added tokens)
@@ -38,9 +45,35 @@ class Tokenizer {
   int32_t eos_id() const;
 
  private:
+  friend class IncrementalDecoder;
   Tokenizer();
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+// Streaming detokenization for one sequence: feed the generated ids one at a time and get the
+// text each one completes. A piece never ends inside a UTF-8 character, and the concatenation of
+// all pieces plus finish() is exactly tokenizer.decode(all ids, skip_special). Text is held back
+// only while a later token can still change it: an incomplete character (byte-level) or a run
+// of <0xXX> byte tokens (byte fallback). Not thread-safe; the tokenizer must outlive it.
+class IncrementalDecoder {
+ public:
+  IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special);
+  ~IncrementalDecoder();
+  IncrementalDecoder(IncrementalDecoder&&) noexcept;
+  IncrementalDecoder& operator=(IncrementalDecoder&&) noexcept;
+
+  // The newly completed text (often empty). Throws duet::Error on an id that is not a token.
+  std::string step(int32_t id);
+  // What is still held back, at the end of the sequence (an incomplete character becomes
+  // U+FFFD, as in decode()). The decoder may not be stepped afterwards.
+  std::string finish();
+
+ private:
+  struct State;
+  const Tokenizer* tokenizer_;
+  bool skip_special_;
+  std::unique_ptr<State> state_;
 };
 
 // `bytes` with every invalid UTF-8 sequence replaced by U+FFFD, as Hugging Face's decode

@@ -9,7 +9,6 @@
 
 namespace duet {
 
-
 void BpeMerges::add(int32_t left, int32_t right, int32_t rank, int32_t result) {
   map_[key(left, right)] = Merge{rank, result};
 }

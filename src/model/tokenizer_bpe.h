@@ -1,6 +1,7 @@
 // The merge step of byte-level BPE, on token ids. Private to the tokenizer (and its tests).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <unordered_map>
 #include <vector>

@@ -10,7 +10,6 @@
 
 namespace duet {
 
-
 size_t valid_utf8_prefix(std::string_view s) {
   size_t i = 0;
   const size_t n = s.size();

@@ -108,7 +108,7 @@ void DeepseekV2::load_weights(WeightSource& src) {
       f.route.n_group = c.n_group;
       f.route.topk_group = c.topk_group;
     }
-    for (int64_t e = 0; e < c.n_expert; ++e) {
+    for (int64_t e = expert_begin_; e < expert_end_; ++e) {
       f.experts.push_back(load_mlp(src, p + "mlp.experts." + std::to_string(e), D, c.n_ff_exp));
     }
     if (c.n_expert_shared > 0) {

@@ -1,0 +1,121 @@
+// `duet serve MODEL_DIR`: the OpenAI-compatible server. The engine loop and the HTTP threads
+// run until SIGINT or SIGTERM, which a dedicated thread waits for (sigwait) and turns into a
+// clean stop.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/llm_engine.h"
+#include "model/chat_template.h"
+#include "model/model.h"
+#include "model/tokenizer.h"
+#include "server/api_server.h"
+
+namespace duet {
+
+namespace {
+
+struct ServeOptions {
+  std::string model_dir;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  EngineConfig engine;
+  std::string served_model_name;
+  int threads = 0;
+  int http_threads = 0;
+};
+
+bool wants_bos(const std::string& model_dir) {
+  std::ifstream in(model_dir + "/tokenizer_config.json");
+  if (!in) return false;
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.value("add_bos_token", false);
+}
+
+void run_serve(const ServeOptions& o) {
+  // Every thread created from here on inherits the mask; only the waiter below takes signals.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a client that left must not kill the server
+
+  std::unique_ptr<Model> model = Model::load(o.model_dir);
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (std::ifstream(o.model_dir + "/tokenizer.json")) tokenizer = Tokenizer::load(o.model_dir);
+  std::unique_ptr<ChatTemplate> chat_template;
+  try {
+    chat_template = ChatTemplate::load(o.model_dir);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "note: /v1/chat/completions is disabled: %s\n", e.what());
+  }
+  ThreadPool pool(o.threads > 0 ? o.threads : available_cores());
+  LlmEngine engine(*model, pool, tokenizer.get(), o.engine);
+
+  ApiServerOptions so;
+  so.model_name = o.served_model_name.empty() ? o.model_dir : o.served_model_name;
+  so.http_threads = o.http_threads > 0
+                        ? o.http_threads
+                        : static_cast<int>(std::max<int64_t>(128, 4 * o.engine.scheduler.max_num_seqs));
+  so.add_bos = wants_bos(o.model_dir);
+  so.bos_id = model->config().bos_token_id;
+  ApiServer server(engine, tokenizer.get(), chat_template.get(), so);
+  const int port = server.bind(o.host, o.port);
+
+  std::thread waiter([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    std::fprintf(stderr, "duet serve: signal %d, stopping\n", sig);
+    server.stop();
+  });
+  std::printf("duet serve: %s on http://%s:%d (%d compute threads, %lld KV blocks of %lld)\n",
+              so.model_name.c_str(), o.host.c_str(), port, pool.n_threads(),
+              static_cast<long long>(engine.metrics().snapshot().kv_blocks_total),
+              static_cast<long long>(o.engine.block_size));
+  std::fflush(stdout);
+  server.listen();
+  // listen() also returns when the socket fails; wake the waiter so it can be joined.
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto o = std::make_shared<ServeOptions>();
+  auto kv_gib = std::make_shared<double>(2.0);
+  CLI::App* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
+  cmd->add_option("model_dir", o->model_dir, "Hugging Face model directory")->required();
+  cmd->add_option("--host", o->host, "Address to listen on (default 127.0.0.1)");
+  cmd->add_option("--port", o->port, "Port (default 8000; 0 picks a free one)")
+      ->check(CLI::Range(0, 65535));
+  cmd->add_option("--max-num-seqs", o->engine.scheduler.max_num_seqs,
+                  "Requests in the running batch at once (default 64)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-num-batched-tokens", o->engine.scheduler.max_num_batched_tokens,
+                  "Tokens per forward pass; longer prompts are prefilled in chunks (default 512)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-cache-memory", *kv_gib, "KV cache size in GiB (default 2)");
+  cmd->add_option("--block-size", o->engine.block_size, "Positions per KV block (default 16)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--served-model-name", o->served_model_name,
+                  "Model name in the API (default: MODEL_DIR as given)");
+  cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
+  cmd->add_option("--http-threads", o->http_threads,
+                  "Connections served at once (default max(128, 4 x max-num-seqs))");
+  cmd->callback([o, kv_gib] {
+    o->engine.kv_cache_gib = *kv_gib;
+    run_serve(*o);
+  });
+}
+
+}  // namespace duet

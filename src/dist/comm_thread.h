@@ -1,0 +1,77 @@
+// The communication thread of a rank: the CPU's "communication stream". Collectives started
+// with Communicator::start_* run here one after another in the order they were started (so all
+// ranks issue them in the same order), while the caller keeps computing. The thread blocks on a
+// condition variable when it has nothing to do; backends wait for their peers without spinning.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace duet {
+
+namespace detail {
+// The completion state of one submitted task, shared by the thread and the handle.
+struct CommTask {
+  std::string name;
+  std::function<void()> run;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;         // GUARDED_BY(mu)
+  std::exception_ptr error;  // GUARDED_BY(mu)
+};
+}  // namespace detail
+
+// The receipt of an asynchronous collective. wait() is the receive half.
+class CommHandle {
+ public:
+  CommHandle() = default;  // an empty handle: wait() returns at once
+  CommHandle(std::shared_ptr<detail::CommTask> task, std::chrono::milliseconds watchdog)
+      : task_(std::move(task)), watchdog_(watchdog) {}
+
+  // Blocks until the collective finished; rethrows its error (duet::Error naming it). Throws
+  // duet::Error if it has not finished within the watchdog time (from this call) — a backstop
+  // behind the backends' own watchdogs. Waiting twice is allowed.
+  void wait();
+  // Whether wait() would return at once.
+  bool done() const;
+  bool valid() const { return task_ != nullptr; }
+
+ private:
+  std::shared_ptr<detail::CommTask> task_;
+  std::chrono::milliseconds watchdog_{0};
+};
+
+class CommThread {
+ public:
+  // `watchdog` bounds each handle's wait (see CommHandle::wait).
+  CommThread(std::string name, std::chrono::milliseconds watchdog);
+  // Finishes the tasks already submitted, then joins.
+  ~CommThread();
+  CommThread(const CommThread&) = delete;
+  CommThread& operator=(const CommThread&) = delete;
+
+  // Queues `run` and returns at once. After a task has failed, every later task fails with the
+  // same error without running: the ranks' collective sequences are out of step by then.
+  CommHandle submit(std::string name, std::function<void()> run);
+
+ private:
+  void loop();
+
+  std::string name_;
+  std::chrono::milliseconds watchdog_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<detail::CommTask>> queue_;  // GUARDED_BY(mu_)
+  bool stop_ = false;                                    // GUARDED_BY(mu_)
+  std::exception_ptr failed_;  // first task error; only the thread touches it
+  std::thread thread_;         // last: starts after the fields above exist
+};
+
+}  // namespace duet

@@ -1,0 +1,33 @@
+// The in-process backend: ranks are threads of one process that meet in a shared InprocHub.
+// Collectives copy straight between the ranks' buffers (one copy per byte, no staging).
+// run_ranks() is the launcher for tests and for `--distributed-backend inproc`.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dist/coordinator.h"
+#include "dist/dist_context.h"
+#include "dist/inproc_hub.h"
+
+namespace duet {
+
+// Rank `rank`'s coordinator and communicator on `hub` (which they keep alive).
+DistContext make_inproc_context(std::shared_ptr<InprocHub> hub, int rank);
+
+// Runs fn on `world_size` ranks, each on its own thread with its own context, and returns when
+// all have returned. A rank that throws aborts the hub, so the others fail at their next (or
+// current) collective instead of waiting for it. Returns each rank's error message, empty for a
+// rank that succeeded.
+std::vector<std::string> run_ranks_collect(int world_size,
+                                           const std::function<void(DistContext&)>& fn,
+                                           std::chrono::milliseconds watchdog = kDefaultWatchdog);
+
+// As run_ranks_collect, but throws duet::Error("rank R: ...") for the rank that failed first.
+void run_ranks(int world_size, const std::function<void(DistContext&)>& fn,
+               std::chrono::milliseconds watchdog = kDefaultWatchdog);
+
+}  // namespace duet

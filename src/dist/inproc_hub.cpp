@@ -1,0 +1,88 @@
+#include "dist/inproc_hub.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace duet {
+
+InprocHub::InprocHub(int world_size, std::chrono::milliseconds watchdog)
+    : world_size_(world_size), watchdog_(watchdog) {
+  DUET_CHECK(world_size >= 1, "world_size " << world_size);
+  for (Slot& s : slots_) {
+    s.posts.assign(static_cast<size_t>(world_size), nullptr);
+    s.ops.assign(static_cast<size_t>(world_size), nullptr);
+    s.entered.assign(static_cast<size_t>(world_size), 0);
+  }
+}
+
+void InprocHub::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_.empty()) aborted_ = why;
+  }
+  cv_.notify_all();
+}
+
+void InprocHub::fail_locked(const std::string& why) {
+  if (aborted_.empty()) aborted_ = why;
+  cv_.notify_all();
+  throw Error(aborted_);
+}
+
+void InprocHub::barrier(std::unique_lock<std::mutex>& lock, Slot& s, int rank, const char* op,
+                        const char* phase) {
+  const uint64_t my_entry = ++s.entered[rank];
+  const uint64_t gen = s.generation;
+  if (++s.count == world_size_) {
+    s.count = 0;
+    ++s.generation;
+    cv_.notify_all();
+    return;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + watchdog_;
+  const bool opened =
+      cv_.wait_until(lock, deadline, [&] { return s.generation != gen || !aborted_.empty(); });
+  if (s.generation != gen) return;  // opened, even if an abort raced with it
+  if (!opened) {
+    std::ostringstream missing;
+    for (int r = 0; r < world_size_; ++r) {
+      if (s.entered[r] < my_entry) missing << (missing.tellp() > 0 ? ", " : "") << r;
+    }
+    fail_locked(std::string(op) + " (" + phase + "): rank " + std::to_string(rank) + " waited " +
+                std::to_string(watchdog_.count()) + " ms for rank(s) " + missing.str() +
+                ", which died or stopped answering");
+  }
+  throw Error(aborted_);
+}
+
+void InprocHub::collective(
+    Channel ch, int rank, const char* op, const void* mine,
+    const std::function<void(const std::vector<const void*>& posts)>& exchange) {
+  DUET_CHECK(rank >= 0 && rank < world_size_, "rank " << rank << " world " << world_size_);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!aborted_.empty()) throw Error(aborted_);
+  Slot& s = slots_[ch];
+  s.posts[rank] = mine;
+  s.ops[rank] = op;
+  barrier(lock, s, rank, op, "arrive");
+  for (int r = 0; r < world_size_; ++r) {
+    if (std::strcmp(s.ops[r], op) != 0) {
+      fail_locked(std::string("collective mismatch: rank ") + std::to_string(rank) + " runs " + op +
+                  " while rank " + std::to_string(r) + " runs " + s.ops[r]);
+    }
+  }
+  const std::vector<const void*> posts = s.posts;
+  lock.unlock();
+  try {
+    exchange(posts);
+  } catch (const std::exception& e) {
+    abort(std::string(op) + " on rank " + std::to_string(rank) + ": " + e.what());
+    throw;
+  }
+  lock.lock();
+  barrier(lock, s, rank, op, "leave");
+}
+
+}  // namespace duet

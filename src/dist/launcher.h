@@ -1,0 +1,26 @@
+// Starting the ranks of a distributed run on one host. With the in-process backend the ranks are
+// threads (run_ranks in inproc_backend.h); with MPI, a command that is not already under mpirun
+// re-executes itself as `mpirun -np N <same command>`. Several hosts are the user's mpirun
+// (`mpirun --hostfile HOSTS -np N duet ...`), which the same code then simply joins.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace duet {
+
+// Records the process's command line (main calls it first) so it can be re-executed.
+void set_command_line(int argc, char** argv);
+const std::vector<std::string>& command_line();
+
+// The argv of `mpirun` running `exe` with command's arguments (command[0] is dropped) on n ranks
+// of this host: --oversubscribe when n exceeds the cores. Exposed for tests.
+std::vector<std::string> mpirun_argv(int n_ranks, const std::string& exe,
+                                     const std::vector<std::string>& command);
+
+// Replaces this process by `mpirun -np n_ranks <this command>` and never returns on success.
+// As root it sets OpenMPI's two OMPI_ALLOW_RUN_AS_ROOT variables. Throws duet::Error if mpirun
+// cannot be executed (OpenMPI missing) or set_command_line was not called.
+[[noreturn]] void relaunch_under_mpirun(int n_ranks);
+
+}  // namespace duet

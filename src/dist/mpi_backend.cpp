@@ -1,0 +1,277 @@
+#include "dist/mpi_backend.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "core/error.h"
+
+#if DUET_HAVE_MPI
+// Only MPI's C API: its deprecated C++ bindings do not compile warning-free.
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <algorithm>
+#include <climits>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "dist/communicator.h"
+#endif
+
+namespace duet {
+
+bool launched_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+}
+
+#if !DUET_HAVE_MPI
+
+bool mpi_available() {
+  return false;
+}
+
+DistContext make_mpi_context(std::chrono::milliseconds) {
+  DUET_ERROR(
+      "--distributed-backend mpi: duet was built without MPI (install openmpi-bin and "
+      "libopenmpi-dev, then rebuild)");
+}
+
+[[noreturn]] void mpi_abort(const std::string& why) {
+  std::fprintf(stderr, "error: %s\n", why.c_str());
+  std::exit(1);
+}
+
+#else
+
+bool mpi_available() {
+  return true;
+}
+
+namespace {
+
+// MPI for the whole process: initialised once, finalised at exit (aborted if a watchdog gave
+// up on a collective).
+class MpiRuntime {
+ public:
+  MpiRuntime() {
+    int initialised = 0;
+    MPI_Initialized(&initialised);
+    if (initialised) return;
+    int provided = 0;
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    owns_ = true;
+    if (provided < MPI_THREAD_MULTIPLE) {
+      MPI_Finalize();
+      owns_ = false;
+      DUET_ERROR("the MPI library does not provide MPI_THREAD_MULTIPLE (got level " << provided
+                                                                                    << ")");
+    }
+  }
+
+  ~MpiRuntime() {
+    if (!owns_) return;
+    bool stuck = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stuck = n_abandoned_ > 0;
+    }
+    // A collective given up by a watchdog may still write into freed buffers and would make
+    // MPI_Finalize wait for the dead peer: the job ends with MPI_Abort instead.
+    if (stuck) MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Finalize();
+  }
+
+  // Notes a request given up by a watchdog (never completed, never freed).
+  void abandon() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++n_abandoned_;
+  }
+
+ private:
+  bool owns_ = false;
+  std::mutex mu_;
+  int n_abandoned_ = 0;  // GUARDED_BY(mu_)
+};
+
+MpiRuntime& runtime() {
+  static MpiRuntime rt;
+  return rt;
+}
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  DUET_ERROR(what << ": MPI error: " << std::string(msg, static_cast<size_t>(len)));
+}
+
+// A duplicate of MPI_COMM_WORLD whose errors return instead of aborting, and the poll loop that
+// waits on its requests without spinning.
+class MpiChannel {
+ public:
+  MpiChannel(std::chrono::milliseconds watchdog) : watchdog_(watchdog) {
+    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+  }
+  ~MpiChannel() {
+    if (healthy_) MPI_Comm_free(&comm_);
+  }
+
+  MPI_Comm comm() const { return comm_; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Waits for *req_out, which the call that returned `rc` has just posted (an argument, so it
+  // runs before the body reads *req_out). Sleeps from 2 us up to 200 us between tests: the
+  // thread gives its core away while it waits, at the price of that much added latency.
+  void wait(MPI_Request* req_out, const char* what, int rc) {
+    MPI_Request req = *req_out;
+    check_mpi(rc, what);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto nap = std::chrono::microseconds(2);
+    for (;;) {
+      int done = 0;
+      check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
+      if (done) return;
+      if (std::chrono::steady_clock::now() - t0 > watchdog_) {
+        healthy_ = false;
+        runtime().abandon();
+        DUET_ERROR(what << ": rank " << rank_ << " of " << size_ << " waited " << watchdog_.count()
+                        << " ms for its peers; a rank died or stopped "
+                        << "answering");
+      }
+      std::this_thread::sleep_for(nap);
+      nap = std::min(nap * 2, std::chrono::microseconds(200));
+    }
+  }
+
+ private:
+  std::chrono::milliseconds watchdog_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  bool healthy_ = true;  // only the owning thread touches the channel
+};
+
+int to_int(int64_t v, const char* what) {
+  if (v < 0 || v > INT_MAX) DUET_ERROR(what << ": " << v << " bytes exceed MPI's int counts");
+  return static_cast<int>(v);
+}
+
+class MpiCoordinator final : public Coordinator {
+ public:
+  MpiCoordinator(const RankInfo& info, std::chrono::milliseconds watchdog)
+      : Coordinator(info), ch_(watchdog) {}
+
+  void broadcast(std::string& bytes, int src) override {
+    int64_t n = static_cast<int64_t>(bytes.size());
+    MPI_Request req = MPI_REQUEST_NULL;
+    ch_.wait(&req, "broadcast (size)", MPI_Ibcast(&n, 1, MPI_INT64_T, src, ch_.comm(), &req));
+    bytes.resize(static_cast<size_t>(n));
+    ch_.wait(&req, "broadcast",
+             MPI_Ibcast(bytes.data(), to_int(n, "broadcast"), MPI_BYTE, src, ch_.comm(), &req));
+  }
+
+  void barrier() override {
+    MPI_Request req = MPI_REQUEST_NULL;
+    ch_.wait(&req, "barrier", MPI_Ibarrier(ch_.comm(), &req));
+  }
+
+  std::vector<int64_t> all_gather(const std::vector<int64_t>& values) override {
+    std::vector<int64_t> out(values.size() * static_cast<size_t>(world_size()));
+    MPI_Request req = MPI_REQUEST_NULL;
+    ch_.wait(&req, "all_gather(coordinator)",
+             MPI_Iallgather(values.data(), static_cast<int>(values.size()), MPI_INT64_T, out.data(),
+                            static_cast<int>(values.size()), MPI_INT64_T, ch_.comm(), &req));
+    return out;
+  }
+
+ private:
+  MpiChannel ch_;
+};
+
+class MpiOps final : public CollectiveOps {
+ public:
+  explicit MpiOps(std::chrono::milliseconds watchdog) : ch_(watchdog) {}
+
+  int rank() const override { return ch_.rank(); }
+  int world_size() const override { return ch_.size(); }
+
+  void all_to_all_v(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                    const std::vector<int64_t>& recv_bytes) override {
+    const int n = ch_.size();
+    sc_.resize(n), sd_.resize(n), rc_.resize(n), rd_.resize(n);
+    int64_t so = 0, ro = 0;
+    for (int r = 0; r < n; ++r) {
+      sc_[r] = to_int(send_bytes[r], "all_to_all_v"), sd_[r] = to_int(so, "all_to_all_v");
+      rc_[r] = to_int(recv_bytes[r], "all_to_all_v"), rd_[r] = to_int(ro, "all_to_all_v");
+      so += send_bytes[r], ro += recv_bytes[r];
+    }
+    MPI_Request req = MPI_REQUEST_NULL;
+    ch_.wait(&req, "all_to_all_v",
+             MPI_Ialltoallv(send, sc_.data(), sd_.data(), MPI_BYTE, recv, rc_.data(), rd_.data(),
+                            MPI_BYTE, ch_.comm(), &req));
+  }
+
+  void all_gather(const void* send, int64_t bytes, void* recv) override {
+    const int b = to_int(bytes, "all_gather");
+    MPI_Request req = MPI_REQUEST_NULL;
+    ch_.wait(&req, "all_gather",
+             MPI_Iallgather(send, b, MPI_BYTE, recv, b, MPI_BYTE, ch_.comm(), &req));
+  }
+
+  void all_reduce(void* data, int64_t count, ElemType type, ReduceOp op) override {
+    MPI_Request req = MPI_REQUEST_NULL;
+    ch_.wait(&req, "all_reduce",
+             MPI_Iallreduce(MPI_IN_PLACE, data, to_int(count, "all_reduce"),
+                            type == ElemType::kF32 ? MPI_FLOAT : MPI_INT64_T,
+                            op == ReduceOp::kSum ? MPI_SUM : MPI_MAX, ch_.comm(), &req));
+  }
+
+ private:
+  MpiChannel ch_;
+  std::vector<int> sc_, sd_, rc_, rd_;  // [world_size] counts and displacements, reused
+};
+
+RankInfo rank_info() {
+  RankInfo info;
+  MPI_Comm_rank(MPI_COMM_WORLD, &info.rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &info.world_size);
+  MPI_Comm node;
+  check_mpi(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &node),
+      "MPI_Comm_split_type");
+  MPI_Comm_rank(node, &info.local_rank);
+  MPI_Comm_size(node, &info.local_world_size);
+  MPI_Comm_free(&node);
+  return info;
+}
+
+}  // namespace
+
+DistContext make_mpi_context(std::chrono::milliseconds watchdog) {
+  runtime();
+  DistContext ctx;
+  ctx.coordinator = std::make_unique<MpiCoordinator>(rank_info(), watchdog);
+  ctx.communicator = std::make_unique<Communicator>(std::make_unique<MpiOps>(watchdog), watchdog);
+  return ctx;
+}
+
+[[noreturn]] void mpi_abort(const std::string& why) {
+  int initialised = 0, rank = 0;
+  MPI_Initialized(&initialised);
+  if (initialised) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "error: rank %d: %s\n", rank, why.c_str());
+  std::fflush(stderr);
+  if (initialised) MPI_Abort(MPI_COMM_WORLD, 1);
+  std::exit(1);
+}
+
+#endif  // DUET_HAVE_MPI
+
+}  // namespace duet

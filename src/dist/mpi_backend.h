@@ -1,0 +1,32 @@
+// The MPI backend (OpenMPI): ranks are processes started by mpirun, on one host or several.
+// Coordinator and communicator each use their own duplicate of MPI_COMM_WORLD, so control
+// messages on the caller's thread and data collectives on the communication thread never
+// interleave. Every wait is a non-blocking MPI collective polled with MPI_Test and a short,
+// growing sleep (the thread sleeps rather than spins) until a watchdog deadline.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "dist/coordinator.h"
+#include "dist/dist_context.h"
+
+namespace duet {
+
+// Whether duet was built with MPI.
+bool mpi_available();
+
+// Whether this process was started by mpirun (it sees OpenMPI's or PMIx's rank variables).
+bool launched_by_mpirun();
+
+// Initialises MPI on first use (MPI_THREAD_MULTIPLE; MPI_Finalize runs at process exit) and
+// returns this rank's context. Collective: every rank calls it. Throws duet::Error if duet was
+// built without MPI or the library lacks MPI_THREAD_MULTIPLE.
+DistContext make_mpi_context(std::chrono::milliseconds watchdog = kDefaultWatchdog);
+
+// Ends the whole job after a fatal error on this rank: prints "error: rank R: why" on stderr and
+// calls MPI_Abort, which makes mpirun stop every rank. Without MPI initialised it only prints
+// and exits with status 1.
+[[noreturn]] void mpi_abort(const std::string& why);
+
+}  // namespace duet

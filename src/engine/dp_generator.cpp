@@ -1,0 +1,143 @@
+#include "engine/dp_generator.h"
+
+#include <string>
+
+#include "core/error.h"
+#include "engine/sampler.h"
+
+namespace duet {
+
+namespace {
+
+// "" if the request can run, else why not.
+std::string check_request(const GenerateRequest& r, const ModelConfig& c) {
+  if (r.prompt.empty()) return "the prompt is empty";
+  for (int32_t id : r.prompt) {
+    if (id < 0 || id >= c.n_vocab)
+      return "prompt token id " + std::to_string(id) + " is outside the vocabulary";
+  }
+  if (r.max_tokens < 0) return "max_tokens must be >= 0";
+  if (static_cast<int64_t>(r.prompt.size()) + r.max_tokens > c.max_position_embeddings)
+    return "prompt + max_tokens exceeds the model's context";
+  if (r.prompt_logits) return "prompt_logits is not supported with data parallelism";
+  return "";
+}
+
+}  // namespace
+
+DpGenerator::DpGenerator(const Model& model, ThreadPool& pool, Dispatcher& dispatcher,
+                         Coordinator& coord)
+    : model_(model),
+      coord_(coord),
+      kv_(model.config().n_layer, model.kv_k_width(), model.kv_v_width()),
+      runner_(model, pool, &dispatcher),
+      dummy_seq_(kv_.add_sequence()) {
+  const int32_t tok = 0;
+  dummy_in_.add(dummy_seq_, 0, &tok, 1, false);
+  dummy_in_.out_rows.clear();  // nobody reads its logits
+}
+
+std::vector<DpStepInfo> DpGenerator::sync(const DpStepInfo& mine) {
+  const std::vector<int64_t> all = coord_.all_gather({mine.n_tokens, mine.has_prefill ? 1 : 0});
+  std::vector<DpStepInfo> out(all.size() / 2);
+  for (size_t r = 0; r < out.size(); ++r) out[r] = {all[2 * r], all[2 * r + 1] != 0};
+  return out;
+}
+
+const std::vector<float>& DpGenerator::forward(const ForwardInput& in) {
+  for (const SeqSpan& span : in.spans) kv_.reserve(span.seq_id, span.n_past + span.n_tokens);
+  return runner_.forward(in, kv_);
+}
+
+void DpGenerator::run_dummy() {
+  forward(dummy_in_);
+}
+
+std::vector<GenerateResult> DpGenerator::generate(const std::vector<GenerateRequest>& requests,
+                                                  DpStats* stats) {
+  // Validation is shared first, so that a bad request stops every rank, not only its own.
+  std::string problem;
+  for (const GenerateRequest& r : requests) {
+    if (problem.empty()) problem = check_request(r, model_.config());
+  }
+  const std::vector<int64_t> bad = coord_.all_gather({problem.empty() ? 0 : 1});
+  if (!problem.empty()) DUET_ERROR(problem);
+  for (size_t r = 0; r < bad.size(); ++r) {
+    if (bad[r]) DUET_ERROR("rank " << r << " rejected its requests");
+  }
+
+  const int64_t n_vocab = model_.config().n_vocab;
+  const size_t n_req = requests.size();
+  std::vector<GenerateResult> results(n_req);
+  std::vector<Sampler> samplers;
+  std::vector<int32_t> seq_ids;
+  struct Release {  // frees the sequences' KV rows however generate() ends
+    KvCache& kv;
+    std::vector<int32_t>& ids;
+    ~Release() {
+      for (int32_t id : ids) kv.remove_sequence(id);
+    }
+  } release{kv_, seq_ids};
+  for (const GenerateRequest& r : requests) {
+    samplers.emplace_back(r.sampling);
+    seq_ids.push_back(kv_.add_sequence());
+  }
+
+  // Step 0 prefills every prompt; later steps decode one token per live sequence.
+  ForwardInput in;
+  std::vector<size_t> who;  // the request of each logits row
+  for (size_t i = 0; i < n_req; ++i) {
+    const GenerateRequest& r = requests[i];
+    in.add(seq_ids[i], 0, r.prompt.data(), static_cast<int64_t>(r.prompt.size()), false);
+    if (r.max_tokens > 0)
+      who.push_back(i);
+    else
+      results[i].finish_reason = "length";
+  }
+  // Requests with max_tokens 0 still prefill (their KV rows are written), but sample nothing.
+  std::vector<size_t> row_of(n_req);
+  for (size_t i = 0; i < n_req; ++i) row_of[i] = i;
+  bool prefill = true;
+  DpStats st;
+  for (;;) {
+    const std::vector<DpStepInfo> all = sync({in.n_tokens(), prefill && in.n_tokens() > 0});
+    int64_t total = 0;
+    for (const DpStepInfo& s : all) total += s.n_tokens;
+    if (total == 0) break;
+    ++st.steps;
+    std::vector<size_t> next_who;
+    ForwardInput next;
+    if (in.n_tokens() == 0) {
+      run_dummy();
+      ++st.dummy_steps;
+    } else {
+      const std::vector<float>& logits = forward(in);
+      for (size_t w = 0; w < who.size(); ++w) {
+        const size_t i = who[w];
+        const GenerateRequest& r = requests[i];
+        const size_t row = prefill ? row_of[i] : w;
+        const int32_t tok = samplers[i].sample(logits.data() + row * n_vocab, n_vocab);
+        results[i].tokens.push_back(tok);
+        bool stop = false;
+        for (int32_t s : r.stop_ids) stop |= s == tok;
+        if (stop) {
+          results[i].finish_reason = "stop";
+        } else if (static_cast<int64_t>(results[i].tokens.size()) >= r.max_tokens) {
+          results[i].finish_reason = "length";
+        } else {
+          const int64_t n_past =
+              static_cast<int64_t>(r.prompt.size() + results[i].tokens.size()) - 1;
+          next.add(seq_ids[i], n_past, &results[i].tokens.back(), 1, false);
+          next_who.push_back(i);
+        }
+      }
+    }
+    in = std::move(next);
+    who = std::move(next_who);
+    prefill = false;
+  }
+  if (stats) *stats = st;
+  return results;
+}
+
+}  // namespace duet

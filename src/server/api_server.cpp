@@ -1,0 +1,233 @@
+#include "server/api_server.h"
+
+#include <httplib.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "server/api_error.h"
+#include "server/prometheus.h"
+
+namespace duet {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr auto kHeartbeat = std::chrono::milliseconds(1000);
+constexpr size_t kMaxBody = 32u << 20;
+
+void reply_json(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(), "application/json");
+}
+
+void reply_error(httplib::Response& res, const std::exception& e) {
+  ErrorReply r = error_reply(e);
+  reply_json(res, r.status, r.body);
+}
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
+
+// One request's response in progress, shared by the content provider and its releaser.
+struct Exchange {
+  std::shared_ptr<RequestStream> stream;
+  ResponseMeta meta;
+  bool stream_mode = false;
+  bool include_usage = false;
+  bool first = true;
+  bool done = false;
+  std::string text;  // non-streamed: the whole completion
+};
+
+// The SSE bytes for one delta (maybe none).
+std::string sse_events(Exchange& x, const StreamDelta& d) {
+  std::string out;
+  if (!d.tokens.empty() || !d.text.empty() || (x.first && x.meta.chat)) {
+    out += sse(chunk_json(x.meta, d.text, "", x.first && x.meta.chat, x.include_usage));
+    x.first = false;
+  }
+  if (!d.finished) return out;
+  if (!d.error.empty()) out += sse(error_reply(ApiError(503, d.error, "service_unavailable")).body);
+  out += sse(chunk_json(x.meta, "", d.finish_reason, false, x.include_usage));
+  if (x.include_usage) out += sse(usage_chunk_json(x.meta, {d.prompt_tokens, d.completion_tokens}));
+  out += "data: [DONE]\n\n";
+  return out;
+}
+
+// Feeds one request's output to httplib: blocks on the stream and writes what arrived (a chunk
+// per delta when streaming; the whole body at the end otherwise). After a silent second it
+// writes a heartbeat (an SSE comment, or whitespace, which JSON ignores) so that a client that
+// left is found by the failing write even while its request waits or prefills.
+bool provide(Exchange& x, httplib::DataSink& sink) {
+  if (x.done) {
+    sink.done();
+    return true;
+  }
+  const StreamDelta d = x.stream->wait(kHeartbeat);
+  std::string out;
+  if (x.stream_mode) {
+    out = sse_events(x, d);
+  } else {
+    x.text += d.text;
+    if (d.finished && !d.error.empty()) {
+      out = error_reply(ApiError(503, d.error, "service_unavailable")).body.dump();
+    } else if (d.finished) {
+      out = response_json(x.meta, x.text, d.finish_reason, {d.prompt_tokens, d.completion_tokens})
+                .dump();
+    }
+  }
+  const bool silent = d.tokens.empty() && d.text.empty() && !d.finished;
+  if (silent) out = x.stream_mode ? ": keep-alive\n\n" : " ";
+  if (out.empty()) return true;
+  if (!sink.write(out.data(), out.size())) {
+    x.stream->abort();
+    return false;
+  }
+  if (d.finished) {
+    x.done = true;
+    sink.done();
+  }
+  return true;
+}
+
+}  // namespace
+
+ApiServer::ApiServer(LlmEngine& engine, const Tokenizer* tokenizer,
+                     const ChatTemplate* chat_template, const ApiServerOptions& options)
+    : engine_(engine), tokenizer_(tokenizer), chat_template_(chat_template), opt_(options),
+      http_(std::make_unique<httplib::Server>()) {
+  const int n = std::max(8, opt_.http_threads);
+  http_->new_task_queue = [n] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
+  http_->set_payload_max_length(kMaxBody);
+  routes();
+}
+
+ApiServer::~ApiServer() = default;
+
+int ApiServer::bind(const std::string& host, int port) {
+  const int got = port == 0 ? http_->bind_to_any_port(host) : (http_->bind_to_port(host, port) ? port : -1);
+  if (got <= 0) DUET_ERROR("cannot listen on " << host << ":" << port);
+  return got;
+}
+
+void ApiServer::listen() { http_->listen_after_bind(); }
+
+void ApiServer::stop() { http_->stop(); }
+
+std::string ApiServer::next_id(bool chat) {
+  return std::string(chat ? "chatcmpl-" : "cmpl-") + std::to_string(unix_seconds()) + "-" +
+         std::to_string(n_requests_.fetch_add(1));
+}
+
+EngineRequest ApiServer::to_engine_request(const ApiRequest& a) const {
+  EngineRequest r;
+  if (a.chat) {
+    if (!chat_template_) throw ApiError(400, "this model has no chat template; use /v1/completions");
+    if (!tokenizer_) throw ApiError(400, "this model has no tokenizer.json");
+    r.prompt = tokenizer_->encode(chat_template_->render(a.messages, /*add_generation_prompt=*/true));
+  } else if (a.prompt_is_ids) {
+    r.prompt = a.prompt_ids;
+  } else {
+    if (!tokenizer_) throw ApiError(400, "this model has no tokenizer.json; send token ids");
+    if (opt_.add_bos && opt_.bos_id >= 0) r.prompt.push_back(opt_.bos_id);
+    std::vector<int32_t> ids = tokenizer_->encode(a.prompt_text);
+    r.prompt.insert(r.prompt.end(), ids.begin(), ids.end());
+  }
+  const int64_t n_prompt = static_cast<int64_t>(r.prompt.size());
+  if (n_prompt == 0) throw_bad_field(a.chat ? "messages" : "prompt", "the prompt is empty");
+  if (n_prompt >= engine_.max_model_len()) {
+    throw_bad_field(a.chat ? "messages" : "prompt",
+                    "This model's maximum context length is " + std::to_string(engine_.max_model_len()) +
+                        " tokens. However, the prompt has " + std::to_string(n_prompt) +
+                        " tokens. Please reduce the length of the prompt.");
+  }
+  // Chat's default, as vLLM's: whatever room the request has left (at least 1, so that a full
+  // context is reported by the engine's check).
+  r.max_tokens = a.max_tokens ? *a.max_tokens
+                 : a.chat     ? std::max<int64_t>(1, engine_.max_request_len() - n_prompt)
+                              : 16;
+  r.sampling = a.sampling;
+  r.stop = a.stop;
+  r.stop_ids = a.stop_token_ids;
+  r.ignore_eos = a.ignore_eos;
+  return r;
+}
+
+void ApiServer::handle_generate(const std::string& body, bool chat, httplib::Response& res) {
+  try {
+    const ApiRequest a = parse_api_request(body, chat);
+    if (!a.model.empty() && a.model != opt_.model_name) {
+      throw ApiError(404, "The model `" + a.model + "` does not exist.", "invalid_request_error",
+                     "model", "model_not_found");
+    }
+    if (!engine_.alive()) throw ApiError(503, "the engine is not running", "service_unavailable");
+    auto x = std::make_shared<Exchange>();
+    x->stream = engine_.submit(to_engine_request(a));
+    if (!x->stream) throw ApiError(503, "the engine is not running", "service_unavailable");
+    x->meta = {chat, next_id(chat), unix_seconds(), opt_.model_name};
+    x->stream_mode = a.stream;
+    x->include_usage = a.include_usage;
+    if (a.stream) res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        a.stream ? "text/event-stream" : "application/json",
+        [x](size_t, httplib::DataSink& sink) { return provide(*x, sink); },
+        [x](bool) { x->stream->abort(); });  // a no-op once the request finished
+  } catch (const std::exception& e) {
+    reply_error(res, e);
+  }
+}
+
+void ApiServer::routes() {
+  using httplib::Request;
+  using httplib::Response;
+  http_->Post("/v1/completions", [this](const Request& req, Response& res) {
+    handle_generate(req.body, /*chat=*/false, res);
+  });
+  http_->Post("/v1/chat/completions", [this](const Request& req, Response& res) {
+    handle_generate(req.body, /*chat=*/true, res);
+  });
+  http_->Get("/v1/models", [this](const Request&, Response& res) {
+    json model = {{"id", opt_.model_name},      {"object", "model"},
+                  {"created", unix_seconds()},  {"owned_by", "duet"},
+                  {"root", opt_.model_name},    {"max_model_len", engine_.max_model_len()}};
+    reply_json(res, 200, {{"object", "list"}, {"data", json::array({model})}});
+  });
+  http_->Get("/health", [this](const Request&, Response& res) {
+    if (engine_.alive()) {
+      res.status = 200;
+    } else {
+      reply_error(res, ApiError(503, "the engine is not running", "service_unavailable"));
+    }
+  });
+  http_->Get("/metrics", [this](const Request&, Response& res) {
+    res.set_content(prometheus_text(engine_.metrics().snapshot(), opt_.model_name),
+                    "text/plain; version=0.0.4; charset=utf-8");
+  });
+  http_->set_error_handler(httplib::Server::HandlerWithResponse([](const Request& req,
+                                                                  Response& res) {
+    if (!res.body.empty() || res.status < 400) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string what = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
+                                               : "request rejected by the HTTP layer";
+    reply_json(res, res.status,
+               error_reply(ApiError(res.status, what)).body);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  http_->set_exception_handler([](const Request&, Response& res, std::exception_ptr ep) {
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      reply_error(res, e);
+    } catch (...) {
+      reply_json(res, 500, error_reply(ApiError(500, "internal server error")).body);
+    }
+  });
+}
+
+}  // namespace duet

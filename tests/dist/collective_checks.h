@@ -1,0 +1,131 @@
+// Checks of every collective that any backend must pass, run by each rank of a test (the
+// in-process tests and the MPI test program share them).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "dist/dist_context.h"
+
+namespace duet::test {
+
+// Rank s sends (s + r) % 3 int32 values to rank r: some parts are empty.
+inline int64_t n_vals(int s, int r) {
+  return (s + r) % 3;
+}
+inline int32_t val(int s, int r, int64_t i) {
+  return s * 100 + r * 10 + static_cast<int32_t>(i);
+}
+
+inline void check_all_to_all_v(DistContext& ctx, bool async) {
+  const int n = ctx.world_size(), me = ctx.rank();
+  std::vector<int32_t> send;
+  std::vector<int64_t> send_bytes, recv_bytes;
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < n_vals(me, r); ++i) send.push_back(val(me, r, i));
+    send_bytes.push_back(n_vals(me, r) * 4);
+    recv_bytes.push_back(n_vals(r, me) * 4);
+  }
+  int64_t total = 0;
+  for (int64_t b : recv_bytes) total += b;
+  std::vector<int32_t> recv(static_cast<size_t>(total / 4) + 1, -1);  // +1: never written
+  if (async) {
+    CommHandle h = ctx.comm().start_all_to_all_v(send.data(), send_bytes, recv.data(), recv_bytes);
+    h.wait();
+    EXPECT_TRUE(h.done());
+  } else {
+    ctx.comm().all_to_all_v(send.data(), send_bytes, recv.data(), recv_bytes);
+  }
+  size_t k = 0;
+  for (int s = 0; s < n; ++s)
+    for (int64_t i = 0; i < n_vals(s, me); ++i) EXPECT_EQ(recv[k++], val(s, me, i));
+  EXPECT_EQ(recv[k], -1);
+}
+
+inline void check_all_to_all_v_zero(DistContext& ctx) {
+  std::vector<int64_t> zero(static_cast<size_t>(ctx.world_size()), 0);
+  ctx.comm().all_to_all_v(nullptr, zero, nullptr, zero);
+}
+
+inline void check_all_gather(DistContext& ctx) {
+  const int n = ctx.world_size();
+  std::vector<float> mine = {float(ctx.rank()), float(ctx.rank()) + 0.5f};
+  std::vector<float> all(static_cast<size_t>(2 * n));
+  ctx.comm().all_gather(mine.data(), 8, all.data());
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(all[2 * r], float(r));
+    EXPECT_EQ(all[2 * r + 1], float(r) + 0.5f);
+  }
+  ctx.comm().all_gather(nullptr, 0, nullptr);  // zero bytes
+}
+
+inline void check_all_reduce(DistContext& ctx) {
+  const int n = ctx.world_size(), me = ctx.rank();
+  std::vector<float> f = {1.0f, float(me), 0.25f * float(me)};
+  ctx.comm().all_reduce(f.data(), 3, ElemType::kF32, ReduceOp::kSum);
+  EXPECT_FLOAT_EQ(f[0], float(n));
+  EXPECT_FLOAT_EQ(f[1], float(n * (n - 1) / 2));
+  EXPECT_FLOAT_EQ(f[2], 0.25f * float(n * (n - 1) / 2));
+  std::vector<int64_t> i = {me, -me, 7};
+  ctx.comm().start_all_reduce(i.data(), 3, ElemType::kI64, ReduceOp::kMax).wait();
+  EXPECT_EQ(i, (std::vector<int64_t>{n - 1, 0, 7}));
+  ctx.comm().all_reduce(nullptr, 0, ElemType::kF32, ReduceOp::kSum);  // empty
+}
+
+inline void check_in_flight(DistContext& ctx) {
+  const int n = ctx.world_size();
+  std::vector<int64_t> a = {1}, b = {ctx.rank()};
+  std::vector<int64_t> g(static_cast<size_t>(n));
+  CommHandle h1 = ctx.comm().start_all_reduce(a.data(), 1, ElemType::kI64, ReduceOp::kSum);
+  CommHandle h2 = ctx.comm().start_all_gather(b.data(), 8, g.data());
+  CommHandle h3 = ctx.comm().start("custom", [&](CollectiveOps& ops) {
+    ops.all_reduce(b.data(), 1, ElemType::kI64, ReduceOp::kMax);  // after h2 read b
+  });
+  h3.wait();
+  h1.wait();
+  h2.wait();
+  EXPECT_EQ(a[0], n);
+  EXPECT_EQ(b[0], n - 1);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(g[r], r);
+}
+
+inline void check_coordinator(DistContext& ctx) {
+  const int n = ctx.world_size(), me = ctx.rank();
+  Coordinator& c = ctx.coord();
+  EXPECT_EQ(c.rank(), me);
+  EXPECT_EQ(c.world_size(), n);
+  EXPECT_EQ(c.local_rank(), me);
+  EXPECT_EQ(c.local_world_size(), n);
+  EXPECT_EQ(c.is_master(), me == 0);
+  EXPECT_EQ(c.is_local_master(), me == 0);
+  for (int src = 0; src < n; ++src) {
+    std::string msg = me == src ? "hello from " + std::to_string(src) : "junk";
+    c.broadcast(msg, src);
+    EXPECT_EQ(msg, "hello from " + std::to_string(src));
+  }
+  std::string empty = me == 0 ? "" : "x";
+  c.broadcast(empty, 0);
+  EXPECT_EQ(empty, "");
+  c.barrier();
+  std::vector<int64_t> all = c.all_gather({me, 10 * me});
+  ASSERT_EQ(all.size(), static_cast<size_t>(2 * n));
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(all[2 * r], r);
+    EXPECT_EQ(all[2 * r + 1], 10 * r);
+  }
+}
+
+// All of the above in one go.
+inline void check_every_collective(DistContext& ctx) {
+  check_all_to_all_v(ctx, false);
+  check_all_to_all_v(ctx, true);
+  check_all_to_all_v_zero(ctx);
+  check_all_gather(ctx);
+  check_all_reduce(ctx);
+  check_in_flight(ctx);
+  check_coordinator(ctx);
+}
+
+}  // namespace duet::test

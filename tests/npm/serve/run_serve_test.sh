@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs serve.test.mjs (node:test + the official openai client) against a real `duet serve` on a
+# tiny model. Usage: run_serve_test.sh DUET_BINARY
+# The npm packages go to ${DUET_NPM_CACHE:-$HOME/.cache/duet-npm}/serve, never into the repo. If
+# npm cannot install them the test fails: it never skips. The server listens on 127.0.0.1 on a
+# free port and is always killed on exit.
+set -euo pipefail
+duet=$(realpath "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+cache="${DUET_NPM_CACHE:-$HOME/.cache/duet-npm}/serve"
+mkdir -p "$cache"
+
+if ! cmp -s "$here/package.json" "$cache/package.json" || [ ! -d "$cache/node_modules/openai" ]; then
+  cp "$here/package.json" "$cache/package.json"
+  echo "installing the openai npm package into $cache"
+  if ! (cd "$cache" && npm install --no-audit --no-fund --loglevel=error); then
+    rm -f "$cache/package.json"
+    echo "FAIL: npm could not install the openai package (is the npm registry reachable?)" >&2
+    exit 1
+  fi
+fi
+cp "$here/serve.test.mjs" "$cache/serve.test.mjs"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/duet-serve-test.XXXXXX")
+server_pid=""
+cleanup() {
+  if [ -n "$server_pid" ]; then
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$duet" make-model "$work/model" --arch qwen3_moe --preset tiny --seed 7 >/dev/null
+# A small KV pool so that the cache limits are reachable: the tiny model's block (16 positions x
+# 2 layers x (32 + 32) floats) is 8 KiB, so 0.5 MiB is 64 blocks = 1024 positions, half the
+# context; 16 concurrent requests fill it and get preempted.
+"$duet" serve "$work/model" --host 127.0.0.1 --port 0 --served-model-name tiny \
+  --kv-cache-memory 0.00048828125 --max-num-seqs 32 --max-num-batched-tokens 256 \
+  >"$work/server.out" 2>"$work/server.err" &
+server_pid=$!
+
+port=""
+for _ in $(seq 1 100); do  # up to 10 s for the model to load and the port to be printed
+  port=$(grep -o 'http://127.0.0.1:[0-9]*' "$work/server.out" 2>/dev/null | sed 's/.*://' || true)
+  [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.err" >&2; echo "FAIL: duet serve exited" >&2; exit 1; }
+  port=""
+  sleep 0.1
+done
+[ -n "$port" ] || { cat "$work/server.err" >&2; echo "FAIL: duet serve did not become healthy" >&2; exit 1; }
+
+status=0
+(cd "$cache" && DUET_BASE_URL="http://127.0.0.1:$port" DUET_MODEL=tiny \
+  node --test --test-timeout=120000 serve.test.mjs) || status=$?
+if ! kill -0 "$server_pid" 2>/dev/null; then
+  echo "FAIL: duet serve died during the tests" >&2
+  status=1
+fi
+if [ "$status" -ne 0 ]; then
+  echo "--- server stderr ---" >&2
+  tail -50 "$work/server.err" >&2
+fi
+exit "$status"

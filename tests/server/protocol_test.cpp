@@ -1,0 +1,158 @@
+// Request parsing (types, ranges, unknown fields → ApiError naming the field), the error JSON,
+// response and chunk bodies, and the output text: stop strings cut as OpenAI does and streamed
+// text never breaks a UTF-8 character.
+#include "server/protocol.h"
+
+#include <gtest/gtest.h>
+
+#include "engine/output_text.h"
+#include "server/api_error.h"
+
+namespace duet {
+namespace {
+
+ApiError parse_error(const std::string& body, bool chat = false) {
+  try {
+    parse_api_request(body, chat);
+  } catch (const ApiError& e) {
+    return e;
+  }
+  ADD_FAILURE() << "accepted: " << body;
+  return ApiError(0, "");
+}
+
+TEST(ProtocolTest, ParsesACompletionRequest) {
+  ApiRequest r = parse_api_request(
+      R"({"model":"m","prompt":"hi","max_tokens":7,"temperature":0.5,"top_p":0.9,"top_k":3,)"
+      R"("seed":4,"stop":["a","bc"],"stop_token_ids":[9],"ignore_eos":true,"stream":true,)"
+      R"("stream_options":{"include_usage":true},"n":1,"user":"u","presence_penalty":0})",
+      false);
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.prompt_text, "hi");
+  EXPECT_EQ(*r.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.sampling.top_k, 3);
+  EXPECT_EQ(*r.sampling.seed, 4u);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"a", "bc"}));
+  EXPECT_EQ(r.stop_token_ids, (std::vector<int32_t>{9}));
+  EXPECT_TRUE(r.ignore_eos && r.stream && r.include_usage);
+}
+
+TEST(ProtocolTest, DefaultsAndTokenPrompts) {
+  ApiRequest r = parse_api_request(R"({"prompt":[1,2,3],"stop":"x","temperature":null})", false);
+  EXPECT_TRUE(r.prompt_is_ids);
+  EXPECT_EQ(r.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_FALSE(r.max_tokens.has_value());
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1.0f);  // OpenAI's default
+  EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
+  ApiRequest c = parse_api_request(
+      R"({"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]})",
+      true);
+  EXPECT_EQ(c.messages[0]["content"], "ab");
+}
+
+TEST(ProtocolTest, RejectsBadInputNamingTheField) {
+  struct Case {
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {R"({"prompt":"x","max_tokens":"3"})", "max_tokens"},
+      {R"({"prompt":"x","max_tokens":0})", "max_tokens"},
+      {R"({"prompt":"x","max_tokens":1.5})", "max_tokens"},
+      {R"({"prompt":"x","max_tokens":1e30})", "max_tokens"},
+      {R"({"prompt":"x","max_tokens":18446744073709551615})", "max_tokens"},
+      {R"({"prompt":"x","temperature":2.5})", "temperature"},
+      {R"({"prompt":"x","top_p":0})", "top_p"},
+      {R"({"prompt":"x","top_k":-2})", "top_k"},
+      {R"({"prompt":"x","n":3})", "n"},
+      {R"({"prompt":"x","stop":[""]})", "stop"},
+      {R"({"prompt":"x","stream":1})", "stream"},
+      {R"({"prompt":"x","stream_options":{"include_usage":true}})", "stream_options"},
+      {R"({"prompt":"x","logprobs":2})", "logprobs"},
+      {R"({"prompt":"x","bogus":1})", "bogus"},
+      {R"({"prompt":""})", "prompt"},
+      {R"({"prompt":[]})", "prompt"},
+      {R"({"prompt":[1,-4]})", "prompt"},
+      {R"({"prompt":["a","b"]})", "prompt"},
+      {R"({"max_tokens":3})", "prompt"},
+  };
+  for (const Case& c : cases) {
+    ApiError e = parse_error(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.param, c.param) << c.body;
+  }
+  EXPECT_EQ(parse_error(R"({"messages":[]})", true).param, "messages");
+  EXPECT_EQ(parse_error(R"({"messages":[{"role":"x","content":"a"}]})", true).param, "messages");
+  EXPECT_EQ(parse_error("{not json").status, 400);
+  EXPECT_EQ(parse_error("[1]").status, 400);
+}
+
+TEST(ProtocolTest, ErrorReplyIsAnOpenAiErrorObject) {
+  ErrorReply r = error_reply(ApiError(404, "no model", "invalid_request_error", "model", "model_not_found"));
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(r.body["error"]["message"], "no model");
+  EXPECT_EQ(r.body["error"]["param"], "model");
+  EXPECT_EQ(r.body["error"]["code"], "model_not_found");
+  ErrorReply plain = error_reply(Error("bad prompt"));
+  EXPECT_EQ(plain.status, 400);
+  EXPECT_EQ(plain.body["error"]["type"], "invalid_request_error");
+  EXPECT_TRUE(plain.body["error"]["param"].is_null());
+  EXPECT_EQ(error_reply(std::runtime_error("bug")).status, 500);
+}
+
+TEST(ProtocolTest, ResponseAndChunkBodies) {
+  ResponseMeta chat{true, "chatcmpl-1", 5, "m"};
+  auto r = response_json(chat, "hi", "stop", {3, 2});
+  EXPECT_EQ(r["object"], "chat.completion");
+  EXPECT_EQ(r["choices"][0]["message"]["content"], "hi");
+  EXPECT_EQ(r["usage"]["total_tokens"], 5);
+  auto first = chunk_json(chat, "", "", true, true);
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(first["choices"][0]["finish_reason"].is_null());
+  EXPECT_TRUE(first["usage"].is_null());
+  auto usage = usage_chunk_json(ResponseMeta{false, "cmpl-1", 5, "m"}, {3, 2});
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 2);
+}
+
+TEST(OutputTextTest, StopStringIsCutAndNeverStreamed) {
+  OutputText t({"END", "xyz"});
+  EXPECT_FALSE(t.append("hello E"));
+  EXPECT_EQ(t.take_ready(), "hello");  // " E" might start "END"
+  EXPECT_FALSE(t.append("N"));
+  EXPECT_EQ(t.take_ready(), " ");  // "EN" is held back
+  EXPECT_TRUE(t.append("D and more"));
+  EXPECT_EQ(t.take_ready(), "");
+  EXPECT_EQ(t.take_rest(), "");
+  EXPECT_EQ(t.bytes(), "hello ");
+}
+
+TEST(OutputTextTest, StopStringAcrossManyTokens) {
+  OutputText t({"abc"});
+  std::string sent;
+  for (const char* piece : {"x", "a", "b", "y", "a", "b", "c", "z"}) {
+    if (t.append(piece)) break;
+    sent += t.take_ready();
+  }
+  sent += t.take_rest();
+  EXPECT_EQ(sent, "xaby");
+}
+
+TEST(OutputTextTest, NeverSplitsAUtf8Character) {
+  OutputText t({});
+  const std::string euro = "\xe2\x82\xac";  // €
+  EXPECT_FALSE(t.append("a\xe2"));
+  EXPECT_EQ(t.take_ready(), "a");
+  EXPECT_FALSE(t.append("\x82"));
+  EXPECT_EQ(t.take_ready(), "");
+  EXPECT_FALSE(t.append("\xac" "b"));
+  EXPECT_EQ(t.take_ready(), euro + "b");
+  EXPECT_FALSE(t.append("\xf0\x9f"));  // half an emoji at the end of the request
+  EXPECT_EQ(t.take_rest(), "\xef\xbf\xbd");  // U+FFFD, as Hugging Face's decode gives
+  EXPECT_EQ(utf8_complete_end("ab\xff", 3), 3u);  // never-valid bytes are not held back
+}
+
+}  // namespace
+}  // namespace duet
