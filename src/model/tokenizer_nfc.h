@@ -127,6 +127,7 @@
 #include <vector>
 
 #include "model/tokenizer_nfc_data.h"
+#include "model/tokenizer_utf8.h"
 
 namespace duet::nfc {
 
@@ -135,33 +136,6 @@ namespace detail {
 constexpr char32_t kHangulS = 0xAC00, kHangulL = 0x1100, kHangulV = 0x1161, kHangulT = 0x11A7;
 constexpr int kHangulVCount = 21, kHangulTCount = 28, kHangulSCount = 11172;
 
-// Decodes one character of valid UTF-8 at s[*i] and moves *i past it.
-inline char32_t next_code_point(std::string_view s, size_t* i) {
-  unsigned char c = s[*i];
-  int len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-  char32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
-  for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[*i + k]) & 0x3F);
-  *i += len;
-  return cp;
-}
-
-inline void append_utf8(std::string* out, char32_t cp) {
-  if (cp < 0x80) {
-    out->push_back(char(cp));
-  } else if (cp < 0x800) {
-    out->push_back(char(0xC0 | (cp >> 6)));
-    out->push_back(char(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(char(0xE0 | (cp >> 12)));
-    out->push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(char(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(char(0xF0 | (cp >> 18)));
-    out->push_back(char(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(char(0x80 | (cp & 0x3F)));
-  }
-}
 
 inline uint8_t combining_class(char32_t cp) {
   if (cp < 0x300) return 0;
@@ -219,7 +193,7 @@ inline bool is_quick_nfc(std::string_view text) {
       i += static_cast<unsigned char>(text[i]) < 0x80 ? 1 : 2;
       continue;
     }
-    const char32_t cp = detail::next_code_point(text, &i);
+    const char32_t cp = utf8::next(text, &i);
     auto it = std::upper_bound(std::begin(kNotQuickNfc), std::end(kNotQuickNfc), cp,
                                [](char32_t c, const CodePointRange& r) { return c < r.first; });
     if (it != std::begin(kNotQuickNfc) && cp <= (it - 1)->last) return false;
@@ -230,7 +204,7 @@ inline bool is_quick_nfc(std::string_view text) {
 // NFC of `text` (valid UTF-8).
 inline std::string normalize(std::string_view text) {
   std::vector<char32_t> chars;  // canonical decomposition
-  for (size_t i = 0; i < text.size();) detail::decompose(detail::next_code_point(text, &i), &chars);
+  for (size_t i = 0; i < text.size();) detail::decompose(utf8::next(text, &i), &chars);
   // Canonical order: each run of non-starters sorted by combining class, stably.
   for (size_t i = 0; i < chars.size();) {
     if (detail::combining_class(chars[i]) == 0) {
@@ -265,7 +239,7 @@ inline std::string normalize(std::string_view text) {
   }
   std::string result;
   result.reserve(text.size());
-  for (char32_t c : out) detail::append_utf8(&result, c);
+  for (char32_t c : out) utf8::append(&result, c);
   return result;
 }
 
