@@ -1,6 +1,7 @@
 #include "model/tokenizer_decoder.h"
 
 #include "core/error.h"
+#include "model/tokenizer_json.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_byte_level.h"
 #include "model/tokenizer_utf8.h"
@@ -11,11 +12,6 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string type_of(const json& j) {
-  if (j.is_null()) return "null";
-  if (!j.is_object() || !j.contains("type")) return j.dump();
-  return j.at("type").get<std::string>();
-}
 
 // The byte of a "<0xAB>" token (either case of hex digits, as Hugging Face's ByteFallback
 // decoder reads it); -1 for any other token.
@@ -50,13 +46,13 @@ void replace_all(std::string* s, const std::string& from, const std::string& to)
 
 void TokenDecoder::parse(const json& j, const std::string& source) {
   source_ = source;
-  const std::string type = type_of(j);
+  const std::string type = component_type(j);
   const json steps = type == "Sequence" ? j.at("decoders") : json::array({j});
   auto refuse_order = [&](const std::string& step, const char* after) {
     DUET_ERROR(source << ": unsupported decoder order: '" << step << "' after " << after);
   };
   for (const json& step : steps) {
-    const std::string t = type_of(step);
+    const std::string t = component_type(step);
     if (t == "ByteLevel") {
       if (steps.size() != 1) {
         DUET_ERROR(source << ": unsupported decoder: ByteLevel combined with other decoders");

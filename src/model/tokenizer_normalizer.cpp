@@ -1,6 +1,7 @@
 #include "model/tokenizer_normalizer.h"
 
 #include "core/error.h"
+#include "model/tokenizer_json.h"
 #include "model/tokenizer_nfc.h"
 #include "model/tokenizer_utf8.h"
 
@@ -10,16 +11,11 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string type_of(const json& j) {
-  if (j.is_null()) return "null";
-  if (!j.is_object() || !j.contains("type")) return j.dump();
-  return j.at("type").get<std::string>();
-}
 
 }  // namespace
 
 void TextNormalizer::parse(const json& j, const std::string& source) {
-  const std::string type = type_of(j);
+  const std::string type = component_type(j);
   if (type == "null") return;
   if (type == "Sequence") {
     for (const json& n : j.at("normalizers")) parse(n, source);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "model/tokenizer_json.h"
 
 namespace duet {
 
@@ -10,11 +11,6 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string type_of(const json& j) {
-  if (j.is_null()) return "null";
-  if (!j.is_object() || !j.contains("type")) return j.dump();
-  return j.at("type").get<std::string>();
-}
 
 SplitBehavior parse_behavior(const std::string& behavior, const std::string& source) {
   if (behavior == "Isolated") return SplitBehavior::kIsolated;
@@ -101,7 +97,7 @@ void split_piece(std::string_view p, const std::vector<TextSpan>& matches, Split
 }
 
 void PreTokenizer::parse(const json& j, const std::string& source) {
-  const std::string type = type_of(j);
+  const std::string type = component_type(j);
   if (type == "null") return;
   if (type == "Sequence") {
     for (const json& p : j.at("pretokenizers")) parse(p, source);
