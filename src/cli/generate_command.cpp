@@ -46,14 +46,6 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
-// Whether tokenizer_config.json asks for a BOS token before the prompt (Llama, DeepSeek).
-bool wants_bos(const std::string& model_dir) {
-  std::ifstream in(model_dir + "/tokenizer_config.json");
-  if (!in) return false;
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() && j.value("add_bos_token", false);
-}
-
 void write_logits(const std::string& path, const std::vector<int32_t>& prompt,
                   const GenerateResult& r, int64_t n_vocab) {
   std::ofstream out(path);
@@ -82,7 +74,7 @@ void run_generate(const GenerateOptions& o) {
     req.prompt = parse_ids(o.prompt_ids);
   } else {
     tok = Tokenizer::load(o.model_dir);
-    if (wants_bos(o.model_dir) && c.bos_token_id >= 0) req.prompt.push_back(c.bos_token_id);
+    if (tok->add_bos_token() && c.bos_token_id >= 0) req.prompt.push_back(c.bos_token_id);
     std::vector<int32_t> ids = tok->encode(o.prompt);
     req.prompt.insert(req.prompt.end(), ids.begin(), ids.end());
   }

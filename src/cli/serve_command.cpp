@@ -33,13 +33,6 @@ struct ServeOptions {
   int http_threads = 0;
 };
 
-bool wants_bos(const std::string& model_dir) {
-  std::ifstream in(model_dir + "/tokenizer_config.json");
-  if (!in) return false;
-  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() && j.value("add_bos_token", false);
-}
-
 void run_serve(const ServeOptions& o) {
   // Every thread created from here on inherits the mask; only the waiter below takes signals.
   sigset_t stop_signals;
@@ -66,7 +59,7 @@ void run_serve(const ServeOptions& o) {
   so.http_threads = o.http_threads > 0
                         ? o.http_threads
                         : static_cast<int>(std::max<int64_t>(128, 4 * o.engine.scheduler.max_num_seqs));
-  so.add_bos = wants_bos(o.model_dir);
+  so.add_bos = tokenizer && tokenizer->add_bos_token();
   so.bos_id = model->config().bos_token_id;
   ApiServer server(engine, tokenizer.get(), chat_template.get(), so);
   const int port = server.bind(o.host, o.port);

@@ -54,6 +54,7 @@ struct Tokenizer::Impl {
   AddedTokenMatcher normalized_added;  // matched in normalized text ("normalized": true)
   TokenDecoder decoder;
   int32_t bos_id = -1;
+  bool add_bos_token = false;  // tokenizer_config.json: prepend BOS to prompts (Llama, DeepSeek)
   int32_t eos_id = -1;
 
   void parse(const json& doc);
@@ -196,6 +197,9 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& dir) {
   if (!std::ifstream(config_path)) return tok;
   try {
     const json config = json::parse(read_file(config_path));
+    if (config.is_object() && config.contains("add_bos_token") &&
+        config.at("add_bos_token").is_boolean())
+      tok->impl_->add_bos_token = config.at("add_bos_token").get<bool>();
     for (auto [key, slot] : {std::pair{"bos_token", &tok->impl_->bos_id},
                              std::pair{"eos_token", &tok->impl_->eos_id}}) {
       const std::string name = config_token_name(config.value(key, json()));
@@ -272,6 +276,8 @@ const std::string& Tokenizer::id_to_token(int32_t id) const {
   }
   return v.id_token[id];
 }
+
+bool Tokenizer::add_bos_token() const { return impl_->add_bos_token; }
 
 int32_t Tokenizer::bos_id() const {
   return impl_->bos_id;

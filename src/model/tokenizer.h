@@ -42,6 +42,8 @@ class Tokenizer {
 
   // Ids of tokenizer_config.json's bos_token / eos_token (load() only); -1 if not named.
   int32_t bos_id() const;
+  // tokenizer_config.json's add_bos_token (load() only): prompts start with BOS.
+  bool add_bos_token() const;
   int32_t eos_id() const;
 
  private:

@@ -427,3 +427,25 @@ TEST(Utf8LossyTest, ReplacesInvalidSequencesOnly) {
 
 }  // namespace
 }  // namespace duet
+
+#include "model/make_model.h"
+#include "test_util.h"
+
+namespace duet {
+namespace {
+
+// tokenizer_config.json's add_bos_token is read at load (DeepSeek and Llama set it, Qwen not).
+TEST(TokenizerConfigTest, ReadsAddBosToken) {
+  for (const auto& [arch, want] : {std::pair{"deepseek_v2", true}, std::pair{"qwen3_moe", false}}) {
+    MakeModelOptions opt;
+    opt.dir = test::make_temp_dir("duet-tokcfg-");
+    opt.arch = arch;
+    make_model(opt);
+    auto tok = Tokenizer::load(opt.dir);
+    EXPECT_EQ(tok->add_bos_token(), want) << arch;
+    EXPECT_GE(tok->bos_id(), 0) << arch;
+  }
+}
+
+}  // namespace
+}  // namespace duet
