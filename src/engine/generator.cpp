@@ -45,18 +45,10 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
   const size_t n_req = requests.size();
   std::vector<GenerateResult> results(n_req);
   std::vector<Sampler> samplers;
-  std::vector<int32_t> seq_ids;
-  // Frees the sequences' KV rows however generate() ends.
-  struct Release {
-    KvCache& kv;
-    std::vector<int32_t>& ids;
-    ~Release() {
-      for (int32_t id : ids) kv.remove_sequence(id);
-    }
-  } release{kv_, seq_ids};
+  ScopedSequences seq_ids(kv_);  // freed however generate() ends
   for (const GenerateRequest& r : requests) {
     samplers.emplace_back(r.sampling);
-    seq_ids.push_back(kv_.add_sequence());
+    seq_ids.add();
   }
   GenerateStats st;
 

@@ -39,4 +39,22 @@ class KvCache final : public KvStore {
   std::vector<std::unique_ptr<Seq>> seqs_;  // null = free id
 };
 
+// Sequences added to a KvCache for one scope (a generate() call), removed however it ends.
+class ScopedSequences {
+ public:
+  explicit ScopedSequences(KvCache& kv) : kv_(kv) {}
+  ~ScopedSequences() {
+    for (int32_t id : ids_) kv_.remove_sequence(id);
+  }
+  ScopedSequences(const ScopedSequences&) = delete;
+  ScopedSequences& operator=(const ScopedSequences&) = delete;
+
+  int32_t add() { return ids_.emplace_back(kv_.add_sequence()); }
+  int32_t operator[](size_t i) const { return ids_[i]; }
+
+ private:
+  KvCache& kv_;
+  std::vector<int32_t> ids_;
+};
+
 }  // namespace duet
