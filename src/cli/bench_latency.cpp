@@ -5,7 +5,9 @@
 #include <random>
 
 #include "cli/commands.h"
+#include "cli/dist_options.h"
 #include "core/thread_pool.h"
+#include "engine/dp_generator.h"
 #include "engine/generator.h"
 #include "kernels/bandwidth.h"
 #include "kernels/matmul.h"
@@ -22,10 +24,12 @@ struct LatencyOptions {
   int64_t gen_len = 64;
   int threads = 0;
   uint64_t seed = 0;
+  DistOptions dist;
 };
 
-std::vector<GenerateRequest> make_requests(const LatencyOptions& o, int64_t n_vocab) {
-  std::mt19937_64 rng(o.seed);
+std::vector<GenerateRequest> make_requests(const LatencyOptions& o, int64_t n_vocab,
+                                           int rank = 0) {
+  std::mt19937_64 rng(o.seed + static_cast<uint64_t>(rank) * 7919);
   std::vector<GenerateRequest> reqs(static_cast<size_t>(o.batch));
   for (GenerateRequest& r : reqs) {
     for (int64_t i = 0; i < o.prompt_len; ++i)
@@ -35,7 +39,44 @@ std::vector<GenerateRequest> make_requests(const LatencyOptions& o, int64_t n_vo
   return reqs;
 }
 
-void run_latency(const LatencyOptions& o) {
+// Expert parallelism: every rank decodes its own batch of o.batch sequences (DP attention) and
+// the experts are spread over the ranks. Rank 0 prints each rank's speed and the share of its
+// decode step time spent waiting on communication.
+void run_latency_ep(const LatencyOptions& o, DistContext& ctx) {
+  ThreadPool pool(rank_threads(o.threads, o.dist, &ctx));
+  RankModel rm = load_rank_model(o.model_dir, o.dist, &ctx);
+  const ModelConfig& c = rm.model->config();
+  DpGenerator gen(*rm.model, pool, *rm.dispatcher, ctx.coord());
+  const std::vector<GenerateRequest> reqs = make_requests(o, c.n_vocab, ctx.rank());
+  gen.generate(reqs);  // warm-up
+  DpStats st;
+  gen.generate(reqs, &st);
+  const auto micro = [](double v) { return static_cast<int64_t>(v * 1e6); };
+  const std::vector<int64_t> all = ctx.coord().all_gather(
+      {st.prompt_tokens, micro(st.prefill_seconds), st.decode_steps, micro(st.decode_seconds),
+       micro(st.decode_comm_seconds), pool.n_threads()});
+  if (ctx.rank() != 0) return;
+  std::printf("model %s (%s), expert parallel over %d ranks (%s, %s), per rank: batch %lld, "
+              "prompt %lld, gen %lld, matmul %s\n",
+              o.model_dir.c_str(), arch_name(c.arch), ctx.world_size(), o.dist.backend.c_str(),
+              o.dist.all2all.c_str(), (long long)o.batch, (long long)o.prompt_len,
+              (long long)o.gen_len, matmul_isa());
+  double total_tps = 0;
+  for (int r = 0; r < ctx.world_size(); ++r) {
+    const int64_t* v = &all[static_cast<size_t>(r) * 6];
+    const double prefill_s = v[1] / 1e6, decode_s = v[3] / 1e6, comm_s = v[4] / 1e6;
+    const double tps = decode_s > 0 ? double(v[2]) * o.batch / decode_s : 0.0;
+    total_tps += tps;
+    std::printf("rank %d: %lld threads, prefill %8.1f tok/s, decode %8.1f tok/s (%.2f ms/step), "
+                "communication wait %.1f%% of decode time\n",
+                r, (long long)v[5], prefill_s > 0 ? v[0] / prefill_s : 0.0, tps,
+                v[2] ? decode_s / v[2] * 1e3 : 0.0, decode_s > 0 ? 100.0 * comm_s / decode_s : 0.0);
+  }
+  std::printf("decode: %.1f tok/s over all ranks, %.1f tok/s per rank\n", total_tps,
+              total_tps / ctx.world_size());
+}
+
+void run_latency_single(const LatencyOptions& o) {
   ThreadPool pool(o.threads > 0 ? o.threads : available_cores());
   std::unique_ptr<Model> model = Model::load(o.model_dir);
   const ModelConfig& c = model->config();
@@ -91,6 +132,15 @@ void run_latency(const LatencyOptions& o) {
               limit_tps > 0 ? decode_tokens / st.decode_seconds / limit_tps : 0.0);
 }
 
+void run_latency(const LatencyOptions& o) {
+  launch_ranks(o.dist, o.model_dir, [&](DistContext* ctx) {
+    if (ctx)
+      run_latency_ep(o, *ctx);
+    else
+      run_latency_single(o);
+  });
+}
+
 }  // namespace
 
 void add_bench_latency(CLI::App& bench) {
@@ -104,6 +154,7 @@ void add_bench_latency(CLI::App& bench) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
   cmd->add_option("--seed", o->seed, "Seed of the random prompts");
+  add_dist_options(cmd, o->dist);
   cmd->callback([o] { run_latency(*o); });
 }
 

@@ -5,8 +5,10 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/dist_options.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "engine/dp_generator.h"
 #include "engine/generator.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
@@ -27,6 +29,7 @@ struct GenerateOptions {
   std::string dump_logits;
   int threads = 0;
   bool ignore_eos = false;
+  DistOptions dist;
 };
 
 std::vector<int32_t> parse_ids(const std::string& text) {
@@ -64,9 +67,12 @@ void write_logits(const std::string& path, const std::vector<int32_t>& prompt,
   if (!out) throw Error(path + ": write failed");
 }
 
-void run_generate(const GenerateOptions& o) {
-  ThreadPool pool(o.threads > 0 ? o.threads : available_cores());
-  std::unique_ptr<Model> model = Model::load(o.model_dir);
+// One rank's part of `duet generate`: on several ranks (expert parallelism) rank 0 generates
+// the prompt and the others take part in every step with dummy batches.
+void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
+  ThreadPool pool(rank_threads(o.threads, o.dist, ctx));
+  RankModel rm = load_rank_model(o.model_dir, o.dist, ctx);
+  const std::unique_ptr<Model>& model = rm.model;
   const ModelConfig& c = model->config();
   std::unique_ptr<Tokenizer> tok;
   GenerateRequest req;
@@ -86,9 +92,25 @@ void run_generate(const GenerateOptions& o) {
   req.prompt_logits = !o.dump_logits.empty();
   if (!o.ignore_eos) req.stop_ids = c.eos_token_ids;
 
-  Generator gen(*model, pool);
   GenerateStats st;
-  GenerateResult r = gen.generate({req}, &st)[0];
+  GenerateResult r;
+  if (!ctx) {
+    Generator gen(*model, pool);
+    r = gen.generate({req}, &st)[0];
+  } else {
+    if (req.prompt_logits) DUET_ERROR("--dump-logits is not supported with several ranks");
+    DpGenerator gen(*model, pool, *rm.dispatcher, ctx->coord());
+    std::vector<GenerateRequest> mine;
+    if (ctx->rank() == 0) mine.push_back(req);
+    DpStats ds;
+    std::vector<GenerateResult> out = gen.generate(mine, &ds);
+    if (ctx->rank() != 0) return;
+    r = out[0];
+    st.prompt_tokens = ds.prompt_tokens;
+    st.generated_tokens = ds.generated_tokens;
+    st.prefill_seconds = ds.prefill_seconds;
+    st.decode_seconds = ds.decode_seconds;
+  }
 
   if (!tok && std::ifstream(o.model_dir + "/tokenizer.json")) tok = Tokenizer::load(o.model_dir);
   if (tok) {
@@ -106,6 +128,10 @@ void run_generate(const GenerateOptions& o) {
                st.decode_seconds > 0 ? decoded / st.decode_seconds : 0.0,
                r.finish_reason.c_str(), pool.n_threads());
   if (!o.dump_logits.empty()) write_logits(o.dump_logits, req.prompt, r, c.n_vocab);
+}
+
+void run_generate(const GenerateOptions& o) {
+  launch_ranks(o.dist, o.model_dir, [&](DistContext* ctx) { run_generate_rank(o, ctx); });
 }
 
 }  // namespace
@@ -128,6 +154,7 @@ void add_generate_command(CLI::App& app) {
                   "Write {tokens, logits per prompt position, generated} as JSON");
   cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the end-of-sequence token");
+  add_dist_options(cmd, o->dist);
   cmd->callback([o, text, ids] {
     if (text->count() == 0 && ids->count() == 0)
       throw Error("generate needs --prompt TEXT or --prompt-ids IDS");

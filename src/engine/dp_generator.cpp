@@ -1,5 +1,6 @@
 #include "engine/dp_generator.h"
 
+#include <chrono>
 #include <string>
 
 #include "core/error.h"
@@ -28,6 +29,7 @@ std::string check_request(const GenerateRequest& r, const ModelConfig& c) {
 DpGenerator::DpGenerator(const Model& model, ThreadPool& pool, Dispatcher& dispatcher,
                          Coordinator& coord)
     : model_(model),
+      dispatcher_(dispatcher),
       coord_(coord),
       kv_(model.config().n_layer, model.kv_k_width(), model.kv_v_width()),
       runner_(model, pool, &dispatcher),
@@ -92,8 +94,19 @@ std::vector<GenerateResult> DpGenerator::generate(const std::vector<GenerateRequ
   for (size_t i = 0; i < n_req; ++i) row_of[i] = i;
   bool prefill = true;
   DpStats st;
+  for (const GenerateRequest& r : requests)
+    st.prompt_tokens += static_cast<int64_t>(r.prompt.size());
+  using Clock = std::chrono::steady_clock;
+  const auto since = [](Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
   for (;;) {
+    const bool decoding = !prefill && in.n_tokens() > 0;
+    const Clock::time_point t_sync = Clock::now();
+    const double wait0 = dispatcher_.wait_seconds();
     const std::vector<DpStepInfo> all = sync({in.n_tokens(), prefill && in.n_tokens() > 0});
+    const double sync_s = since(t_sync);
+    st.sync_seconds += sync_s;
     int64_t total = 0;
     for (const DpStepInfo& s : all) total += s.n_tokens;
     if (total == 0) break;
@@ -125,10 +138,19 @@ std::vector<GenerateResult> DpGenerator::generate(const std::vector<GenerateRequ
         }
       }
     }
+    if (prefill) {
+      st.prefill_seconds += since(t_sync);
+    } else if (decoding) {
+      st.decode_seconds += since(t_sync);
+      st.decode_comm_seconds += sync_s + dispatcher_.wait_seconds() - wait0;
+      ++st.decode_steps;
+    }
     in = std::move(next);
     who = std::move(next_who);
     prefill = false;
   }
+  for (const GenerateResult& r : results)
+    st.generated_tokens += static_cast<int64_t>(r.tokens.size());
   if (stats) *stats = st;
   return results;
 }

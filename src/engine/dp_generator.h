@@ -28,6 +28,16 @@ struct DpStepInfo {
 struct DpStats {
   int64_t steps = 0;        // forward passes run by the group
   int64_t dummy_steps = 0;  // of which this rank ran the dummy batch
+  // This rank's own requests, as GenerateStats counts them.
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  double prefill_seconds = 0;  // the group's first step (every rank's prefill)
+  double decode_seconds = 0;   // the later steps, until this rank's last request finished
+  int64_t decode_steps = 0;    // later steps in which this rank decoded
+  double sync_seconds = 0;     // spent in the per-step synchronisation of token counts
+  // Of decode_seconds, the time spent waiting on communication: the step sync and the
+  // experts' all-to-alls (what overlap would hide).
+  double decode_comm_seconds = 0;
 };
 
 class DpGenerator {
@@ -50,6 +60,7 @@ class DpGenerator {
   void run_dummy();
 
   const Model& model_;
+  Dispatcher& dispatcher_;
   Coordinator& coord_;
   KvCache kv_;
   ModelRunner runner_;

@@ -46,6 +46,8 @@ class Dispatcher {
   // Receive half: out[t] += Σ_k topk_weights[t, k] · y(t, k) for every token t of the
   // micro-batch. out: [n_tokens, n_embd] f32.
   virtual void combine_recv(float* out) = 0;
+  // Seconds the receive halves have waited for transfers so far (0 where nothing travels).
+  virtual double wait_seconds() const { return 0; }
 };
 
 }  // namespace duet

@@ -2,6 +2,7 @@
 #include "moe/ep_dispatcher.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "core/error.h"
@@ -59,6 +60,13 @@ std::vector<int64_t> EpDispatcher::uniform(int64_t bytes_each) const {
   return std::vector<int64_t>(static_cast<size_t>(n_rank_), bytes_each);
 }
 
+void EpDispatcher::wait_pending() {
+  const auto t0 = std::chrono::steady_clock::now();
+  pending_.wait();
+  pending_ = CommHandle();
+  wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 void EpDispatcher::dispatch_send(const RoutedTokens& tokens) {
   expect(Phase::kIdle, "dispatch_send");
   const int64_t n_pairs = tokens.n_tokens * tokens.n_expert_used;
@@ -78,8 +86,7 @@ void EpDispatcher::dispatch_send(const RoutedTokens& tokens) {
 
 ExpertBatch& EpDispatcher::dispatch_recv() {
   expect(Phase::kDispatching, "dispatch_recv");
-  pending_.wait();
-  pending_ = CommHandle();
+  wait_pending();
   if (opt_.backend == All2AllBackend::kHighThroughput)
     ht_dispatch_recv();
   else
@@ -100,8 +107,7 @@ void EpDispatcher::combine_send() {
 
 void EpDispatcher::combine_recv(float* out) {
   expect(Phase::kCombining, "combine_recv");
-  pending_.wait();
-  pending_ = CommHandle();
+  wait_pending();
   if (opt_.backend == All2AllBackend::kHighThroughput)
     ht_combine_recv(out);
   else

@@ -51,6 +51,9 @@ class EpDispatcher final : public Dispatcher {
   // Payload bytes this rank sent in the last dispatch and combine (benchmarks).
   int64_t last_dispatch_bytes() const { return dispatch_bytes_; }
   int64_t last_combine_bytes() const { return combine_bytes_; }
+  // Seconds the receive halves have spent waiting for their transfers since construction: the
+  // communication time the computation did not hide.
+  double wait_seconds() const override { return wait_seconds_; }
 
  private:
   void ht_dispatch_send();
@@ -75,7 +78,11 @@ class EpDispatcher final : public Dispatcher {
   const int rank_;
   const int n_rank_;
 
+  // Waits for the pending transfer, adding the time to wait_seconds_.
+  void wait_pending();
+
   Phase phase_ = Phase::kIdle;
+  double wait_seconds_ = 0;
   RoutedTokens tokens_;
   ExpertBatch batch_;
   CommHandle pending_;  // the transfer in flight between a send half and its receive half

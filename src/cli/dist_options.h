@@ -1,0 +1,57 @@
+// The distributed-run flags that serve, generate and bench latency share, and the launch they
+// describe: a single rank, ranks as threads of this process (`--distributed-backend inproc`), or
+// the processes of an mpirun job (`mpi`, the default: a command not yet under mpirun re-executes
+// itself as `mpirun -np N`; under a user's `mpirun --hostfile ...` it joins that job).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dist/dist_context.h"
+#include "model/model.h"
+#include "moe/ep_dispatcher.h"
+#include "moe/expert_placement.h"
+
+namespace duet {
+
+struct DistOptions {
+  int data_parallel_size = 0;  // 0: not given (one rank, or the mpirun job's size)
+  bool enable_expert_parallel = false;
+  std::string backend = "mpi";  // inproc | mpi
+  std::string all2all = "high_throughput";
+  int64_t ll_max_tokens = 256;  // low_latency: buffer capacity per expert per source rank
+};
+
+// Registers --data-parallel-size, --enable-expert-parallel, --distributed-backend,
+// --all2all-backend and --ll-max-tokens on `cmd`.
+void add_dist_options(CLI::App* cmd, DistOptions& o);
+
+// Runs `fn` once per rank of the run `o` describes for the model in model_dir, with that rank's
+// context, or with nullptr for a plain single-rank run. Inconsistent flags (data parallelism
+// without --enable-expert-parallel, a world size that does not divide the model's experts or
+// exceeds them, MPI missing, -np differing from --data-parallel-size) throw duet::Error before
+// any rank starts. Under MPI a rank whose fn throws ends the whole job with the error
+// (mpi_abort); with threads the first failing rank's error is rethrown.
+void launch_ranks(const DistOptions& o, const std::string& model_dir,
+                  const std::function<void(DistContext*)>& fn);
+
+// One rank's share of the model: only its experts' weights, and the dispatcher that reaches the
+// others (null on a single rank).
+struct RankModel {
+  ExpertPlacement placement;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<EpDispatcher> dispatcher;
+};
+
+// Loads this rank's part of the model and prints the start-up report on stderr: which experts
+// the rank holds, its weight bytes against the whole model's, and the process's resident memory.
+RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, DistContext* ctx);
+
+// Compute threads for one rank: `requested` if > 0, else this process's cores shared among the
+// ranks that run as its threads.
+int rank_threads(int requested, const DistOptions& o, const DistContext* ctx);
+
+}  // namespace duet
