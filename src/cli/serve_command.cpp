@@ -1,6 +1,7 @@
 // `duet serve MODEL_DIR`: the OpenAI-compatible server. The engine loop and the HTTP threads
 // run until SIGINT or SIGTERM, which a dedicated thread waits for (sigwait) and turns into a
-// clean stop.
+// clean stop. With --data-parallel-size N --enable-expert-parallel every rank runs an engine
+// and rank 0 alone serves HTTP (engine/llm_engine.h describes the group).
 #include <pthread.h>
 #include <signal.h>
 
@@ -11,6 +12,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/dist_options.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/llm_engine.h"
@@ -31,18 +33,21 @@ struct ServeOptions {
   std::string served_model_name;
   int threads = 0;
   int http_threads = 0;
+  DistOptions dist;
 };
 
-void run_serve(const ServeOptions& o) {
-  // Every thread created from here on inherits the mask; only the waiter below takes signals.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);  // a client that left must not kill the server
+sigset_t stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
 
-  std::unique_ptr<Model> model = Model::load(o.model_dir);
+// One rank of `duet serve`; ctx is null on a single rank.
+void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
+  RankModel rm = load_rank_model(o.model_dir, o.dist, ctx);
+  const std::unique_ptr<Model>& model = rm.model;
   std::unique_ptr<Tokenizer> tokenizer;
   if (std::ifstream(o.model_dir + "/tokenizer.json")) tokenizer = Tokenizer::load(o.model_dir);
   std::unique_ptr<ChatTemplate> chat_template;
@@ -51,8 +56,16 @@ void run_serve(const ServeOptions& o) {
   } catch (const Error& e) {
     std::fprintf(stderr, "note: /v1/chat/completions is disabled: %s\n", e.what());
   }
-  ThreadPool pool(o.threads > 0 ? o.threads : available_cores());
-  LlmEngine engine(*model, pool, tokenizer.get(), o.engine);
+  ThreadPool pool(rank_threads(o.threads, o.dist, ctx));
+  EngineDp dp;
+  if (ctx) dp = {&ctx->coord(), rm.dispatcher.get()};
+  LlmEngine engine(*model, pool, tokenizer.get(), o.engine, dp);
+  if (ctx && ctx->rank() != 0) {
+    // Runs until rank 0 stops the group; a failed group is an error of this rank too.
+    const std::string error = engine.wait_stopped();
+    if (!error.empty()) DUET_ERROR(error);
+    return;
+  }
 
   ApiServerOptions so;
   so.model_name = o.served_model_name.empty() ? o.model_dir : o.served_model_name;
@@ -64,21 +77,36 @@ void run_serve(const ServeOptions& o) {
   ApiServer server(engine, tokenizer.get(), chat_template.get(), so);
   const int port = server.bind(o.host, o.port);
 
+  const sigset_t signals = stop_signals();
   std::thread waiter([&] {
     int sig = 0;
-    sigwait(&stop_signals, &sig);
+    sigwait(&signals, &sig);
     std::fprintf(stderr, "duet serve: signal %d, stopping\n", sig);
     server.stop();
   });
-  std::printf("duet serve: %s on http://%s:%d (%d compute threads, %lld KV blocks of %lld)\n",
-              so.model_name.c_str(), o.host.c_str(), port, pool.n_threads(),
-              static_cast<long long>(engine.metrics().snapshot().kv_blocks_total),
+  std::printf("duet serve: %s on http://%s:%d (%d ranks, %d compute threads each, %lld KV "
+              "blocks of %lld)\n",
+              so.model_name.c_str(), o.host.c_str(), port, ctx ? ctx->world_size() : 1,
+              pool.n_threads(), static_cast<long long>(engine.metrics().snapshot().kv_blocks_total),
               static_cast<long long>(o.engine.block_size));
   std::fflush(stdout);
   server.listen();
   // listen() also returns when the socket fails; wake the waiter so it can be joined.
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
+}
+
+void run_serve(const ServeOptions& o) {
+  signal(SIGPIPE, SIG_IGN);  // a client that left must not kill the server
+  // Every thread created from here on inherits the mask; only rank 0's waiter takes the stop
+  // signals. The other MPI ranks keep the default action: mpirun's SIGTERM ends them.
+  const sigset_t signals = stop_signals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  launch_ranks(o.dist, o.model_dir, [&](DistContext* ctx) {
+    if (ctx && ctx->rank() != 0 && o.dist.backend == "mpi")
+      pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
+    run_serve_rank(o, ctx);
+  });
 }
 
 }  // namespace
@@ -105,6 +133,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
   cmd->add_option("--http-threads", o->http_threads,
                   "Connections served at once (default max(128, 4 x max-num-seqs))");
+  add_dist_options(cmd, o->dist);
   cmd->callback([o, kv_gib] {
     o->engine.kv_cache_gib = *kv_gib;
     run_serve(*o);

@@ -1,5 +1,6 @@
 #include "dist/launcher.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -50,6 +51,12 @@ std::vector<std::string> mpirun_argv(int n_ranks, const std::string& exe,
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // mpirun must get the signals this process may have blocked or ignored for itself (serve
+  // waits for SIGINT/SIGTERM on a thread): a blocked mask and SIG_IGN survive exec.
+  sigset_t none;
+  sigemptyset(&none);
+  ::sigprocmask(SIG_SETMASK, &none, nullptr);
+  ::signal(SIGPIPE, SIG_DFL);
   ::execvp("mpirun", argv.data());
   DUET_ERROR("--distributed-backend mpi: cannot run mpirun ("
              << std::strerror(errno) << "); install openmpi-bin and libopenmpi-dev");

@@ -38,16 +38,17 @@ double seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 }  // namespace
 
 LlmEngine::LlmEngine(const Model& model, ThreadPool& pool, const Tokenizer* tokenizer,
-                     const EngineConfig& config)
+                     const EngineConfig& config, const EngineDp& dp)
     : model_(model),
       tokenizer_(tokenizer),
       max_model_len_(model.config().max_position_embeddings),
       blocks_(pool_shape(model, config.block_size), pool_blocks(model, config)),
       kv_(blocks_),
       scheduler_(config.scheduler, kv_),
-      runner_(model, pool) {
+      runner_(model, pool, dp.dispatcher),
+      dp_(dp) {
   publish_state();
-  thread_ = std::thread([this] { loop(); });
+  thread_ = std::thread([this] { run(); });
 }
 
 LlmEngine::~LlmEngine() {
@@ -86,18 +87,8 @@ std::shared_ptr<RequestStream> LlmEngine::submit(EngineRequest req) {
   if (!req.ignore_eos)
     req.stop_ids.insert(req.stop_ids.end(), c.eos_token_ids.begin(), c.eos_token_ids.end());
 
-  Sampler sampler(req.sampling);  // throws on bad parameters
-  OutputText text(req.stop);
-  auto live = std::unique_ptr<Live>(new Live{nullptr, nullptr, std::move(req), std::move(sampler),
-                                             nullptr, std::move(text), Clock::now(), Clock::now()});
-  if (tokenizer_)
-    live->decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, /*skip_special=*/true);
-  live->seq = std::make_unique<Sequence>();
-  live->seq->id = next_id_.fetch_add(1);
-  live->seq->tokens = live->req.prompt;
-  live->seq->n_prompt = n_prompt;
-  live->seq->max_tokens = live->req.max_tokens;
-  live->stream = std::make_shared<RequestStream>(live->seq->id, n_prompt);
+  DUET_CHECK(!dp_.coord || dp_.coord->is_master(), "submit() on rank " << dp_.coord->rank());
+  std::unique_ptr<Live> live = make_live(std::move(req), next_id_.fetch_add(1));
   std::shared_ptr<RequestStream> stream = live->stream;
   {
     std::lock_guard<std::mutex> lock(inbox_mu_);
@@ -108,8 +99,50 @@ std::shared_ptr<RequestStream> LlmEngine::submit(EngineRequest req) {
   return stream;
 }
 
-void LlmEngine::loop() {
+std::unique_ptr<LlmEngine::Live> LlmEngine::make_live(EngineRequest req, uint64_t id) {
+  Sampler sampler(req.sampling);  // throws on bad parameters
+  OutputText text(req.stop);
+  auto live = std::unique_ptr<Live>(new Live{nullptr, nullptr, std::move(req), std::move(sampler),
+                                             nullptr, std::move(text), Clock::now(), Clock::now()});
+  if (tokenizer_)
+    live->decoder = std::make_unique<IncrementalDecoder>(*tokenizer_, /*skip_special=*/true);
+  live->seq = std::make_unique<Sequence>();
+  live->seq->id = id;
+  live->seq->tokens = live->req.prompt;
+  live->seq->n_prompt = static_cast<int64_t>(live->req.prompt.size());
+  live->seq->max_tokens = live->req.max_tokens;
+  live->stream = std::make_shared<RequestStream>(id, live->seq->n_prompt);
+  return live;
+}
+
+std::string LlmEngine::wait_stopped() {
+  std::unique_lock<std::mutex> lock(inbox_mu_);
+  stopped_cv_.wait(lock, [&] { return stopped_; });
+  return stop_error_;
+}
+
+void LlmEngine::run() {
+  std::string error;
   try {
+    if (dp_.coord)
+      loop_dp();
+    else
+      loop();
+  } catch (const std::exception& e) {
+    error = e.what();
+    std::fprintf(stderr, "error: engine loop stopped: %s\n", e.what());
+    fail_all(std::string("engine error: ") + e.what());
+  }
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    stopped_ = true;
+    stop_error_ = error;
+  }
+  stopped_cv_.notify_all();
+}
+
+void LlmEngine::loop() {
+  {
     for (;;) {
       std::vector<std::unique_ptr<Live>> fresh;
       {
@@ -131,37 +164,37 @@ void LlmEngine::loop() {
       }
       publish_state();
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: engine loop stopped: %s\n", e.what());
-    fail_all(std::string("engine error: ") + e.what());
   }
 }
 
 bool LlmEngine::step() {
   SchedulerStep plan = scheduler_.schedule();
   if (plan.empty()) return false;
+  uint64_t prompt_tokens = 0, generated = 0;
+  execute(plan, &prompt_tokens, &generated);
+  metrics_.add_tokens(prompt_tokens, generated, plan.preempted.size());
+  return true;
+}
+
+void LlmEngine::execute(const SchedulerStep& plan, uint64_t* prompt_tokens, uint64_t* generated) {
   ForwardInput in;
-  uint64_t prompt_tokens = 0;
   for (const ScheduledChunk& c : plan.chunks) {
     const Sequence& s = *c.seq;
     in.add(s.kv_seq, c.n_past, s.tokens.data() + c.n_past, c.n_tokens, /*all_logits=*/false);
     if (!c.sample) in.out_rows.pop_back();  // a middle chunk of a prefill: no logits needed
-    if (s.n_preempted == 0) prompt_tokens += std::max<int64_t>(
+    if (s.n_preempted == 0) *prompt_tokens += std::max<int64_t>(
         0, std::min(c.n_past + c.n_tokens, s.n_prompt) - c.n_past);
   }
   const std::vector<float>& logits = runner_.forward(in, kv_);
   const int64_t n_vocab = model_.config().n_vocab;
   int64_t row = 0;
-  uint64_t generated = 0;
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.sample) continue;
     Live& live = *live_.at(c.seq->id);
-    ++generated;
+    ++*generated;
     emit(live, logits.data() + row * n_vocab);
     ++row;
   }
-  metrics_.add_tokens(prompt_tokens, generated, plan.preempted.size());
-  return true;
 }
 
 bool LlmEngine::emit(Live& live, const float* logits) {
@@ -204,8 +237,8 @@ void LlmEngine::finish(uint64_t id, const std::string& reason, const std::string
   auto it = live_.find(id);
   Live& live = *it->second;
   scheduler_.remove(live.seq.get());
+  metrics_.finished(reason, seconds(Clock::now() - live.arrival));  // before the reader wakes
   live.stream->finish(reason, tail);
-  metrics_.finished(reason, seconds(Clock::now() - live.arrival));
   live_.erase(it);
 }
 
@@ -226,6 +259,8 @@ void LlmEngine::fail_all(const std::string& error) {
   for (auto& l : queued) l->stream->finish("abort", "", error);
   for (auto& [id, live] : live_) live->stream->finish("abort", "", error);
   live_.clear();
+  for (auto& [id, remote] : remote_) remote.stream->finish("abort", "", error);
+  remote_.clear();
 }
 
 void LlmEngine::publish_state() {

@@ -1,6 +1,15 @@
 // The serving engine: one thread that loops scheduler step → forward pass → sampling → stop
 // checks → output to each request's stream, over a paged KV cache. HTTP threads hand requests
 // in with submit() and read their output from the returned RequestStream.
+//
+// With data-parallel attention and expert parallelism (EngineDp), every rank runs one engine
+// with its own scheduler, KV cache and requests, and the experts are spread over the ranks.
+// Rank 0 is the front end: submit() is called there only, and each step it hands the new
+// requests to the least loaded ranks (running + waiting), which send each step's output of
+// their requests back to it (llm_engine_dp.cpp). Every step all ranks exchange their token
+// counts; a rank with nothing to run takes part with a one-token dummy batch, so the experts'
+// all-to-alls always have every rank. A failed or silent rank fails every engine (the
+// collectives' watchdog): their requests end with an error and alive() turns false.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +23,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "dist/coordinator.h"
 #include "engine/block_pool.h"
 #include "engine/engine_metrics.h"
 #include "engine/model_runner.h"
@@ -23,6 +33,7 @@
 #include "engine/scheduler.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
+#include "moe/dispatcher.h"
 
 namespace duet {
 
@@ -32,13 +43,21 @@ struct EngineConfig {
   double kv_cache_gib = 2.0;      // KV pool size; pages are touched only when used
 };
 
+// The engine's place in a data-parallel group; both null on a single rank. Every rank must use
+// the same EngineConfig.
+struct EngineDp {
+  Coordinator* coord = nullptr;
+  Dispatcher* dispatcher = nullptr;  // this rank's expert-parallel dispatcher
+};
+
 class LlmEngine {
  public:
   // model, pool and tokenizer (may be null: no text, no stop strings) must outlive the engine.
   // Throws duet::Error on a bad config or a pool too small for one block. Starts the loop thread.
   LlmEngine(const Model& model, ThreadPool& pool, const Tokenizer* tokenizer,
-            const EngineConfig& config);
-  // Stops the loop; unfinished requests finish with reason "abort".
+            const EngineConfig& config, const EngineDp& dp = {});
+  // Stops the loop (in a group: rank 0's stops every rank's); unfinished requests finish with
+  // reason "abort".
   ~LlmEngine();
   LlmEngine(const LlmEngine&) = delete;
   LlmEngine& operator=(const LlmEngine&) = delete;
@@ -46,8 +65,12 @@ class LlmEngine {
   // Validates and queues a request; thread-safe. Throws duet::Error (a client error) for an
   // empty prompt, an id outside the vocabulary, max_tokens < 1, prompt + max_tokens beyond the
   // model's context or the whole KV pool, bad sampling parameters or an empty stop string.
-  // Returns nullptr when the engine loop has died.
+  // Returns nullptr when the engine loop has died. In a group, only rank 0 takes requests.
   std::shared_ptr<RequestStream> submit(EngineRequest req);
+
+  // Blocks until the loop has ended (a group's other ranks: until rank 0 stops or the group
+  // fails). Returns the error that ended it, empty after a clean stop.
+  std::string wait_stopped();
 
   bool alive() const { return alive_.load(); }
   int64_t max_model_len() const { return max_model_len_; }
@@ -70,9 +93,36 @@ class LlmEngine {
     Clock::time_point last_token;
   };
 
+  // A new request's engine state; stop_ids must already include eos where it applies.
+  std::unique_ptr<Live> make_live(EngineRequest req, uint64_t id);
+  // The loop thread's body: loop() or loop_dp(), then marks the engine stopped.
+  void run();
   void loop();
   // One scheduler step and forward pass; false when there was nothing to run.
   bool step();
+  // Runs `plan`'s forward pass and emits its tokens; adds to the step counters.
+  void execute(const SchedulerStep& plan, uint64_t* prompt_tokens, uint64_t* generated);
+
+  // Data-parallel group (llm_engine_dp.cpp).
+  struct Remote {  // rank 0: a request running on another rank
+    std::shared_ptr<RequestStream> stream;
+    Clock::time_point arrival;
+    Clock::time_point last_token;
+    int64_t n_generated = 0;
+    int rank = 0;
+  };
+  void loop_dp();
+  // Rank 0: the step's control message (stop, new requests and their ranks, aborts).
+  std::string make_control(const std::vector<int64_t>& load, bool stop);
+  // Everyone: acts on rank 0's message (the others add their new requests and drop the
+  // aborted ones); false if it says stop.
+  bool apply_control(const std::string& msg);
+  // Everyone: one step of the group; false once rank 0 said stop.
+  bool step_dp(std::vector<int64_t>& load);
+  void run_dummy();
+  // Other ranks: the output of their requests since the last step; rank 0 applies it.
+  std::string take_outbox();
+  void apply_outbox(const std::string& msg);
   // Samples the next token of `live` from `logits` [n_vocab]; true when the request finished.
   bool emit(Live& live, const float* logits);
   void finish(uint64_t id, const std::string& reason, const std::string& tail = "");
@@ -89,6 +139,12 @@ class LlmEngine {
   ModelRunner runner_;    // engine thread only
   EngineMetrics metrics_; // internally locked
   std::map<uint64_t, std::unique_ptr<Live>> live_;  // engine thread only
+  const EngineDp dp_;
+  std::map<uint64_t, Remote> remote_;       // rank 0, engine thread only
+  std::map<uint64_t, std::shared_ptr<RequestStream>> forwarded_;  // other ranks: output to send
+  std::string stop_error_;                  // GUARDED_BY(inbox_mu_)
+  bool stopped_ = false;                    // GUARDED_BY(inbox_mu_): the loop has ended
+  std::condition_variable stopped_cv_;
 
   std::atomic<uint64_t> next_id_{1};
   std::atomic<bool> alive_{true};

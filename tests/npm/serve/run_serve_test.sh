@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Runs serve.test.mjs (node:test + the official openai client) against a real `duet serve` on a
-# tiny model. Usage: run_serve_test.sh DUET_BINARY
+# tiny model. Usage: run_serve_test.sh DUET_BINARY [EXTRA SERVE FLAGS...]
+# (e.g. --data-parallel-size 2 --enable-expert-parallel to serve from two MPI ranks).
 # The npm packages go to ${DUET_NPM_CACHE:-$HOME/.cache/duet-npm}/serve, never into the repo. If
 # npm cannot install them the test fails: it never skips. The server listens on 127.0.0.1 on a
 # free port and is always killed on exit.
 set -euo pipefail
 duet=$(realpath "$1")
+shift
 here=$(cd "$(dirname "$0")" && pwd)
 cache="${DUET_NPM_CACHE:-$HOME/.cache/duet-npm}/serve"
 mkdir -p "$cache"
@@ -37,7 +39,7 @@ trap cleanup EXIT
 # 2 layers x (32 + 32) floats) is 8 KiB, so 0.5 MiB is 64 blocks = 1024 positions, half the
 # context; 16 concurrent requests fill it and get preempted.
 "$duet" serve "$work/model" --host 127.0.0.1 --port 0 --served-model-name tiny \
-  --kv-cache-memory 0.00048828125 --max-num-seqs 32 --max-num-batched-tokens 256 \
+  --kv-cache-memory 0.00048828125 --max-num-seqs 32 --max-num-batched-tokens 256 "$@" \
   >"$work/server.out" 2>"$work/server.err" &
 server_pid=$!
 

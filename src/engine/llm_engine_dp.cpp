@@ -1,0 +1,239 @@
+// The serving engine's data-parallel step (see llm_engine.h). Each step, every rank of the group:
+//   1. receives rank 0's control message: stop, the new requests with the rank each goes to,
+//      and the requests whose clients left;
+//   2. schedules its own requests and shares its token count and load (all-gather);
+//   3. runs its forward pass, or the one-token dummy batch if it has nothing while another rank
+//      has work, so the experts' all-to-alls have every rank;
+//   4. sends the output of its requests (tokens, text, finish) to rank 0, which feeds the HTTP
+//      streams and the metrics.
+// Messages are JSON on the coordinator (small: one token and its text per request per step).
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "engine/llm_engine.h"
+
+namespace duet {
+
+namespace {
+
+using json = nlohmann::json;
+
+// How long rank 0 waits for a request while no rank has work before it runs an (empty) step
+// anyway: the other ranks sit in the control broadcast meanwhile, and their watchdog must never
+// take an idle rank 0 for a dead one.
+constexpr std::chrono::milliseconds kIdleWait{20};
+
+// The counts each rank shares after scheduling, in this order.
+enum Count { kTokens, kRunning, kWaiting, kBlocksUsed, kNumCounts };
+// The counts each rank shares after its forward pass.
+enum Output { kOutboxBytes, kPromptTokens, kGenerated, kPreempted, kNumOutputs };
+
+json request_to_json(const EngineRequest& r) {
+  json j = {{"prompt", r.prompt},         {"max_tokens", r.max_tokens},
+            {"stop_ids", r.stop_ids},     {"stop", r.stop},
+            {"ignore_eos", r.ignore_eos}, {"temperature", r.sampling.temperature},
+            {"top_k", r.sampling.top_k},  {"top_p", r.sampling.top_p}};
+  if (r.sampling.seed) j["seed"] = *r.sampling.seed;
+  return j;
+}
+
+EngineRequest request_from_json(const json& j) {
+  EngineRequest r;
+  r.prompt = j.at("prompt").get<std::vector<int32_t>>();
+  r.max_tokens = j.at("max_tokens").get<int64_t>();
+  r.stop_ids = j.at("stop_ids").get<std::vector<int32_t>>();
+  r.stop = j.at("stop").get<std::vector<std::string>>();
+  r.ignore_eos = j.at("ignore_eos").get<bool>();
+  r.sampling.temperature = j.at("temperature").get<float>();
+  r.sampling.top_k = j.at("top_k").get<int32_t>();
+  r.sampling.top_p = j.at("top_p").get<float>();
+  if (j.contains("seed")) r.sampling.seed = j.at("seed").get<uint64_t>();
+  return r;
+}
+
+std::string dump(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace
+
+void LlmEngine::loop_dp() {
+  std::vector<int64_t> load(static_cast<size_t>(dp_.coord->world_size()), 0);
+  while (step_dp(load)) {
+  }
+}
+
+std::string LlmEngine::make_control(const std::vector<int64_t>& load_in, bool stop) {
+  json ctrl = {{"stop", stop}, {"new", json::array()}, {"abort", json::array()}};
+  if (stop) return dump(ctrl);
+  std::vector<std::unique_ptr<Live>> fresh;
+  {
+    std::lock_guard<std::mutex> lock(inbox_mu_);
+    fresh.swap(inbox_);
+  }
+  std::vector<int64_t> load = load_in;
+  for (std::unique_ptr<Live>& l : fresh) {
+    int to = 0;  // the least loaded rank; the lowest on a tie
+    for (int r = 1; r < static_cast<int>(load.size()); ++r)
+      if (load[r] < load[to]) to = r;
+    ++load[to];
+    const uint64_t id = l->seq->id;
+    if (to == 0) {
+      scheduler_.add(l->seq.get());
+      live_.emplace(id, std::move(l));
+      continue;
+    }
+    ctrl["new"].push_back({{"rank", to}, {"id", id}, {"req", request_to_json(l->req)}});
+    remote_[id] = Remote{l->stream, l->arrival, l->arrival, 0, to};
+  }
+  for (const auto& [id, r] : remote_)
+    if (r.stream->aborted()) ctrl["abort"].push_back(id);
+  return dump(ctrl);
+}
+
+bool LlmEngine::apply_control(const std::string& msg) {
+  const json ctrl = json::parse(msg);
+  if (ctrl.at("stop").get<bool>()) return false;
+  if (dp_.coord->is_master()) return true;  // it made the message and acted on it then
+  const int me = dp_.coord->rank();
+  for (const json& n : ctrl.at("new")) {
+    if (n.at("rank").get<int>() != me) continue;
+    const uint64_t id = n.at("id").get<uint64_t>();
+    std::unique_ptr<Live> l = make_live(request_from_json(n.at("req")), id);
+    forwarded_[id] = l->stream;
+    scheduler_.add(l->seq.get());
+    live_.emplace(id, std::move(l));
+  }
+  for (const json& a : ctrl.at("abort")) {
+    const uint64_t id = a.get<uint64_t>();
+    if (live_.count(id)) finish(id, "abort");
+  }
+  return true;
+}
+
+bool LlmEngine::step_dp(std::vector<int64_t>& load) {
+  Coordinator& coord = *dp_.coord;
+  const int world = coord.world_size();
+  std::string ctrl;
+  if (coord.is_master()) {
+    bool stop = false;
+    {
+      std::unique_lock<std::mutex> lock(inbox_mu_);
+      if (live_.empty() && remote_.empty())
+        inbox_cv_.wait_for(lock, kIdleWait, [&] { return stop_ || !inbox_.empty(); });
+      stop = stop_;
+    }
+    ctrl = make_control(load, stop);
+  }
+  coord.broadcast(ctrl, 0);
+  if (!apply_control(ctrl)) return false;
+  reap_aborted();
+
+  const SchedulerStep plan = scheduler_.schedule();
+  int64_t n_tokens = 0;
+  for (const ScheduledChunk& c : plan.chunks) n_tokens += c.n_tokens;
+  const std::vector<int64_t> counts = coord.all_gather(
+      {n_tokens, scheduler_.n_running(), scheduler_.n_waiting(), blocks_.n_used()});
+  int64_t total_tokens = 0;
+  for (int r = 0; r < world; ++r) {
+    const int64_t* c = &counts[static_cast<size_t>(r) * kNumCounts];
+    total_tokens += c[kTokens];
+    load[r] = c[kRunning] + c[kWaiting];
+  }
+  uint64_t prompt = 0, generated = 0;
+  if (total_tokens > 0) {
+    if (plan.empty())
+      run_dummy();
+    else
+      execute(plan, &prompt, &generated);
+  }
+
+  // The other ranks' output travels to rank 0, one broadcast per rank that has any.
+  std::string out = coord.is_master() ? std::string() : take_outbox();
+  const std::vector<int64_t> outs =
+      coord.all_gather({static_cast<int64_t>(out.size()), static_cast<int64_t>(prompt),
+                        static_cast<int64_t>(generated),
+                        static_cast<int64_t>(plan.preempted.size())});
+  for (int r = 1; r < world; ++r) {
+    if (outs[static_cast<size_t>(r) * kNumOutputs + kOutboxBytes] == 0) continue;
+    std::string bytes = coord.rank() == r ? out : std::string();
+    coord.broadcast(bytes, r);
+    if (coord.is_master()) apply_outbox(bytes);
+  }
+  if (coord.is_master()) {
+    int64_t sum[kNumOutputs] = {}, state[kNumCounts] = {};
+    for (int r = 0; r < world; ++r) {
+      for (int i = 0; i < kNumOutputs; ++i) sum[i] += outs[static_cast<size_t>(r) * kNumOutputs + i];
+      for (int i = 0; i < kNumCounts; ++i) state[i] += counts[static_cast<size_t>(r) * kNumCounts + i];
+    }
+    metrics_.add_tokens(sum[kPromptTokens], sum[kGenerated], sum[kPreempted]);
+    metrics_.set_state(state[kRunning], state[kWaiting], state[kBlocksUsed],
+                       blocks_.n_blocks() * world);
+  }
+  return true;
+}
+
+void LlmEngine::run_dummy() {
+  const int32_t seq = kv_.add_sequence();
+  struct Release {
+    PagedKvCache& kv;
+    int32_t seq;
+    ~Release() { kv.remove_sequence(seq); }
+  } release{kv_, seq};
+  if (!kv_.reserve(seq, 1)) DUET_ERROR("no KV block is free for the dummy batch");
+  ForwardInput in;
+  const int32_t tok = 0;
+  in.add(seq, 0, &tok, 1, /*all_logits=*/false);
+  in.out_rows.clear();  // nobody reads its logits
+  runner_.forward(in, kv_);
+}
+
+std::string LlmEngine::take_outbox() {
+  json events = json::array();
+  for (auto it = forwarded_.begin(); it != forwarded_.end();) {
+    const StreamDelta d = it->second->wait(std::chrono::milliseconds(0));
+    if (d.tokens.empty() && d.text.empty() && !d.finished) {
+      ++it;
+      continue;
+    }
+    json e = {{"id", it->first}, {"text", d.text}, {"tokens", d.tokens}};
+    if (d.finished) {
+      e["finish"] = d.finish_reason;
+      e["error"] = d.error;
+      it = forwarded_.erase(it);
+    } else {
+      ++it;
+    }
+    events.push_back(std::move(e));
+  }
+  return events.empty() ? std::string() : dump(events);
+}
+
+void LlmEngine::apply_outbox(const std::string& msg) {
+  const Clock::time_point now = Clock::now();
+  for (const json& e : json::parse(msg)) {
+    auto it = remote_.find(e.at("id").get<uint64_t>());
+    if (it == remote_.end()) continue;
+    Remote& r = it->second;
+    const std::string text = e.at("text").get<std::string>();
+    const std::vector<int32_t> tokens = e.at("tokens").get<std::vector<int32_t>>();
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      r.stream->push(i == 0 ? text : std::string(), tokens[i]);
+      if (r.n_generated++ == 0)
+        metrics_.observe_ttft(std::chrono::duration<double>(now - r.arrival).count());
+      else
+        metrics_.observe_itl(std::chrono::duration<double>(now - r.last_token).count());
+      r.last_token = now;
+    }
+    if (e.contains("finish")) {
+      const std::string reason = e.at("finish").get<std::string>();
+      metrics_.finished(reason, std::chrono::duration<double>(now - r.arrival).count());
+      r.stream->finish(reason, tokens.empty() ? text : std::string(),
+                       e.at("error").get<std::string>());
+      remote_.erase(it);
+    }
+  }
+}
+
+}  // namespace duet

@@ -1,0 +1,200 @@
+// The serving engine as a data-parallel group on in-process ranks, experts split over them:
+// requests submitted to rank 0 spread over the ranks and each gets its single-rank greedy
+// tokens; an abort reaches the rank that holds the request and frees its blocks there; a rank
+// that stops answering fails rank 0's engine within the watchdog, ends in-flight requests with
+// an error and makes submit refuse new ones.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "dist/inproc_backend.h"
+#include "engine/generator.h"
+#include "engine/llm_engine.h"
+#include "engine/tiny_models.h"
+#include "moe/ep_dispatcher.h"
+
+namespace duet {
+namespace {
+
+EngineConfig small_config() {
+  EngineConfig c;
+  c.scheduler = {8, 64};
+  c.block_size = 4;
+  c.kv_cache_gib = 1.0 / 1024;  // 1 MiB: plenty for these requests
+  return c;
+}
+
+EngineRequest greedy(std::vector<int32_t> prompt, int64_t max_tokens) {
+  EngineRequest r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
+std::vector<int32_t> drain(RequestStream& s, std::string* reason, std::string* error = nullptr) {
+  std::vector<int32_t> toks;
+  for (int i = 0; i < 2000; ++i) {
+    StreamDelta d = s.wait(std::chrono::milliseconds(50));
+    toks.insert(toks.end(), d.tokens.begin(), d.tokens.end());
+    if (d.finished) {
+      *reason = d.finish_reason;
+      if (error) *error = d.error;
+      return toks;
+    }
+  }
+  ADD_FAILURE() << "stream never finished";
+  return toks;
+}
+
+struct RankParts {
+  std::unique_ptr<Model> model;
+  std::unique_ptr<EpDispatcher> dispatcher;
+};
+
+RankParts load_rank(const std::string& dir, DistContext& ctx) {
+  const ExpertPlacement place = place_experts(8, ctx.world_size());
+  RankParts p;
+  p.model = Model::load(dir, LoadOptions{place.begin(ctx.rank()), place.end(ctx.rank())});
+  p.dispatcher = std::make_unique<EpDispatcher>(
+      ctx.comm(), place, EpDispatcherOptions{All2AllBackend::kHighThroughput, 256});
+  return p;
+}
+
+class LlmEngineDpTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(LlmEngineDpTest, RequestsSpreadOverRanksGetSingleRankTokens) {
+  const std::string dir = test::tiny_model_dir("qwen3_moe");
+  std::mt19937 rng(5);
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 10; ++i) {
+    std::vector<int32_t> prompt;
+    for (int j = 0; j < 3 + 3 * i; ++j) prompt.push_back(1 + static_cast<int32_t>(rng() % 500));
+    reqs.push_back(greedy(prompt, 4 + i % 4));
+  }
+  std::vector<std::vector<int32_t>> want;
+  {
+    std::unique_ptr<Model> m = Model::load(dir);
+    ThreadPool pool(1);
+    Generator g(*m, pool);
+    for (const EngineRequest& r : reqs) {
+      GenerateRequest gr;
+      gr.prompt = r.prompt;
+      gr.max_tokens = r.max_tokens;
+      want.push_back(g.generate({gr})[0].tokens);
+    }
+  }
+
+  std::mutex mu;
+  std::vector<uint64_t> finished_per_rank(static_cast<size_t>(GetParam()));
+  run_ranks(GetParam(), [&](DistContext& ctx) {
+    RankParts p = load_rank(dir, ctx);
+    ThreadPool pool(1);
+    LlmEngine engine(*p.model, pool, nullptr, small_config(),
+                     EngineDp{&ctx.coord(), p.dispatcher.get()});
+    if (ctx.rank() == 0) {
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      for (const EngineRequest& r : reqs) streams.push_back(engine.submit(r));
+      for (size_t i = 0; i < streams.size(); ++i) {
+        ASSERT_TRUE(streams[i]);
+        std::string reason;
+        EXPECT_EQ(drain(*streams[i], &reason), want[i]) << "request " << i;
+        EXPECT_EQ(reason, "length");
+      }
+      // The counters are added at the end of the step that produced the last token.
+      uint64_t n_tokens = 0;
+      for (const auto& w : want) n_tokens += w.size();
+      EngineMetricsSnapshot m;
+      for (int i = 0; i < 400; ++i) {
+        m = engine.metrics().snapshot();
+        if (m.generation_tokens == n_tokens) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      EXPECT_EQ(m.generation_tokens, n_tokens);
+      EXPECT_EQ(m.finished.at("length"), reqs.size());
+    } else {
+      EXPECT_EQ(engine.wait_stopped(), "");
+    }
+    // Every rank's own engine counts the requests it ran itself.
+    const EngineMetricsSnapshot own = engine.metrics().snapshot();
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = own.finished.find("length");
+    finished_per_rank[ctx.rank()] = it == own.finished.end() ? 0 : it->second;
+  });
+  // Rank 0 reports every request; each other rank ran some of them (least loaded first).
+  for (int r = 1; r < GetParam(); ++r) EXPECT_GT(finished_per_rank[r], 0u) << "rank " << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, LlmEngineDpTest, ::testing::Values(2, 4));
+
+TEST(LlmEngineDp, AbortReachesTheRankHoldingTheRequest) {
+  const std::string dir = test::tiny_model_dir("qwen3_moe");
+  run_ranks(2, [&](DistContext& ctx) {
+    RankParts p = load_rank(dir, ctx);
+    ThreadPool pool(1);
+    LlmEngine engine(*p.model, pool, nullptr, small_config(),
+                     EngineDp{&ctx.coord(), p.dispatcher.get()});
+    if (ctx.rank() != 0) {
+      EXPECT_EQ(engine.wait_stopped(), "");
+      EXPECT_EQ(engine.metrics().snapshot().finished.at("abort"), 1u);
+      return;
+    }
+    // The first request goes to rank 0 and the second, long one to rank 1.
+    std::shared_ptr<RequestStream> a = engine.submit(greedy({1, 2, 3}, 60));
+    std::shared_ptr<RequestStream> b = engine.submit(greedy({4, 5, 6}, 400));
+    std::string reason;
+    const StreamDelta first = b->wait(std::chrono::milliseconds(5000));
+    EXPECT_FALSE(first.tokens.empty());
+    b->abort();
+    drain(*b, &reason);
+    EXPECT_EQ(reason, "abort");
+    drain(*a, &reason);
+    EXPECT_EQ(reason, "length");
+    bool freed = false;
+    for (int i = 0; i < 400 && !freed; ++i) {
+      const EngineMetricsSnapshot m = engine.metrics().snapshot();
+      freed = m.kv_blocks_used == 0 && m.n_running == 0;
+      if (!freed) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    EXPECT_TRUE(freed) << "the aborted request's blocks were not freed on rank 1";
+  });
+}
+
+TEST(LlmEngineDp, SilentRankFailsTheEngineWithinTheWatchdog) {
+  const std::string dir = test::tiny_model_dir("qwen3_moe");
+  const std::vector<std::string> errors = run_ranks_collect(
+      2,
+      [&](DistContext& ctx) {
+        RankParts p = load_rank(dir, ctx);
+        ThreadPool pool(1);
+        if (ctx.rank() == 1) {
+          // Rank 1 takes part for a while, then stops answering (its engine is never built
+          // again, its thread just waits), as a hung process would.
+          std::this_thread::sleep_for(std::chrono::milliseconds(3000));
+          return;
+        }
+        LlmEngine engine(*p.model, pool, nullptr, small_config(),
+                         EngineDp{&ctx.coord(), p.dispatcher.get()});
+        std::shared_ptr<RequestStream> s = engine.submit(greedy({1, 2, 3}, 400));
+        ASSERT_TRUE(s);
+        const auto t0 = std::chrono::steady_clock::now();
+        std::string reason, error;
+        drain(*s, &reason, &error);
+        const double waited =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_EQ(reason, "abort");
+        EXPECT_NE(error.find("engine error"), std::string::npos) << error;
+        EXPECT_LT(waited, 8.0);  // the watchdog is 1 s: an error, never a hang
+        EXPECT_FALSE(engine.alive());
+        EXPECT_EQ(engine.submit(greedy({1, 2}, 2)), nullptr);
+        EXPECT_NE(engine.wait_stopped(), "");
+      },
+      std::chrono::milliseconds(1000));
+  EXPECT_EQ(errors[1], "");
+}
+
+}  // namespace
+}  // namespace duet
