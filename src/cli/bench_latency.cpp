@@ -27,8 +27,7 @@ struct LatencyOptions {
   DistOptions dist;
 };
 
-std::vector<GenerateRequest> make_requests(const LatencyOptions& o, int64_t n_vocab,
-                                           int rank = 0) {
+std::vector<GenerateRequest> make_requests(const LatencyOptions& o, int64_t n_vocab, int rank = 0) {
   std::mt19937_64 rng(o.seed + static_cast<uint64_t>(rank) * 7919);
   std::vector<GenerateRequest> reqs(static_cast<size_t>(o.batch));
   for (GenerateRequest& r : reqs) {
@@ -56,21 +55,23 @@ void run_latency_ep(const LatencyOptions& o, DistContext& ctx) {
       {st.prompt_tokens, micro(st.prefill_seconds), st.decode_steps, micro(st.decode_seconds),
        micro(st.decode_comm_seconds), pool.n_threads()});
   if (ctx.rank() != 0) return;
-  std::printf("model %s (%s), expert parallel over %d ranks (%s, %s), per rank: batch %lld, "
-              "prompt %lld, gen %lld, matmul %s\n",
-              o.model_dir.c_str(), arch_name(c.arch), ctx.world_size(), o.dist.backend.c_str(),
-              o.dist.all2all.c_str(), (long long)o.batch, (long long)o.prompt_len,
-              (long long)o.gen_len, matmul_isa());
+  std::printf(
+      "model %s (%s), expert parallel over %d ranks (%s, %s), per rank: batch %lld, "
+      "prompt %lld, gen %lld, matmul %s\n",
+      o.model_dir.c_str(), arch_name(c.arch), ctx.world_size(), o.dist.backend.c_str(),
+      o.dist.all2all.c_str(), (long long)o.batch, (long long)o.prompt_len, (long long)o.gen_len,
+      matmul_isa());
   double total_tps = 0;
   for (int r = 0; r < ctx.world_size(); ++r) {
     const int64_t* v = &all[static_cast<size_t>(r) * 6];
     const double prefill_s = v[1] / 1e6, decode_s = v[3] / 1e6, comm_s = v[4] / 1e6;
     const double tps = decode_s > 0 ? double(v[2]) * o.batch / decode_s : 0.0;
     total_tps += tps;
-    std::printf("rank %d: %lld threads, prefill %8.1f tok/s, decode %8.1f tok/s (%.2f ms/step), "
-                "communication wait %.1f%% of decode time\n",
-                r, (long long)v[5], prefill_s > 0 ? v[0] / prefill_s : 0.0, tps,
-                v[2] ? decode_s / v[2] * 1e3 : 0.0, decode_s > 0 ? 100.0 * comm_s / decode_s : 0.0);
+    std::printf(
+        "rank %d: %lld threads, prefill %8.1f tok/s, decode %8.1f tok/s (%.2f ms/step), "
+        "communication wait %.1f%% of decode time\n",
+        r, (long long)v[5], prefill_s > 0 ? v[0] / prefill_s : 0.0, tps,
+        v[2] ? decode_s / v[2] * 1e3 : 0.0, decode_s > 0 ? 100.0 * comm_s / decode_s : 0.0);
   }
   std::printf("decode: %.1f tok/s over all ranks, %.1f tok/s per rank\n", total_tps,
               total_tps / ctx.world_size());
@@ -94,9 +95,9 @@ void run_latency_single(const LatencyOptions& o) {
   const double elem = model->bytes_per_expert() > 0
                           ? double(model->bytes_per_expert()) / (3.0 * c.n_embd * c.n_ff_exp)
                           : 2.0;
-  const double active_params =
-      (model->dense_bytes_per_step() + double(n_moe * c.n_expert_used) * model->bytes_per_expert()) /
-      elem;
+  const double active_params = (model->dense_bytes_per_step() +
+                                double(n_moe * c.n_expert_used) * model->bytes_per_expert()) /
+                               elem;
   const double v_dim = c.arch == Arch::kDeepseekV2 ? c.v_head_dim : c.head_dim;
   const double attn_flops_per_token =
       2.0 * c.n_layer * c.n_head * (c.qk_head_dim() + v_dim) * (o.prompt_len + 1) / 2.0;
@@ -121,7 +122,8 @@ void run_latency_single(const LatencyOptions& o) {
               prefill_flops / st.prefill_seconds / 1e9, st.prefill_seconds,
               (long long)st.prompt_tokens);
   std::printf("decode:  %8.1f tok/s  (%.2f ms/step, %lld steps x %lld seqs)\n",
-              decode_tokens / st.decode_seconds, step_s * 1e3, (long long)steps, (long long)o.batch);
+              decode_tokens / st.decode_seconds, step_s * 1e3, (long long)steps,
+              (long long)o.batch);
   std::printf("decode bytes/step: %.1f MB (dense %.1f, experts %.1f, KV %.1f)\n",
               bytes_per_step / 1e6, model->dense_bytes_per_step() / 1e6,
               steps ? double(st.decode_expert_bytes) / steps / 1e6 : 0.0,

@@ -33,9 +33,11 @@ uint64_t resident_bytes() {
 void check_world(const DistOptions& o, const std::string& model_dir, int world) {
   if (world <= 1) return;
   if (!o.enable_expert_parallel) {
-    DUET_ERROR("--data-parallel-size " << world << " needs --enable-expert-parallel: duet "
-               "spreads the experts over the ranks (data parallelism with replicated experts "
-               "is not supported)");
+    DUET_ERROR("--data-parallel-size "
+               << world
+               << " needs --enable-expert-parallel: duet "
+                  "spreads the experts over the ranks (data parallelism with replicated experts "
+                  "is not supported)");
   }
   const ModelConfig c = load_config(model_dir);
   place_experts(c.n_expert, world);  // throws with the reason
@@ -87,8 +89,9 @@ void launch_ranks(const DistOptions& o, const std::string& model_dir,
     run_ranks(world, [&](DistContext& ctx) { fn(&ctx); });
   } else {
     if (!mpi_available())
-      DUET_ERROR("--distributed-backend mpi: this duet was built without MPI (install "
-                 "libopenmpi-dev and rebuild), or use --distributed-backend inproc");
+      DUET_ERROR(
+          "--distributed-backend mpi: this duet was built without MPI (install "
+          "libopenmpi-dev and rebuild), or use --distributed-backend inproc");
     relaunch_under_mpirun(world);  // comes back as the job's ranks, under mpirun
   }
 }
@@ -107,9 +110,9 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
     // The whole model's bytes: this rank's plus the experts it left to the others.
     int64_t n_moe = 0;
     for (int64_t il = 0; il < c.n_layer; ++il) n_moe += c.is_moe_layer(il);
-    const double whole = double(rm.model->weight_bytes()) +
-                         double(c.n_expert - rm.placement.n_local()) *
-                             double(rm.model->bytes_per_expert()) * double(n_moe);
+    const double whole =
+        double(rm.model->weight_bytes()) + double(c.n_expert - rm.placement.n_local()) *
+                                               double(rm.model->bytes_per_expert()) * double(n_moe);
     std::fprintf(stderr,
                  "rank %d/%d: %s per MoE layer, weights %.1f MiB of %.1f MiB, resident %.1f MiB "
                  "(%s, %s)\n",

@@ -125,8 +125,8 @@ void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
                "finish: %s | %d threads\n",
                static_cast<long long>(st.prompt_tokens), st.prompt_tokens / st.prefill_seconds,
                static_cast<long long>(st.generated_tokens),
-               st.decode_seconds > 0 ? decoded / st.decode_seconds : 0.0,
-               r.finish_reason.c_str(), pool.n_threads());
+               st.decode_seconds > 0 ? decoded / st.decode_seconds : 0.0, r.finish_reason.c_str(),
+               pool.n_threads());
   if (!o.dump_logits.empty()) write_logits(o.dump_logits, req.prompt, r, c.n_vocab);
 }
 

@@ -69,9 +69,10 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
 
   ApiServerOptions so;
   so.model_name = o.served_model_name.empty() ? o.model_dir : o.served_model_name;
-  so.http_threads = o.http_threads > 0
-                        ? o.http_threads
-                        : static_cast<int>(std::max<int64_t>(128, 4 * o.engine.scheduler.max_num_seqs));
+  so.http_threads =
+      o.http_threads > 0
+          ? o.http_threads
+          : static_cast<int>(std::max<int64_t>(128, 4 * o.engine.scheduler.max_num_seqs));
   so.add_bos = tokenizer && tokenizer->add_bos_token();
   so.bos_id = model->config().bos_token_id;
   ApiServer server(engine, tokenizer.get(), chat_template.get(), so);
@@ -84,11 +85,12 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
     std::fprintf(stderr, "duet serve: signal %d, stopping\n", sig);
     server.stop();
   });
-  std::printf("duet serve: %s on http://%s:%d (%d ranks, %d compute threads each, %lld KV "
-              "blocks of %lld)\n",
-              so.model_name.c_str(), o.host.c_str(), port, ctx ? ctx->world_size() : 1,
-              pool.n_threads(), static_cast<long long>(engine.metrics().snapshot().kv_blocks_total),
-              static_cast<long long>(o.engine.block_size));
+  std::printf(
+      "duet serve: %s on http://%s:%d (%d ranks, %d compute threads each, %lld KV "
+      "blocks of %lld)\n",
+      so.model_name.c_str(), o.host.c_str(), port, ctx ? ctx->world_size() : 1, pool.n_threads(),
+      static_cast<long long>(engine.metrics().snapshot().kv_blocks_total),
+      static_cast<long long>(o.engine.block_size));
   std::fflush(stdout);
   server.listen();
   // listen() also returns when the socket fails; wake the waiter so it can be joined.

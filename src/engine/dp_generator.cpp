@@ -1,5 +1,6 @@
 #include "engine/dp_generator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -107,9 +108,10 @@ std::vector<GenerateResult> DpGenerator::generate(const std::vector<GenerateRequ
     const std::vector<DpStepInfo> all = sync({in.n_tokens(), prefill && in.n_tokens() > 0});
     const double sync_s = since(t_sync);
     st.sync_seconds += sync_s;
-    int64_t total = 0;
-    for (const DpStepInfo& s : all) total += s.n_tokens;
+    int64_t total = 0, most = 1;  // an idle rank runs the one-token dummy batch
+    for (const DpStepInfo& s : all) total += s.n_tokens, most = std::max(most, s.n_tokens);
     if (total == 0) break;
+    dispatcher_.plan_step(most);
     ++st.steps;
     std::vector<size_t> next_who;
     ForwardInput next;

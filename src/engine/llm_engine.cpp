@@ -25,7 +25,8 @@ int64_t pool_blocks(const Model& model, const EngineConfig& c) {
   if (!(c.kv_cache_gib > 0) || !std::isfinite(c.kv_cache_gib))
     DUET_ERROR("--kv-cache-memory must be > 0 GiB, got " << c.kv_cache_gib);
   const BlockPoolShape shape = pool_shape(model, c.block_size);
-  const int64_t n = BlockPool::blocks_in(shape, static_cast<uint64_t>(c.kv_cache_gib * (1ull << 30)));
+  const int64_t n =
+      BlockPool::blocks_in(shape, static_cast<uint64_t>(c.kv_cache_gib * (1ull << 30)));
   if (n < 1) {
     DUET_ERROR("--kv-cache-memory " << c.kv_cache_gib << " GiB holds no KV block of "
                                     << BlockPool::bytes_per_block(shape) << " bytes");
@@ -33,7 +34,9 @@ int64_t pool_blocks(const Model& model, const EngineConfig& c) {
   return std::min<int64_t>(n, (int64_t{1} << 31) - 1);
 }
 
-double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double seconds(Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 }  // namespace
 
@@ -182,8 +185,9 @@ void LlmEngine::execute(const SchedulerStep& plan, uint64_t* prompt_tokens, uint
     const Sequence& s = *c.seq;
     in.add(s.kv_seq, c.n_past, s.tokens.data() + c.n_past, c.n_tokens, /*all_logits=*/false);
     if (!c.sample) in.out_rows.pop_back();  // a middle chunk of a prefill: no logits needed
-    if (s.n_preempted == 0) *prompt_tokens += std::max<int64_t>(
-        0, std::min(c.n_past + c.n_tokens, s.n_prompt) - c.n_past);
+    if (s.n_preempted == 0)
+      *prompt_tokens +=
+          std::max<int64_t>(0, std::min(c.n_past + c.n_tokens, s.n_prompt) - c.n_past);
   }
   const std::vector<float>& logits = runner_.forward(in, kv_);
   const int64_t n_vocab = model_.config().n_vocab;

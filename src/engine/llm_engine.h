@@ -39,8 +39,8 @@ namespace duet {
 
 struct EngineConfig {
   SchedulerConfig scheduler;
-  int64_t block_size = 16;        // positions per KV block
-  double kv_cache_gib = 2.0;      // KV pool size; pages are touched only when used
+  int64_t block_size = 16;    // positions per KV block
+  double kv_cache_gib = 2.0;  // KV pool size; pages are touched only when used
 };
 
 // The engine's place in a data-parallel group; both null on a single rank. Every rank must use
@@ -134,16 +134,16 @@ class LlmEngine {
   const Tokenizer* tokenizer_;
   const int64_t max_model_len_;
   BlockPool blocks_;
-  PagedKvCache kv_;       // engine thread only
-  Scheduler scheduler_;   // engine thread only
-  ModelRunner runner_;    // engine thread only
-  EngineMetrics metrics_; // internally locked
+  PagedKvCache kv_;                                 // engine thread only
+  Scheduler scheduler_;                             // engine thread only
+  ModelRunner runner_;                              // engine thread only
+  EngineMetrics metrics_;                           // internally locked
   std::map<uint64_t, std::unique_ptr<Live>> live_;  // engine thread only
   const EngineDp dp_;
-  std::map<uint64_t, Remote> remote_;       // rank 0, engine thread only
+  std::map<uint64_t, Remote> remote_;                             // rank 0, engine thread only
   std::map<uint64_t, std::shared_ptr<RequestStream>> forwarded_;  // other ranks: output to send
-  std::string stop_error_;                  // GUARDED_BY(inbox_mu_)
-  bool stopped_ = false;                    // GUARDED_BY(inbox_mu_): the loop has ended
+  std::string stop_error_;                                        // GUARDED_BY(inbox_mu_)
+  bool stopped_ = false;  // GUARDED_BY(inbox_mu_): the loop has ended
   std::condition_variable stopped_cv_;
 
   std::atomic<uint64_t> next_id_{1};

@@ -7,6 +7,7 @@
 //   4. sends the output of its requests (tokens, text, finish) to rank 0, which feeds the HTTP
 //      streams and the metrics.
 // Messages are JSON on the coordinator (small: one token and its text per request per step).
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -135,14 +136,16 @@ bool LlmEngine::step_dp(std::vector<int64_t>& load) {
   for (const ScheduledChunk& c : plan.chunks) n_tokens += c.n_tokens;
   const std::vector<int64_t> counts = coord.all_gather(
       {n_tokens, scheduler_.n_running(), scheduler_.n_waiting(), blocks_.n_used()});
-  int64_t total_tokens = 0;
+  int64_t total_tokens = 0, most = 1;  // an idle rank runs the one-token dummy batch
   for (int r = 0; r < world; ++r) {
     const int64_t* c = &counts[static_cast<size_t>(r) * kNumCounts];
     total_tokens += c[kTokens];
+    most = std::max(most, c[kTokens]);
     load[r] = c[kRunning] + c[kWaiting];
   }
   uint64_t prompt = 0, generated = 0;
   if (total_tokens > 0) {
+    dp_.dispatcher->plan_step(most);  // the step's forward mode, the same on every rank
     if (plan.empty())
       run_dummy();
     else
@@ -151,10 +154,9 @@ bool LlmEngine::step_dp(std::vector<int64_t>& load) {
 
   // The other ranks' output travels to rank 0, one broadcast per rank that has any.
   std::string out = coord.is_master() ? std::string() : take_outbox();
-  const std::vector<int64_t> outs =
-      coord.all_gather({static_cast<int64_t>(out.size()), static_cast<int64_t>(prompt),
-                        static_cast<int64_t>(generated),
-                        static_cast<int64_t>(plan.preempted.size())});
+  const std::vector<int64_t> outs = coord.all_gather(
+      {static_cast<int64_t>(out.size()), static_cast<int64_t>(prompt),
+       static_cast<int64_t>(generated), static_cast<int64_t>(plan.preempted.size())});
   for (int r = 1; r < world; ++r) {
     if (outs[static_cast<size_t>(r) * kNumOutputs + kOutboxBytes] == 0) continue;
     std::string bytes = coord.rank() == r ? out : std::string();
@@ -164,8 +166,10 @@ bool LlmEngine::step_dp(std::vector<int64_t>& load) {
   if (coord.is_master()) {
     int64_t sum[kNumOutputs] = {}, state[kNumCounts] = {};
     for (int r = 0; r < world; ++r) {
-      for (int i = 0; i < kNumOutputs; ++i) sum[i] += outs[static_cast<size_t>(r) * kNumOutputs + i];
-      for (int i = 0; i < kNumCounts; ++i) state[i] += counts[static_cast<size_t>(r) * kNumCounts + i];
+      for (int i = 0; i < kNumOutputs; ++i)
+        sum[i] += outs[static_cast<size_t>(r) * kNumOutputs + i];
+      for (int i = 0; i < kNumCounts; ++i)
+        state[i] += counts[static_cast<size_t>(r) * kNumCounts + i];
     }
     metrics_.add_tokens(sum[kPromptTokens], sum[kGenerated], sum[kPreempted]);
     metrics_.set_state(state[kRunning], state[kWaiting], state[kBlocksUsed],

@@ -48,6 +48,10 @@ class Dispatcher {
   virtual void combine_recv(float* out) = 0;
   // Seconds the receive halves have waited for transfers so far (0 where nothing travels).
   virtual double wait_seconds() const { return 0; }
+  // The shape of the group's next step, which every rank learns from the step's sync before
+  // the forward pass: the most tokens any rank runs. Lets a distributed dispatcher choose its
+  // algorithm for the step (all ranks choosing alike). Called between steps only.
+  virtual void plan_step(int64_t max_tokens_per_rank) { (void)max_tokens_per_rank; }
 };
 
 }  // namespace duet

@@ -40,7 +40,8 @@ EpDispatcher::EpDispatcher(Communicator& comm, const ExpertPlacement& placement,
       placement_(placement),
       opt_(opt),
       rank_(comm.rank()),
-      n_rank_(comm.world_size()) {
+      n_rank_(comm.world_size()),
+      step_backend_(opt.backend) {
   DUET_CHECK(placement.world_size == n_rank_,
              "placement for " << placement.world_size << " ranks, communicator " << n_rank_);
   DUET_CHECK(opt.max_tokens_per_rank >= 1, "max_tokens_per_rank " << opt.max_tokens_per_rank);
@@ -49,6 +50,14 @@ EpDispatcher::EpDispatcher(Communicator& comm, const ExpertPlacement& placement,
   src_row_.assign(static_cast<size_t>(placement.n_local() * n_rank_), 0);
   batch_.first_expert = placement.begin(rank_);
   batch_.n_local_expert = placement.n_local();
+}
+
+void EpDispatcher::plan_step(int64_t max_tokens_per_rank) {
+  expect(Phase::kIdle, "plan_step");
+  step_backend_ =
+      opt_.backend == All2AllBackend::kLowLatency && max_tokens_per_rank <= opt_.max_tokens_per_rank
+          ? All2AllBackend::kLowLatency
+          : All2AllBackend::kHighThroughput;
 }
 
 void EpDispatcher::expect(Phase want, const char* call) const {
@@ -77,7 +86,7 @@ void EpDispatcher::dispatch_send(const RoutedTokens& tokens) {
   }
   tokens_ = tokens;
   batch_.n_embd = tokens.n_embd;
-  if (opt_.backend == All2AllBackend::kHighThroughput)
+  if (step_backend_ == All2AllBackend::kHighThroughput)
     ht_dispatch_send();
   else
     ll_dispatch_send();
@@ -87,7 +96,7 @@ void EpDispatcher::dispatch_send(const RoutedTokens& tokens) {
 ExpertBatch& EpDispatcher::dispatch_recv() {
   expect(Phase::kDispatching, "dispatch_recv");
   wait_pending();
-  if (opt_.backend == All2AllBackend::kHighThroughput)
+  if (step_backend_ == All2AllBackend::kHighThroughput)
     ht_dispatch_recv();
   else
     ll_dispatch_recv();
@@ -98,7 +107,7 @@ ExpertBatch& EpDispatcher::dispatch_recv() {
 
 void EpDispatcher::combine_send() {
   expect(Phase::kExperts, "combine_send");
-  if (opt_.backend == All2AllBackend::kHighThroughput)
+  if (step_backend_ == All2AllBackend::kHighThroughput)
     ht_combine_send();
   else
     ll_combine_send();
@@ -108,7 +117,7 @@ void EpDispatcher::combine_send() {
 void EpDispatcher::combine_recv(float* out) {
   expect(Phase::kCombining, "combine_recv");
   wait_pending();
-  if (opt_.backend == All2AllBackend::kHighThroughput)
+  if (step_backend_ == All2AllBackend::kHighThroughput)
     ht_combine_recv(out);
   else
     ll_combine_recv(out);

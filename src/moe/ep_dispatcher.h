@@ -9,7 +9,10 @@
 //    token's experts' outputs with their weights and sends back one row per token.
 //  - low_latency: one round without a count exchange into fixed-capacity per-expert buffers
 //    (max_tokens_per_rank rows per expert per source rank); a token goes once per expert, and
-//    its owner applies the weights. Cheaper for decode's small batches; refuses more tokens.
+//    its owner applies the weights. Cheaper for decode's small batches. A step in which some
+//    rank has more tokens than the capacity (told by plan_step; a long prefill) runs
+//    high_throughput instead, as DeepEP's users switch to the normal kernels for prefill;
+//    without plan_step such a batch is refused.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +50,11 @@ class EpDispatcher final : public Dispatcher {
   void combine_send() override;
   void combine_recv(float* out) override;
 
+  void plan_step(int64_t max_tokens_per_rank) override;
+
   All2AllBackend backend() const { return opt_.backend; }
+  // The algorithm the current step uses.
+  All2AllBackend step_backend() const { return step_backend_; }
   // Payload bytes this rank sent in the last dispatch and combine (benchmarks).
   int64_t last_dispatch_bytes() const { return dispatch_bytes_; }
   int64_t last_combine_bytes() const { return combine_bytes_; }
@@ -82,6 +89,7 @@ class EpDispatcher final : public Dispatcher {
   void wait_pending();
 
   Phase phase_ = Phase::kIdle;
+  All2AllBackend step_backend_;
   double wait_seconds_ = 0;
   RoutedTokens tokens_;
   ExpertBatch batch_;

@@ -55,16 +55,23 @@ struct RankParts {
   std::unique_ptr<EpDispatcher> dispatcher;
 };
 
-RankParts load_rank(const std::string& dir, DistContext& ctx) {
+RankParts load_rank(const std::string& dir, DistContext& ctx,
+                    All2AllBackend backend = All2AllBackend::kHighThroughput) {
   const ExpertPlacement place = place_experts(8, ctx.world_size());
   RankParts p;
   p.model = Model::load(dir, LoadOptions{place.begin(ctx.rank()), place.end(ctx.rank())});
-  p.dispatcher = std::make_unique<EpDispatcher>(
-      ctx.comm(), place, EpDispatcherOptions{All2AllBackend::kHighThroughput, 256});
+  // low_latency with room for 8 tokens per rank: decode steps use it, the longer prefills
+  // must switch to high_throughput (every rank alike) instead of failing.
+  p.dispatcher = std::make_unique<EpDispatcher>(ctx.comm(), place, EpDispatcherOptions{backend, 8});
   return p;
 }
 
-class LlmEngineDpTest : public ::testing::TestWithParam<int> {};
+struct DpCase {
+  int world;
+  All2AllBackend backend;
+};
+
+class LlmEngineDpTest : public ::testing::TestWithParam<DpCase> {};
 
 TEST_P(LlmEngineDpTest, RequestsSpreadOverRanksGetSingleRankTokens) {
   const std::string dir = test::tiny_model_dir("qwen3_moe");
@@ -89,9 +96,10 @@ TEST_P(LlmEngineDpTest, RequestsSpreadOverRanksGetSingleRankTokens) {
   }
 
   std::mutex mu;
-  std::vector<uint64_t> finished_per_rank(static_cast<size_t>(GetParam()));
-  run_ranks(GetParam(), [&](DistContext& ctx) {
-    RankParts p = load_rank(dir, ctx);
+  const DpCase dc = GetParam();
+  std::vector<uint64_t> finished_per_rank(static_cast<size_t>(dc.world));
+  run_ranks(dc.world, [&](DistContext& ctx) {
+    RankParts p = load_rank(dir, ctx, dc.backend);
     ThreadPool pool(1);
     LlmEngine engine(*p.model, pool, nullptr, small_config(),
                      EngineDp{&ctx.coord(), p.dispatcher.get()});
@@ -125,10 +133,14 @@ TEST_P(LlmEngineDpTest, RequestsSpreadOverRanksGetSingleRankTokens) {
     finished_per_rank[ctx.rank()] = it == own.finished.end() ? 0 : it->second;
   });
   // Rank 0 reports every request; each other rank ran some of them (least loaded first).
-  for (int r = 1; r < GetParam(); ++r) EXPECT_GT(finished_per_rank[r], 0u) << "rank " << r;
+  for (int r = 1; r < dc.world; ++r) EXPECT_GT(finished_per_rank[r], 0u) << "rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, LlmEngineDpTest, ::testing::Values(2, 4));
+INSTANTIATE_TEST_SUITE_P(Ranks, LlmEngineDpTest,
+                         ::testing::Values(DpCase{2, All2AllBackend::kHighThroughput},
+                                           DpCase{4, All2AllBackend::kHighThroughput},
+                                           DpCase{2, All2AllBackend::kLowLatency},
+                                           DpCase{4, All2AllBackend::kLowLatency}));
 
 TEST(LlmEngineDp, AbortReachesTheRankHoldingTheRequest) {
   const std::string dir = test::tiny_model_dir("qwen3_moe");

@@ -185,6 +185,30 @@ TEST(EpDispatcher, LowLatencyRefusesMoreThanItsCapacity) {
   EXPECT_NE(errors[0].find("exceed the capacity of 8"), std::string::npos) << errors[0];
 }
 
+// A step planned with more tokens than the capacity on some rank runs high_throughput on every
+// rank (rank 0 has 9 tokens, rank 1 has 2), and the next small step goes back to low_latency.
+TEST(EpDispatcher, LowLatencyPlansLargeStepsAsHighThroughput) {
+  run_ranks(2, [](DistContext& ctx) {
+    const int64_t n = ctx.rank() == 0 ? 9 : 2;
+    const Routing big = make_routing(ctx.rank(), n, 4, 2, random_distinct(4));
+    LocalDispatcher local(4);
+    const std::vector<float> want = run_one(local, big);
+    EpDispatcher ep(ctx.comm(), place_experts(4, 2), {All2AllBackend::kLowLatency, 8});
+    ep.plan_step(9);
+    EXPECT_EQ(ep.step_backend(), All2AllBackend::kHighThroughput);
+    const std::vector<float> got = run_one(ep, big);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::abs(want[i])));
+    ep.plan_step(8);
+    EXPECT_EQ(ep.step_backend(), All2AllBackend::kLowLatency);
+    const Routing small = make_routing(ctx.rank(), 2, 4, 2, random_distinct(4));
+    const std::vector<float> want_small = run_one(local, small);
+    const std::vector<float> got_small = run_one(ep, small);
+    for (size_t i = 0; i < got_small.size(); ++i)
+      ASSERT_NEAR(got_small[i], want_small[i], 1e-5f * (1 + std::abs(want_small[i])));
+  });
+}
+
 TEST(EpDispatcher, CallsOutOfTurnFail) {
   run_ranks(1, [](DistContext& ctx) {
     EpDispatcher ep(ctx.comm(), place_experts(4, 1), {});
