@@ -18,8 +18,9 @@ struct RunResult {
   std::string out;     // stdout and stderr together
 };
 
-RunResult run_duet(const std::string& args) {
-  const std::string cmd = std::string(DUET_BINARY) + " " + args + " 2>&1";
+// Runs `duet args`; `env` (e.g. "PATH=/x") is put before the command.
+RunResult run_duet(const std::string& args, const std::string& env = "") {
+  const std::string cmd = env + " " + std::string(DUET_BINARY) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   RunResult r;
   char buf[4096];
@@ -43,7 +44,8 @@ std::string CliTest::dir_;
 
 TEST_F(CliTest, GenerateDumpsLogitsAndPrintsSpeeds) {
   const std::string dump = dir_ + "/../logits.json";
-  RunResult r = run_duet("generate " + dir_ + " --prompt-ids 1,2,3 --max-tokens 4 --dump-logits " + dump);
+  RunResult r =
+      run_duet("generate " + dir_ + " --prompt-ids 1,2,3 --max-tokens 4 --dump-logits " + dump);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("tok/s"), std::string::npos) << r.out;
   auto j = nlohmann::json::parse(test::read_file(dump));
@@ -54,12 +56,14 @@ TEST_F(CliTest, GenerateDumpsLogitsAndPrintsSpeeds) {
 }
 
 TEST_F(CliTest, GenerateFromTextPrompt) {
-  RunResult r = run_duet("generate " + dir_ + " --prompt 'Hello there' --max-tokens 5 --temperature 0.8 "
-              "--top-p 0.9 --top-k 50 --seed 1");
+  RunResult r = run_duet("generate " + dir_ +
+                         " --prompt 'Hello there' --max-tokens 5 --temperature 0.8 "
+                         "--top-p 0.9 --top-k 50 --seed 1");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   // The completion comes first (stdout is flushed before the speeds go to stderr).
   const std::string completion = r.out.substr(0, r.out.find("prompt: "));
-  RunResult again = run_duet("generate " + dir_ + " --prompt 'Hello there' --max-tokens 5 "
+  RunResult again = run_duet("generate " + dir_ +
+                             " --prompt 'Hello there' --max-tokens 5 "
                              "--temperature 0.8 --top-p 0.9 --top-k 50 --seed 1");
   EXPECT_EQ(again.out.substr(0, again.out.find("prompt: ")), completion) << "seeded run repeats";
 }
@@ -78,7 +82,8 @@ TEST_F(CliTest, BadInputIsOneLineErrors) {
   expect_error(run_duet("generate " + dir_ + " --prompt-ids 1 --max-tokens 99999"), "context");
   expect_error(run_duet("generate " + dir_ + " --prompt-ids 1 --top-p 2"), "top_p");
   expect_error(run_duet("generate " + dir_), "--prompt");
-  expect_error(run_duet("make-model /tmp/x --arch qwen3_moe --hf-overrides '[1]'"), "--hf-overrides");
+  expect_error(run_duet("make-model /tmp/x --arch qwen3_moe --hf-overrides '[1]'"),
+               "--hf-overrides");
 }
 
 TEST_F(CliTest, BrokenModelFileIsNamed) {
@@ -87,6 +92,50 @@ TEST_F(CliTest, BrokenModelFileIsNamed) {
     std::filesystem::copy(e.path(), broken + "/" + e.path().filename().string());
   std::filesystem::resize_file(broken + "/model.safetensors", 1000);
   expect_error(run_duet("generate " + broken + " --prompt-ids 1"), broken + "/model.safetensors");
+}
+
+// The completion line of a `generate` run: the first line of the single-rank output.
+std::string first_line(const std::string& out) {
+  return out.substr(0, out.find('\n'));
+}
+
+bool has_line(const std::string& out, const std::string& line) {
+  return ("\n" + out + "\n").find("\n" + line + "\n") != std::string::npos;
+}
+
+// Two ranks (threads, and processes under mpirun when OpenMPI is installed) give the
+// single-rank greedy completion, and each rank reports the experts it holds.
+TEST_F(CliTest, ExpertParallelGenerateMatchesSingleRank) {
+  const std::string args = "generate " + dir_ + " --prompt-ids 5,6,7,8 --max-tokens 6 ";
+  RunResult one = run_duet(args);
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  const std::string want = first_line(one.out);
+  std::vector<std::string> backends = {"inproc"};
+  if (std::system("command -v mpirun >/dev/null 2>&1") == 0) backends.push_back("mpi");
+  for (const std::string& b : backends) {
+    RunResult r = run_duet(args +
+                           "--data-parallel-size 2 --enable-expert-parallel "
+                           "--distributed-backend " +
+                           b);
+    ASSERT_EQ(r.exit_code, 0) << r.out;
+    EXPECT_TRUE(has_line(r.out, want)) << b << ": want '" << want << "' in\n" << r.out;
+    EXPECT_NE(r.out.find("rank 0/2: experts [0, 4) of 8"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("rank 1/2: experts [4, 8) of 8"), std::string::npos) << r.out;
+  }
+}
+
+TEST_F(CliTest, InconsistentDistributedFlagsAreRefused) {
+  const std::string args = "generate " + dir_ + " --prompt-ids 1 --distributed-backend inproc ";
+  expect_error(run_duet(args + "--data-parallel-size 2"), "--enable-expert-parallel");
+  expect_error(run_duet(args + "--data-parallel-size 3 --enable-expert-parallel"),
+               "cannot be split evenly over 3 ranks");
+  expect_error(run_duet(args + "--data-parallel-size 16 --enable-expert-parallel"), "16 ranks");
+  // MPI missing: no mpirun to start the ranks with.
+  expect_error(run_duet("generate " + dir_ +
+                            " --prompt-ids 1 --data-parallel-size 2 "
+                            "--enable-expert-parallel",
+                        "PATH=/nonexistent"),
+               "install openmpi-bin");
 }
 
 TEST_F(CliTest, UnknownOptionsAreRejected) {
