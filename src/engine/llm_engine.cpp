@@ -182,12 +182,17 @@ bool LlmEngine::step() {
 void LlmEngine::execute(const SchedulerStep& plan, uint64_t* prompt_tokens, uint64_t* generated) {
   ForwardInput in;
   for (const ScheduledChunk& c : plan.chunks) {
-    const Sequence& s = *c.seq;
+    Sequence& s = *c.seq;
     in.add(s.kv_seq, c.n_past, s.tokens.data() + c.n_past, c.n_tokens, /*all_logits=*/false);
     if (!c.sample) in.out_rows.pop_back();  // a middle chunk of a prefill: no logits needed
-    if (s.n_preempted == 0)
-      *prompt_tokens +=
-          std::max<int64_t>(0, std::min(c.n_past + c.n_tokens, s.n_prompt) - c.n_past);
+    // Prompt positions computed for the first time (a recomputation after preemption only
+    // counts the part of the prompt it had not reached before).
+    const int64_t first_new = std::max(c.n_past, s.n_prompt_counted);
+    const int64_t end = std::min(c.n_past + c.n_tokens, s.n_prompt);
+    if (end > first_new) {
+      *prompt_tokens += static_cast<uint64_t>(end - first_new);
+      s.n_prompt_counted = end;
+    }
   }
   const std::vector<float>& logits = runner_.forward(in, kv_);
   const int64_t n_vocab = model_.config().n_vocab;

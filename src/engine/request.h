@@ -86,6 +86,7 @@ struct Sequence {
   int32_t kv_seq = -1;          // PagedKvCache sequence while it holds blocks, else -1
   SeqStatus status = SeqStatus::kWaiting;
   int64_t n_preempted = 0;
+  int64_t n_prompt_counted = 0;  // prompt positions counted in the metrics (never recounted)
 
   int64_t n_generated() const { return static_cast<int64_t>(tokens.size()) - n_prompt; }
   // Tokens whose KV rows are still to be computed; the last of them yields the next token.

@@ -103,6 +103,10 @@ TEST_F(LlmEngineTest, ConcurrentRequestsWithPreemptionMatchAlone) {
   for (int i = 0; i < 12; ++i) EXPECT_EQ(drain(*streams[i]), alone[i]) << "request " << i;
   EXPECT_GT(e->metrics().snapshot().preemptions, 0u) << "the pool was meant to be too small";
   EXPECT_TRUE(blocks_freed(*e));
+  // Every prompt position is counted once, recomputations after preemption not again.
+  uint64_t prompt_total = 0;
+  for (int i = 0; i < 12; ++i) prompt_total += 5 + i;
+  EXPECT_EQ(e->metrics().snapshot().prompt_tokens, prompt_total);
 }
 
 TEST_F(LlmEngineTest, StopTokenIdEndsTheRequest) {
