@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# `duet serve` on two MPI ranks; rank 1 is stopped (SIGSTOP, a hung host) in the middle of a
+# streamed request. The stream must end with an error event and new requests must get HTTP 503
+# within the 10 s limit, never hang. Then rank 1 is killed and the job must end.
+# Usage: serve_dead_rank.sh DUET_BINARY
+set -euo pipefail
+duet=$(realpath "$1")
+work=$(mktemp -d "${TMPDIR:-/tmp}/duet-dead-rank.XXXXXX")
+server_pid=""
+cleanup() {
+  if [ -n "$server_pid" ]; then
+    pkill -KILL -P "$server_pid" 2>/dev/null || true
+    kill -KILL "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$duet" make-model "$work/model" --arch qwen3_moe --preset tiny --seed 7 >/dev/null
+"$duet" serve "$work/model" --host 127.0.0.1 --port 0 --served-model-name tiny \
+  --data-parallel-size 2 --enable-expert-parallel >"$work/server.out" 2>"$work/server.err" &
+server_pid=$!
+
+port=""
+for _ in $(seq 1 200); do
+  port=$(grep -o 'http://127.0.0.1:[0-9]*' "$work/server.out" 2>/dev/null | sed 's/.*://' || true)
+  [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.err" >&2; echo "FAIL: serve exited" >&2; exit 1; }
+  port=""
+  sleep 0.1
+done
+[ -n "$port" ] || { cat "$work/server.err" >&2; echo "FAIL: serve not healthy" >&2; exit 1; }
+url="http://127.0.0.1:$port/v1/completions"
+
+# Rank 1 is the child of mpirun whose environment says so.
+rank1=""
+for pid in $(pgrep -P "$server_pid"); do
+  if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then
+    rank1=$pid
+  fi
+done
+[ -n "$rank1" ] || { echo "FAIL: cannot find rank 1 among mpirun's children" >&2; exit 1; }
+
+# Two long streamed requests: the least loaded rule puts the second one on rank 1.
+for i in 1 2; do
+  curl -sN "$url" -H 'Content-Type: application/json' \
+    -d '{"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 1500, "ignore_eos": true,
+         "temperature": 0, "stream": true}' >"$work/stream$i.txt" &
+done
+sleep 1
+kill -STOP "$rank1"
+start=$(date +%s%N)
+wait_streams=0
+for _ in $(seq 1 150); do  # up to 15 s
+  if grep -q '"error"' "$work/stream1.txt" && grep -q '"error"' "$work/stream2.txt"; then
+    wait_streams=1
+    break
+  fi
+  sleep 0.1
+done
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+echo "streams ended with an error after ${elapsed_ms} ms"
+if [ "$wait_streams" != 1 ]; then
+  echo "FAIL: in-flight streams did not end with an error" >&2
+  tail -c 400 "$work"/stream*.txt >&2
+  exit 1
+fi
+[ "$elapsed_ms" -lt 10000 ] || { echo "FAIL: the error took more than 10 s" >&2; exit 1; }
+status=$(curl -s -o "$work/new.json" -w '%{http_code}' --max-time 10 "$url" \
+  -H 'Content-Type: application/json' -d '{"model": "tiny", "prompt": [1, 2], "max_tokens": 2}')
+echo "a new request got HTTP $status: $(cat "$work/new.json")"
+[ "$status" = 503 ] || { echo "FAIL: expected 503" >&2; exit 1; }
+kill -KILL "$rank1"
+echo "PASS: error after ${elapsed_ms} ms, then 503"
