@@ -1,6 +1,7 @@
 #include "server/api_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <cstdio>
@@ -106,6 +107,12 @@ ApiServer::ApiServer(LlmEngine& engine, const Tokenizer* tokenizer,
   const int n = std::max(8, opt_.http_threads);
   http_->new_task_queue = [n] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
   http_->set_payload_max_length(kMaxBody);
+  // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port and
+  // silently take half its connections; two duet instances must collide loudly instead.
+  http_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   routes();
 }
 
@@ -113,7 +120,9 @@ ApiServer::~ApiServer() = default;
 
 int ApiServer::bind(const std::string& host, int port) {
   const int got = port == 0 ? http_->bind_to_any_port(host) : (http_->bind_to_port(host, port) ? port : -1);
-  if (got <= 0) DUET_ERROR("cannot listen on " << host << ":" << port);
+  if (got <= 0)
+    DUET_ERROR("cannot listen on " << host << ":" << port
+                                   << " (is another server using the port? --port 0 picks a free one)");
   return got;
 }
 

@@ -56,6 +56,14 @@ done
 status=0
 (cd "$cache" && DUET_BASE_URL="http://127.0.0.1:$port" DUET_MODEL=tiny \
   node --test --test-timeout=120000 serve.test.mjs) || status=$?
+# A second server on the same port must fail loudly, not share the port.
+if "$duet" serve "$work/model" --host 127.0.0.1 --port "$port" >"$work/second.out" 2>&1; then
+  echo "FAIL: a second duet serve started on port $port" >&2
+  status=1
+elif ! grep -q "cannot listen on 127.0.0.1:$port" "$work/second.out"; then
+  echo "FAIL: the second server's error does not name the port: $(cat "$work/second.out")" >&2
+  status=1
+fi
 if ! kill -0 "$server_pid" 2>/dev/null; then
   echo "FAIL: duet serve died during the tests" >&2
   status=1
