@@ -1,18 +1,40 @@
 #include "dist/comm_thread.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace duet {
 
+namespace {
+using Clock = std::chrono::steady_clock;
+
+// The sign of life of the communication thread this code runs on, if any.
+thread_local detail::AliveTicks* t_alive = nullptr;
+
+void mark_alive(detail::AliveTicks& alive) {
+  alive.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+}
+}  // namespace
+
 void CommHandle::wait() {
   if (!task_) return;
-  std::unique_lock<std::mutex> lock(task_->mu);
-  // The backend's watchdog fires first for a missing peer; this one also catches a
-  // communication thread that is stuck behind something else, plus a grace for the poll step.
+  // The backend's watchdog fires first for a missing peer; this one catches a communication
+  // thread that stopped making progress outside any backend wait, plus a grace for a poll step.
   const auto limit = watchdog_ + std::chrono::seconds(1);
-  if (!task_->cv.wait_for(lock, limit, [this] { return task_->done; })) {
-    DUET_ERROR(task_->name << ": not finished after " << limit.count()
-                           << " ms (the communication thread is stuck)");
+  const Clock::time_point start = Clock::now();
+  std::unique_lock<std::mutex> lock(task_->mu);
+  for (;;) {
+    const Clock::time_point alive(Clock::duration(alive_->load(std::memory_order_relaxed)));
+    const Clock::time_point deadline = std::max(start, alive) + limit;
+    if (task_->cv.wait_until(lock, deadline, [this] { return task_->done; })) break;
+    const Clock::time_point again(Clock::duration(alive_->load(std::memory_order_relaxed)));
+    if (again <= alive) {
+      const auto waited =
+          std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+      DUET_ERROR(task_->name << ": not finished after " << waited.count()
+                             << " ms (the communication thread is stuck)");
+    }
   }
   if (task_->error) std::rethrow_exception(task_->error);
 }
@@ -24,7 +46,14 @@ bool CommHandle::done() const {
 }
 
 CommThread::CommThread(std::string name, std::chrono::milliseconds watchdog)
-    : name_(std::move(name)), watchdog_(watchdog), thread_([this] { loop(); }) {}
+    : name_(std::move(name)),
+      watchdog_(watchdog),
+      alive_(std::make_shared<detail::AliveTicks>(0)),
+      thread_([this] { loop(); }) {}
+
+void CommThread::keepalive() {
+  if (t_alive) mark_alive(*t_alive);
+}
 
 CommThread::~CommThread() {
   {
@@ -44,10 +73,11 @@ CommHandle CommThread::submit(std::string name, std::function<void()> run) {
     queue_.push_back(task);
   }
   cv_.notify_one();
-  return CommHandle(task, watchdog_);
+  return CommHandle(task, alive_, watchdog_);
 }
 
 void CommThread::loop() {
+  t_alive = alive_.get();
   for (;;) {
     std::shared_ptr<detail::CommTask> task;
     {
@@ -57,6 +87,7 @@ void CommThread::loop() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
+    mark_alive(*alive_);
     std::exception_ptr error = failed_;
     if (!error) {
       try {
@@ -66,6 +97,7 @@ void CommThread::loop() {
         failed_ = error;
       }
     }
+    mark_alive(*alive_);
     task->run = nullptr;  // drop captured buffers' owners before signalling
     {
       std::lock_guard<std::mutex> lock(task->mu);

@@ -4,6 +4,7 @@
 // condition variable when it has nothing to do; backends wait for their peers without spinning.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -26,18 +27,23 @@ struct CommTask {
   bool done = false;         // GUARDED_BY(mu)
   std::exception_ptr error;  // GUARDED_BY(mu)
 };
+// When a communication thread last showed that it is not stuck (steady_clock ticks): it took a
+// task, finished one, or a backend polling for its peers said so (CommThread::keepalive).
+using AliveTicks = std::atomic<std::chrono::steady_clock::rep>;
 }  // namespace detail
 
 // The receipt of an asynchronous collective. wait() is the receive half.
 class CommHandle {
  public:
   CommHandle() = default;  // an empty handle: wait() returns at once
-  CommHandle(std::shared_ptr<detail::CommTask> task, std::chrono::milliseconds watchdog)
-      : task_(std::move(task)), watchdog_(watchdog) {}
+  CommHandle(std::shared_ptr<detail::CommTask> task,
+             std::shared_ptr<const detail::AliveTicks> alive, std::chrono::milliseconds watchdog)
+      : task_(std::move(task)), alive_(std::move(alive)), watchdog_(watchdog) {}
 
   // Blocks until the collective finished; rethrows its error (duet::Error naming it). Throws
-  // duet::Error if it has not finished within the watchdog time (from this call) — a backstop
-  // behind the backends' own watchdogs. Waiting twice is allowed.
+  // duet::Error if the communication thread shows no sign of life for the watchdog time plus
+  // a second (from this call) — a backstop behind the backends' own watchdogs, which may wait
+  // longer for peers that are alive but busy. Waiting twice is allowed.
   void wait();
   // Whether wait() would return at once.
   bool done() const;
@@ -45,6 +51,7 @@ class CommHandle {
 
  private:
   std::shared_ptr<detail::CommTask> task_;
+  std::shared_ptr<const detail::AliveTicks> alive_;
   std::chrono::milliseconds watchdog_{0};
 };
 
@@ -61,11 +68,17 @@ class CommThread {
   // same error without running: the ranks' collective sequences are out of step by then.
   CommHandle submit(std::string name, std::function<void()> run);
 
+  // Called by a backend on the communication thread while it polls for its peers: its own
+  // watchdog is in charge of that wait, so the handles waiting on this thread do not give up
+  // however long alive peers take. Does nothing on any other thread.
+  static void keepalive();
+
  private:
   void loop();
 
   std::string name_;
   std::chrono::milliseconds watchdog_;
+  std::shared_ptr<detail::AliveTicks> alive_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<detail::CommTask>> queue_;  // GUARDED_BY(mu_)

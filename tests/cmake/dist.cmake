@@ -1,7 +1,9 @@
 # The distributed runtime over MPI: a GoogleTest program that mpirun starts on several ranks
 # (label "mpi"). The in-process tests live in duet_tests like every other unit test.
 if(MPI_CXX_FOUND)
-  add_executable(duet_mpi_tests ${CMAKE_SOURCE_DIR}/tests/dist/mpi_dist_main.cpp)
+  add_executable(duet_mpi_tests ${CMAKE_SOURCE_DIR}/tests/dist/mpi_dist_main.cpp
+                                ${CMAKE_SOURCE_DIR}/tests/dist/mpi_ep_generate.cpp
+                                ${CMAKE_SOURCE_DIR}/tests/dist/mpi_ep_failure.cpp)
   target_include_directories(duet_mpi_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests)
   target_link_libraries(duet_mpi_tests PRIVATE duet_lib GTest::gtest GTest::gtest_main)
 
@@ -18,12 +20,71 @@ if(MPI_CXX_FOUND)
                          TIMEOUT 120 LABELS "mpi" ENVIRONMENT "${_duet_mpi_env}")
   endforeach()
 
-  # Rank 1 stops mid-collective: rank 0 must name the collective within the 1 s watchdog, then
-  # the job aborts (non-zero exit), hence a check of the output instead of the status.
+  # Rank 1 stops mid-collective: rank 0 must name the collective and the silent rank within the
+  # 1 s watchdog, then the job aborts (non-zero exit), hence a check of the output instead of the
+  # status.
   add_test(NAME mpi_watchdog_stopped_rank
            COMMAND ${_duet_mpirun} -np 2 $<TARGET_FILE:duet_mpi_tests>
-                   --gtest_filter=MpiWatchdog.*)
+                   --gtest_filter=MpiWatchdog.StoppedRankIsReported)
   set_tests_properties(mpi_watchdog_stopped_rank PROPERTIES
       TIMEOUT 60 LABELS "mpi" ENVIRONMENT "${_duet_mpi_env}"
-      PASS_REGULAR_EXPRESSION "watchdog fired after [0-2]\\.[0-9]+ s on rank 0: all_reduce: rank 0 of 2 waited 1000 ms")
+      PASS_REGULAR_EXPRESSION "watchdog fired after [0-2]\\.[0-9]+ s on rank 0: all_reduce: rank 0 of 2 waited 1[0-9][0-9][0-9] ms for its peers; rank 1 sent no heartbeat")
+  # The ranks wait in different collectives, both alive: the watchdog still fires (out of step).
+  add_test(NAME mpi_watchdog_out_of_step
+           COMMAND ${_duet_mpirun} -np 2 $<TARGET_FILE:duet_mpi_tests>
+                   --gtest_filter=MpiWatchdog.OutOfStepRanksAreReported)
+  set_tests_properties(mpi_watchdog_out_of_step PROPERTIES
+      TIMEOUT 60 LABELS "mpi" ENVIRONMENT "${_duet_mpi_env}"
+      PASS_REGULAR_EXPRESSION "watchdog fired after [0-2]\\.[0-9]+ s on rank [01]: [a-z_]+: rank [01] of 2 waited 1[0-9][0-9][0-9] ms for its peers; every rank has waited over 1000 ms in collectives that do not finish")
+  # A rank that is busy for 2.5 s before a barrier and an all_reduce (watchdog 1 s) is alive:
+  # the others wait for it.
+  add_test(NAME mpi_heartbeat_busy_rank
+           COMMAND ${_duet_mpirun} -np 3 $<TARGET_FILE:duet_mpi_tests>
+                   --gtest_filter=MpiHeartbeat.*)
+  set_tests_properties(mpi_heartbeat_busy_rank PROPERTIES
+                       TIMEOUT 60 LABELS "mpi" ENVIRONMENT "${_duet_mpi_env}")
+
+  # Expert parallelism over MPI equals the single-rank tokens (3 architectures x 2 all-to-all
+  # algorithms; pure EP, DP attention, an idle rank), also with a rank busy in the prefill for
+  # 2.5 watchdog times.
+  foreach(_n 2 4)
+    add_test(NAME mpi_ep_generate_np${_n}
+             COMMAND ${_duet_mpirun} -np ${_n} $<TARGET_FILE:duet_mpi_tests>
+                     --gtest_filter=*MpiEpGenerate.*:MpiEpBusy.*)
+    set_tests_properties(mpi_ep_generate_np${_n} PROPERTIES
+                         TIMEOUT 120 LABELS "mpi" ENVIRONMENT "${_duet_mpi_env}")
+  endforeach()
+
+  # A rank dies or stops in decode step 2 of an EP generation; each job ends with the failure,
+  # so these check the printed lines (a gtest failure on any rank fails them too). Under a
+  # plain mpirun, mpirun tears the job down after a SIGKILL: the script prints how long after.
+  add_test(NAME mpi_ep_killed_rank
+           COMMAND sh ${CMAKE_SOURCE_DIR}/tests/dist/mpirun_after_kill.sh
+                   ${_duet_mpirun} -np 4 $<TARGET_FILE:duet_mpi_tests>
+                   --gtest_filter=MpiEpFailure.KilledRank)
+  set_tests_properties(mpi_ep_killed_rank PROPERTIES
+      TIMEOUT 60 LABELS "mpi" ENVIRONMENT "${_duet_mpi_env}"
+      PASS_REGULAR_EXPRESSION
+      "job ended [0-9]\\.[0-9]+ s after the kill; mpirun exited with status [1-9]"
+      FAIL_REGULAR_EXPRESSION "\\[  FAILED  \\]")
+  # With --enable-recovery mpirun keeps the survivors running: their watchdog (2 s here) must
+  # name the dead rank.
+  add_test(NAME mpi_ep_killed_rank_recovery
+           COMMAND ${_duet_mpirun} --enable-recovery -np 4 $<TARGET_FILE:duet_mpi_tests>
+                   --gtest_filter=MpiEpFailure.KilledRank)
+  set_tests_properties(mpi_ep_killed_rank_recovery PROPERTIES
+      TIMEOUT 60 LABELS "mpi" ENVIRONMENT "${_duet_mpi_env}"
+      PASS_REGULAR_EXPRESSION
+      "rank [023]: generate failed after [0-9]\\.[0-9]+ s: [^\n]*rank 1 sent no heartbeat"
+      FAIL_REGULAR_EXPRESSION "\\[  FAILED  \\]")
+  # SIGSTOP, which mpirun does not notice: the default watchdog (8 s) names the waiting
+  # collective and the silent rank in under 10 s.
+  add_test(NAME mpi_ep_stopped_rank
+           COMMAND ${_duet_mpirun} -np 4 $<TARGET_FILE:duet_mpi_tests>
+                   --gtest_filter=MpiEpFailure.StoppedRank)
+  set_tests_properties(mpi_ep_stopped_rank PROPERTIES
+      TIMEOUT 60 LABELS "mpi" ENVIRONMENT "${_duet_mpi_env}"
+      PASS_REGULAR_EXPRESSION
+      "rank [023]: generate failed after [0-9]\\.[0-9]+ s: [a-z_]+: rank [023] of 4 waited [0-9]+ ms for its peers; rank 1 sent no heartbeat"
+      FAIL_REGULAR_EXPRESSION "\\[  FAILED  \\]")
 endif()

@@ -1,14 +1,19 @@
 // The MPI backend's tests: a GoogleTest program that every rank of an mpirun job runs
 // (tests/cmake/dist.cmake starts it with 2, 3 and 4 ranks). Each test is collective.
 //
-// MpiWatchdog.* is run on its own: rank 1 stops (SIGSTOP) in the middle of a collective and
-// rank 0 must report it within the watchdog time; the job then ends with MPI_Abort, so that
-// ctest checks the printed message rather than the exit status.
+// MpiHeartbeat.* checks that a peer that is merely busy for longer than the watchdog time is
+// waited for (its heartbeat shows it alive).
+//
+// Each MpiWatchdog.* test is run on its own: rank 1 stops (SIGSTOP) in the middle of a
+// collective, or the ranks call different collectives, and the others must report it within
+// the watchdog time; the job then ends with MPI_Abort, so that ctest checks the printed message
+// rather than the exit status.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <chrono>
 #include <cstdio>
+#include <thread>
 
 #include "core/error.h"
 #include "dist/collective_checks.h"
@@ -16,6 +21,10 @@
 
 namespace duet {
 namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
 TEST(MpiDist, RankInfo) {
   DistContext ctx = make_mpi_context();
@@ -44,6 +53,34 @@ TEST(MpiDist, TwoContexts) {
   test::check_coordinator(a);
 }
 
+// Rank 1 computes (sleeps) for 2.5 watchdog times before it joins a coordinator barrier and
+// then a data collective; the others wait for it without an error (also past the handle's
+// backstop, watchdog + 1 s).
+TEST(MpiHeartbeat, BusyPeerIsWaitedFor) {
+  const std::chrono::milliseconds watchdog(1000);
+  const std::chrono::milliseconds busy(2500);
+  DistContext ctx = make_mpi_context(watchdog);
+  ctx.coord().barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (ctx.rank() == 1) std::this_thread::sleep_for(busy);
+  ctx.coord().barrier();
+  const double s_coord = seconds_since(t0);
+  if (ctx.rank() == 1) std::this_thread::sleep_for(busy);
+  float v[2] = {1, float(ctx.rank())};
+  ctx.comm().all_reduce(v, 2, ElemType::kF32, ReduceOp::kSum);
+  const double s_data = seconds_since(t0) - s_coord;
+  const int n = ctx.world_size();
+  EXPECT_EQ(v[0], float(n));
+  EXPECT_EQ(v[1], float(n * (n - 1) / 2));
+  std::printf("rank %d waited %.2f s at the barrier and %.2f s at the all_reduce\n", ctx.rank(),
+              s_coord, s_data);
+  std::fflush(stdout);
+  if (ctx.rank() != 1) {
+    EXPECT_GT(s_coord, 2.0 * watchdog.count() / 1000);
+    EXPECT_GT(s_data, 2.0 * watchdog.count() / 1000);
+  }
+}
+
 TEST(MpiWatchdog, StoppedRankIsReported) {
   DistContext ctx = make_mpi_context(std::chrono::milliseconds(1000));
   ctx.coord().barrier();
@@ -54,7 +91,30 @@ TEST(MpiWatchdog, StoppedRankIsReported) {
     ctx.comm().all_reduce(v, 4, ElemType::kF32, ReduceOp::kSum);
     FAIL() << "all_reduce returned although rank 1 is stopped";
   } catch (const Error& e) {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double s = seconds_since(t0);
+    std::printf("watchdog fired after %.2f s on rank %d: %s\n", s, ctx.rank(), e.what());
+    std::fflush(stdout);
+    EXPECT_LT(s, 3.0);
+  }
+}
+
+// Rank 0 waits at a coordinator barrier while rank 1 waits at a data all_reduce: both are alive
+// and beating, but neither collective can ever finish. Each names the out-of-step collectives
+// within the watchdog time instead of waiting for the other forever.
+TEST(MpiWatchdog, OutOfStepRanksAreReported) {
+  DistContext ctx = make_mpi_context(std::chrono::milliseconds(1000));
+  ctx.coord().barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  static float v[4] = {1, 2, 3, 4};  // static: the abandoned request may still point at it
+  try {
+    if (ctx.rank() == 0) {
+      ctx.coord().barrier();
+    } else {
+      ctx.comm().all_reduce(v, 4, ElemType::kF32, ReduceOp::kSum);
+    }
+    FAIL() << "a collective returned although the ranks are out of step";
+  } catch (const Error& e) {
+    const double s = seconds_since(t0);
     std::printf("watchdog fired after %.2f s on rank %d: %s\n", s, ctx.rank(), e.what());
     std::fflush(stdout);
     EXPECT_LT(s, 3.0);
