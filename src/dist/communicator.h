@@ -4,8 +4,10 @@
 // started, so the blocking form is start + wait and every rank sees the same sequence.
 //
 // Backends (in-process, MPI) implement CollectiveOps: the blocking collectives themselves, called
-// only on the communication thread. A collective whose peers do not all arrive within the
-// watchdog time throws duet::Error naming it; every later collective then fails the same way.
+// only on the communication thread. A collective that gives up on its peers (in-process: one has
+// not arrived within the watchdog time; MPI: one has been silent, no heartbeat, for the watchdog
+// time, or every rank is stuck) throws duet::Error naming it; every later collective then fails
+// the same way.
 #pragma once
 
 #include <chrono>

@@ -3,9 +3,12 @@
 // few integers (the per-step DP synchronisation). Large tensors travel through the
 // Communicator, never through here.
 //
-// Every call is collective: all ranks make the same calls in the same order. A rank that does
-// not arrive within the watchdog timeout makes the call throw duet::Error naming the call (and,
-// where the backend can tell, the missing rank) instead of hanging.
+// Every call is collective: all ranks make the same calls in the same order. Instead of hanging
+// when a peer is missing, a call throws duet::Error naming the call (and, where the backend can
+// tell, the missing rank). When depends on the backend: the in-process one gives up once a rank
+// has not arrived within the watchdog time; the MPI one once a peer has been silent (no
+// heartbeat) for the watchdog time, or every rank is stuck (out of step), and waits for a peer
+// that is alive and computing.
 #pragma once
 
 #include <chrono>
@@ -15,8 +18,10 @@
 
 namespace duet {
 
-// How long a blocking collective waits for its peers before giving up. A rank that dies or
-// stops answering turns into an error on every other rank within this time (plus a poll step).
+// The watchdog time of blocking collectives. A rank that dies or stops answering turns into an
+// error on every other rank within this time (plus a poll step). Over MPI a rank that is busy
+// (a long prefill) keeps beating and is waited for past it; in-process, where ranks have no
+// heartbeat, it is not.
 inline constexpr std::chrono::milliseconds kDefaultWatchdog{8000};
 
 // Where this process sits in the launch (what the launcher tells each rank).

@@ -6,24 +6,18 @@
 #include "core/error.h"
 
 #if DUET_HAVE_MPI
-// Only MPI's C API: its deprecated C++ bindings do not compile warning-free.
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
-
 #include <algorithm>
 #include <climits>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "dist/comm_thread.h"
 #include "dist/communicator.h"
+#include "dist/mpi_heartbeat.h"
+#include "dist/mpi_util.h"
 #endif
 
 namespace duet {
@@ -58,243 +52,6 @@ bool mpi_available() {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-void check_mpi(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  DUET_ERROR(what << ": MPI error: " << std::string(msg, static_cast<size_t>(len)));
-}
-
-// Liveness of the other ranks, which a watchdog consults before it gives up on a collective
-// (a wait that is reset while the peers prove alive). A thread sends this rank's state to every
-// peer each kBeat on a communicator of its own and notes when it last heard from each. A peer
-// that is busy — a long prefill while the others wait at the layer's all-to-all, a slower
-// model load before the first collective — keeps beating, so the others keep waiting for it;
-// a peer that died or was stopped falls silent. The state sent is how long this rank has been
-// stuck: waiting in collectives of which none finished (or -1 once one of its waits failed: it
-// will not join any more). Once no peer is working — every one stuck for the watchdog time or
-// given up — nobody works towards the collectives they wait for (their sequences are out of
-// step) and waiting longer would hang.
-class Heartbeat {
- public:
-  static constexpr std::chrono::milliseconds kBeat{100};
-
-  // Collective: duplicates MPI_COMM_WORLD.
-  Heartbeat();
-  ~Heartbeat() { stop(); }
-  Heartbeat(const Heartbeat&) = delete;
-  Heartbeat& operator=(const Heartbeat&) = delete;
-
-  // A wait of this process for a collective begins; it ends with leave_wait, `finished` when
-  // its collective completed (progress) rather than failed (this rank gives up for good).
-  void enter_wait();
-  void leave_wait(bool finished);
-
-  // For a wait that has lasted longer than `watchdog`: why to give up now, or "" while some
-  // peer is alive and not stuck (it is working towards the collective).
-  std::string verdict(std::chrono::milliseconds watchdog);
-
-  // Stops the thread and frees the communicator; local. Returns false if a message could not
-  // finish (to a dead or stopped peer): then it stays pending and MPI_Finalize must not run.
-  bool stop();
-
- private:
-  void loop();
-  // One beat: takes what arrived, then sends the current state to every peer whose previous
-  // message has left. Only on the thread.
-  void exchange();
-  int64_t stuck_ms(Clock::time_point now) const;  // REQUIRES: mu_ held
-
-  MPI_Comm comm_ = MPI_COMM_NULL;
-  int rank_ = 0;
-  int size_ = 1;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;                     // GUARDED_BY(mu_)
-  int n_waiting_ = 0;                     // GUARDED_BY(mu_) waits in progress in this process
-  bool gave_up_ = false;                  // GUARDED_BY(mu_) a wait failed
-  Clock::time_point stuck_since_;         // GUARDED_BY(mu_) last progress, while n_waiting_ > 0
-  std::vector<Clock::time_point> heard_;  // GUARDED_BY(mu_) [size] last message from each rank
-  std::vector<int64_t> peer_stuck_ms_;    // GUARDED_BY(mu_) [size] the state in that message
-  // Only the thread (and the destructor after joining it) touches these.
-  std::vector<int64_t> send_buf_, recv_buf_;      // [size] one message per peer in flight
-  std::vector<MPI_Request> send_req_, recv_req_;  // [size]
-  std::vector<char> broken_;                      // [size] peers whose MPI calls failed
-  bool clean_ = true;                             // stop()'s answer, once stopped
-  std::thread thread_;                            // last: starts after the fields above
-};
-
-Heartbeat::Heartbeat() {
-  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
-  const size_t n = static_cast<size_t>(size_);
-  heard_.assign(n, Clock::now());
-  peer_stuck_ms_.assign(n, 0);
-  send_buf_.assign(n, 0);
-  recv_buf_.assign(n, 0);
-  send_req_.assign(n, MPI_REQUEST_NULL);
-  recv_req_.assign(n, MPI_REQUEST_NULL);
-  broken_.assign(n, 0);
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    if (MPI_Irecv(&recv_buf_[p], 1, MPI_INT64_T, p, 0, comm_, &recv_req_[p]) != MPI_SUCCESS)
-      broken_[p] = 1;
-  }
-  thread_ = std::thread([this] { loop(); });
-}
-
-bool Heartbeat::stop() {
-  if (!thread_.joinable()) return clean_;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  thread_.join();
-  // Receives are cancelled; sends normally leave at once (a few bytes, sent eagerly). What is
-  // still pending after a grace goes to a dead or stopped peer.
-  for (MPI_Request& r : recv_req_)
-    if (r != MPI_REQUEST_NULL) MPI_Cancel(&r);
-  const Clock::time_point deadline = Clock::now() + 5 * kBeat;
-  bool pending = true;
-  while (pending && Clock::now() < deadline) {
-    pending = false;
-    for (std::vector<MPI_Request>* reqs : {&recv_req_, &send_req_}) {
-      for (MPI_Request& r : *reqs) {
-        int done = 1;
-        if (r != MPI_REQUEST_NULL && MPI_Test(&r, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-          r = MPI_REQUEST_NULL;  // failed: nothing left to wait for
-          done = 1;
-        }
-        pending |= !done;
-      }
-    }
-    if (pending) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  clean_ = !pending;
-  if (clean_) MPI_Comm_free(&comm_);
-  return clean_;
-}
-
-void Heartbeat::enter_wait() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (n_waiting_++ == 0) stuck_since_ = Clock::now();
-}
-
-void Heartbeat::leave_wait(bool finished) {
-  std::lock_guard<std::mutex> lock(mu_);
-  --n_waiting_;
-  if (finished) stuck_since_ = Clock::now();
-  gave_up_ |= !finished;
-}
-
-int64_t Heartbeat::stuck_ms(Clock::time_point now) const {
-  if (gave_up_) return -1;
-  if (n_waiting_ == 0) return 0;
-  return std::chrono::duration_cast<std::chrono::milliseconds>(now - stuck_since_).count();
-}
-
-std::string Heartbeat::verdict(std::chrono::milliseconds watchdog) {
-  // A beat may come late on a loaded host: silence counts only past a few beats.
-  const std::chrono::milliseconds silence = std::max(watchdog, 5 * kBeat);
-  const Clock::time_point now = Clock::now();
-  std::lock_guard<std::mutex> lock(mu_);
-  std::vector<int> silent, gave_up;
-  bool working = false;
-  int64_t longest_ms = 0;
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    const int64_t age_ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(now - heard_[p]).count();
-    if (age_ms > silence.count()) {
-      silent.push_back(p);
-      longest_ms = std::max(longest_ms, age_ms);
-      continue;
-    }
-    if (peer_stuck_ms_[p] < 0) {
-      gave_up.push_back(p);
-      continue;
-    }
-    const int64_t stuck = peer_stuck_ms_[p] > 0 ? peer_stuck_ms_[p] + age_ms : 0;
-    working |= stuck < watchdog.count();
-  }
-  std::ostringstream why;
-  const auto list = [&why](const std::vector<int>& ranks) {
-    why << (ranks.size() == 1 ? "rank " : "ranks ");
-    for (size_t i = 0; i < ranks.size(); ++i) why << (i ? ", " : "") << ranks[i];
-  };
-  if (!silent.empty()) {
-    list(silent);
-    why << " sent no heartbeat for " << longest_ms << " ms: died or stopped answering";
-  } else if (working) {
-    return "";
-  } else if (!gave_up.empty()) {
-    list(gave_up);
-    why << " gave up after a failed collective";
-  } else {
-    why << "every rank has waited over " << watchdog.count()
-        << " ms in collectives that do not finish: the ranks' collectives are out of step";
-  }
-  return why.str();
-}
-
-void Heartbeat::loop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    lock.unlock();
-    exchange();
-    lock.lock();
-    cv_.wait_for(lock, kBeat, [this] { return stop_; });
-  }
-}
-
-void Heartbeat::exchange() {
-  std::vector<std::pair<int, int64_t>> got;  // (peer, its stuck ms) taken this beat
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_ || broken_[p]) continue;
-    // Every message that arrived, not one per beat, so that a backlog never shows old state.
-    for (;;) {
-      int done = 0;
-      if (MPI_Test(&recv_req_[p], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-        broken_[p] = 1;
-        break;
-      }
-      if (!done) break;
-      got.emplace_back(p, recv_buf_[p]);
-      if (MPI_Irecv(&recv_buf_[p], 1, MPI_INT64_T, p, 0, comm_, &recv_req_[p]) != MPI_SUCCESS) {
-        broken_[p] = 1;
-        break;
-      }
-    }
-  }
-  const Clock::time_point now = Clock::now();
-  int64_t mine = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [p, stuck] : got) {
-      heard_[p] = now;
-      peer_stuck_ms_[p] = stuck;
-    }
-    mine = stuck_ms(now);
-  }
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_ || broken_[p]) continue;
-    int done = 1;
-    if (send_req_[p] != MPI_REQUEST_NULL &&
-        MPI_Test(&send_req_[p], &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
-      broken_[p] = 1;
-      continue;
-    }
-    if (!done) continue;  // a slow or dead peer: never more than one message queued for it
-    send_buf_[p] = mine;
-    if (MPI_Isend(&send_buf_[p], 1, MPI_INT64_T, p, 0, comm_, &send_req_[p]) != MPI_SUCCESS)
-      broken_[p] = 1;
-  }
-}
 
 // MPI for the whole process: initialised once, finalised at exit (aborted if a watchdog gave
 // up on a collective).
@@ -337,17 +94,17 @@ class MpiRuntime {
 
   // The process's heartbeat, started by the first call. Collective on the first call (every
   // rank makes its first context at the same point), then only a lookup.
-  Heartbeat& heartbeat() {
+  MpiHeartbeat& heartbeat() {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!heartbeat_) heartbeat_ = std::make_unique<Heartbeat>();
+    if (!heartbeat_) heartbeat_ = std::make_unique<MpiHeartbeat>();
     return *heartbeat_;
   }
 
  private:
   bool owns_ = false;
   std::mutex mu_;
-  int n_abandoned_ = 0;                   // GUARDED_BY(mu_)
-  std::unique_ptr<Heartbeat> heartbeat_;  // GUARDED_BY(mu_) while created
+  int n_abandoned_ = 0;                      // GUARDED_BY(mu_)
+  std::unique_ptr<MpiHeartbeat> heartbeat_;  // GUARDED_BY(mu_) while created
 };
 
 MpiRuntime& runtime() {
@@ -387,7 +144,7 @@ class MpiChannel {
     auto nap = std::chrono::microseconds(2);
     heartbeat_.enter_wait();
     struct Leave {
-      Heartbeat& hb;
+      MpiHeartbeat& hb;
       bool finished = false;
       ~Leave() { hb.leave_wait(finished); }
     } leave{heartbeat_};
@@ -418,7 +175,7 @@ class MpiChannel {
 
  private:
   std::chrono::milliseconds watchdog_;
-  Heartbeat& heartbeat_;
+  MpiHeartbeat& heartbeat_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;

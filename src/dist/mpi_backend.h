@@ -2,7 +2,10 @@
 // Coordinator and communicator each use their own duplicate of MPI_COMM_WORLD, so control
 // messages on the caller's thread and data collectives on the communication thread never
 // interleave. Every wait is a non-blocking MPI collective polled with MPI_Test and a short,
-// growing sleep (the thread sleeps rather than spins) until a watchdog deadline.
+// growing sleep (the thread sleeps rather than spins). Past the watchdog time the wait asks the
+// process's heartbeat (mpi_heartbeat.h) whether to give up: once a peer has sent no heartbeat
+// for the watchdog time (it died or was stopped), or every rank is stuck (their collectives are
+// out of step); a peer that is alive and computing is waited for however long it takes.
 #pragma once
 
 #include <chrono>

@@ -21,8 +21,9 @@ namespace {
 using json = nlohmann::json;
 
 // How long rank 0 waits for a request while no rank has work before it runs an (empty) step
-// anyway: the other ranks sit in the control broadcast meanwhile, and their watchdog must never
-// take an idle rank 0 for a dead one.
+// anyway: the other ranks sit in the control broadcast meanwhile. Over MPI the heartbeat already
+// shows an idle rank 0 alive; the in-process backend has no heartbeat, so there this keeps the
+// other ranks' watchdog from taking an idle rank 0 for a dead one.
 constexpr std::chrono::milliseconds kIdleWait{20};
 
 // The counts each rank shares after scheduling, in this order.
