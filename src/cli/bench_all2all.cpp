@@ -3,10 +3,19 @@
 // transport alone gives). Ranks are in-process threads (`--distributed-backend inproc`, the
 // default) or the processes of an mpirun job (`--distributed-backend mpi`: the command
 // re-executes itself under `mpirun -np WORLD` unless it already runs under mpirun).
+//
+// Only the dispatcher's work is timed: dispatch_send + dispatch_recv, then combine_send +
+// combine_recv, back to back. The experts are left out (batch.y keeps whatever it holds), and
+// so is preparing the output. Bytes are the layer's payload, each rank's share for itself
+// included (the dispatcher keeps it in place; raw_all_to_all moves it through the transport,
+// raw_cross_rank does not), so every row's GB/s divides the same bytes by its time.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -31,35 +40,76 @@ struct All2AllOptions {
 
 using Clock = std::chrono::steady_clock;
 
-struct Timing {
-  double median_s = 0;  // the slowest rank's time, median over iterations
-  double bytes = 0;     // payload bytes all ranks sent per iteration
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// One rank's iteration: seconds in each half and waiting for transfers, payload bytes sent.
+struct StepTimes {
+  double dispatch_s = 0, combine_s = 0, wait_s = 0;
+  int64_t bytes = 0;
 };
 
-// Runs `step` iters times after two warm-ups; each iteration's time is the slowest rank's.
-Timing time_steps(DistContext& ctx, int iters, const std::function<int64_t()>& step) {
-  std::vector<double> times;
-  int64_t bytes = 0;
+// Medians over iterations of the slowest rank's figures (each taken separately).
+struct Timing {
+  const char* name = "";
+  double total_s = 0, dispatch_s = 0, combine_s = 0, wait_s = 0;
+  double bytes = 0;  // payload bytes all ranks sent per iteration
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Runs `step` iters times after two warm-ups, every rank starting each iteration together.
+Timing time_steps(DistContext& ctx, const char* name, int iters,
+                  const std::function<StepTimes()>& step) {
+  constexpr int kFigures = 4;  // total, dispatch, combine, wait
+  std::vector<std::vector<double>> fig(kFigures);
+  StepTimes st;
   for (int i = 0; i < iters + 2; ++i) {
     ctx.coord().barrier();
-    const auto t0 = Clock::now();
-    bytes = step();
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    const std::vector<int64_t> all = ctx.coord().all_gather({static_cast<int64_t>(dt * 1e9)});
-    if (i >= 2) times.push_back(*std::max_element(all.begin(), all.end()) * 1e-9);
+    st = step();
+    const std::vector<int64_t> all = ctx.coord().all_gather(
+        {static_cast<int64_t>((st.dispatch_s + st.combine_s) * 1e9),
+         static_cast<int64_t>(st.dispatch_s * 1e9), static_cast<int64_t>(st.combine_s * 1e9),
+         static_cast<int64_t>(st.wait_s * 1e9)});
+    if (i < 2) continue;
+    for (int f = 0; f < kFigures; ++f) {
+      int64_t most = 0;
+      for (int r = 0; r < ctx.world_size(); ++r) most = std::max(most, all[r * kFigures + f]);
+      fig[f].push_back(static_cast<double>(most) * 1e-9);
+    }
   }
-  std::sort(times.begin(), times.end());
-  int64_t total = 0;
-  for (int64_t b : ctx.coord().all_gather({bytes})) total += b;
-  return {times[times.size() / 2], static_cast<double>(total)};
+  Timing t;
+  t.name = name;
+  t.total_s = median(fig[0]);
+  t.dispatch_s = median(fig[1]);
+  t.combine_s = median(fig[2]);
+  t.wait_s = median(fig[3]);
+  for (int64_t b : ctx.coord().all_gather({st.bytes})) t.bytes += static_cast<double>(b);
+  return t;
+}
+
+void report(const std::vector<Timing>& rows, const Timing& raw) {
+  std::printf("%-16s %9s %9s %9s %9s %9s %8s %7s\n", "algorithm", "median ms", "dispatch",
+              "combine", "waited", "MB/iter", "GB/s", "of raw");
+  for (const Timing& t : rows) {
+    const double gbs = t.bytes / t.total_s / 1e9, raw_gbs = raw.bytes / raw.total_s / 1e9;
+    std::printf("%-16s %9.3f %9.3f %9.3f %9.3f %9.2f %8.2f %6.0f%%\n", t.name, t.total_s * 1e3,
+                t.dispatch_s * 1e3, t.combine_s * 1e3, t.wait_s * 1e3, t.bytes / 1e6, gbs,
+                100 * gbs / raw_gbs);
+  }
 }
 
 void bench_rank(DistContext& ctx, const All2AllOptions& o) {
   const ExpertPlacement place = place_experts(o.experts, ctx.world_size());
   if (o.topk < 1 || o.topk > o.experts) DUET_ERROR("--topk must be in [1, --experts]");
+  const int n = ctx.world_size();
   std::mt19937 rng(17 + ctx.rank());
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(o.tokens * o.hidden)), w, out(x.size());
+  std::vector<float> x(static_cast<size_t>(o.tokens * o.hidden)), w, out(x.size(), 0.0f);
   for (float& v : x) v = u(rng);
   std::vector<int32_t> ids;
   std::vector<int32_t> perm(static_cast<size_t>(o.experts));
@@ -69,41 +119,47 @@ void bench_rank(DistContext& ctx, const All2AllOptions& o) {
     for (int64_t k = 0; k < o.topk; ++k) ids.push_back(perm[k]), w.push_back(1.0f / o.topk);
   }
   const RoutedTokens rt{x.data(), ids.data(), w.data(), o.tokens, o.hidden, o.topk};
-  if (ctx.rank() == 0) {
-    std::printf("all2all: %d ranks (%s), %lld tokens/rank, hidden %lld, top-%lld of %lld experts\n",
-                ctx.world_size(), o.backend.c_str(), (long long)o.tokens, (long long)o.hidden,
-                (long long)o.topk, (long long)o.experts);
-    std::printf("%-16s %12s %12s %10s\n", "algorithm", "median ms", "MB/iter", "GB/s");
-  }
-  auto report = [&](const char* name, const Timing& t) {
-    if (ctx.rank() != 0) return;
-    std::printf("%-16s %12.3f %12.2f %10.2f\n", name, t.median_s * 1e3, t.bytes / 1e6,
-                t.bytes / t.median_s / 1e9);
-  };
-  int64_t ht_bytes_per_rank = 0;
+  std::vector<Timing> rows;
   for (All2AllBackend b : {All2AllBackend::kHighThroughput, All2AllBackend::kLowLatency}) {
     EpDispatcher ep(ctx.comm(), place, {b, o.tokens});
-    const Timing t = time_steps(ctx, o.iters, [&] {
+    rows.push_back(time_steps(ctx, all2all_backend_name(b), o.iters, [&] {
+      ep.plan_step(o.tokens);  // as the engines do before each step
+      StepTimes st;
+      const double wait0 = ep.wait_seconds();
+      const Clock::time_point t0 = Clock::now();
       ep.dispatch_send(rt);
-      ExpertBatch& batch = ep.dispatch_recv();
-      batch.y = batch.x;  // the experts are not the point here
+      ep.dispatch_recv();
+      st.dispatch_s = since(t0);
+      const Clock::time_point t1 = Clock::now();
       ep.combine_send();
-      std::fill(out.begin(), out.end(), 0.0f);
-      ep.combine_recv(out.data());
-      return ep.last_dispatch_bytes() + ep.last_combine_bytes();
-    });
-    if (b == All2AllBackend::kHighThroughput)
-      ht_bytes_per_rank = static_cast<int64_t>(t.bytes) / ctx.world_size();
-    report(all2all_backend_name(b), t);
+      ep.combine_recv(out.data());  // adds the untouched batch.y: out stays finite
+      st.combine_s = since(t1);
+      st.wait_s = ep.wait_seconds() - wait0;
+      st.bytes = ep.last_dispatch_bytes() + ep.last_combine_bytes();
+      return st;
+    }));
   }
-  // The transport alone: one all-to-all per iteration moving high_throughput's bytes, evenly.
-  const int64_t part = ht_bytes_per_rank / ctx.world_size();
-  std::vector<uint8_t> send(static_cast<size_t>(part * ctx.world_size())), recv(send.size());
-  const std::vector<int64_t> each(static_cast<size_t>(ctx.world_size()), part);
-  report("raw_all_to_all", time_steps(ctx, o.iters, [&] {
-           ctx.comm().all_to_all_v(send.data(), each, recv.data(), each);
-           return part * ctx.world_size();
-         }));
+  // The transport alone: one all-to-all per iteration moving high_throughput's bytes, evenly;
+  // then the same parts without the one to itself, which high_throughput keeps in place.
+  const int64_t part = static_cast<int64_t>(rows[0].bytes) / n / n;
+  std::vector<uint8_t> send(static_cast<size_t>(part * n)), recv(send.size());
+  for (const bool self : {true, false}) {
+    std::vector<int64_t> each(static_cast<size_t>(n), part);
+    if (!self) each[ctx.rank()] = 0;
+    rows.push_back(time_steps(ctx, self ? "raw_all_to_all" : "raw_cross_rank", o.iters, [&] {
+      const Clock::time_point t0 = Clock::now();
+      ctx.comm().all_to_all_v(send.data(), each, recv.data(), each);
+      StepTimes st;
+      st.dispatch_s = st.wait_s = since(t0);
+      st.bytes = part * n;  // as payload, like the dispatcher's own share
+      return st;
+    }));
+  }
+  if (ctx.rank() != 0) return;
+  std::printf("all2all: %d ranks (%s), %lld tokens/rank, hidden %lld, top-%lld of %lld experts\n",
+              n, o.backend.c_str(), (long long)o.tokens, (long long)o.hidden, (long long)o.topk,
+              (long long)o.experts);
+  report(rows, rows[2]);
 }
 
 void run_all2all(const All2AllOptions& o) {

@@ -41,12 +41,19 @@ EpDispatcher::EpDispatcher(Communicator& comm, const ExpertPlacement& placement,
       opt_(opt),
       rank_(comm.rank()),
       n_rank_(comm.world_size()),
-      step_backend_(opt.backend) {
+      step_backend_(opt.backend),
+      step_tokens_(opt.max_tokens_per_rank) {
   DUET_CHECK(placement.world_size == n_rank_,
              "placement for " << placement.world_size << " ranks, communicator " << n_rank_);
   DUET_CHECK(opt.max_tokens_per_rank >= 1, "max_tokens_per_rank " << opt.max_tokens_per_rank);
-  send_rows_.assign(static_cast<size_t>(n_rank_), 0);
-  recv_rows_.assign(static_cast<size_t>(n_rank_), 0);
+  const size_t n = static_cast<size_t>(n_rank_);
+  send_rows_.assign(n, 0);
+  recv_rows_.assign(n, 0);
+  send_bytes_.assign(n, 0);
+  recv_bytes_.assign(n, 0);
+  send_first_.assign(n + 1, 0);
+  recv_first_.assign(n + 1, 0);
+  fill_.assign(static_cast<size_t>(placement.n_local()), 0);
   src_row_.assign(static_cast<size_t>(placement.n_local() * n_rank_), 0);
   batch_.first_expert = placement.begin(rank_);
   batch_.n_local_expert = placement.n_local();
@@ -54,10 +61,11 @@ EpDispatcher::EpDispatcher(Communicator& comm, const ExpertPlacement& placement,
 
 void EpDispatcher::plan_step(int64_t max_tokens_per_rank) {
   expect(Phase::kIdle, "plan_step");
-  step_backend_ =
-      opt_.backend == All2AllBackend::kLowLatency && max_tokens_per_rank <= opt_.max_tokens_per_rank
-          ? All2AllBackend::kLowLatency
-          : All2AllBackend::kHighThroughput;
+  const bool fits = max_tokens_per_rank <= opt_.max_tokens_per_rank;
+  step_backend_ = opt_.backend == All2AllBackend::kLowLatency && fits
+                      ? All2AllBackend::kLowLatency
+                      : All2AllBackend::kHighThroughput;
+  step_tokens_ = fits ? std::max<int64_t>(max_tokens_per_rank, 1) : opt_.max_tokens_per_rank;
 }
 
 void EpDispatcher::expect(Phase want, const char* call) const {
@@ -65,12 +73,15 @@ void EpDispatcher::expect(Phase want, const char* call) const {
              "EpDispatcher::" << call << " out of turn (phase " << static_cast<int>(phase_) << ")");
 }
 
-std::vector<int64_t> EpDispatcher::uniform(int64_t bytes_each) const {
-  return std::vector<int64_t>(static_cast<size_t>(n_rank_), bytes_each);
+void EpDispatcher::wire_bytes(const std::vector<int64_t>& rows, int64_t words,
+                              std::vector<int64_t>* bytes) const {
+  for (int r = 0; r < n_rank_; ++r) (*bytes)[r] = r == rank_ ? 0 : rows[r] * words * 4;
 }
 
 void EpDispatcher::wait_pending() {
   const auto t0 = std::chrono::steady_clock::now();
+  counts_pending_.wait();
+  counts_pending_ = CommHandle();
   pending_.wait();
   pending_ = CommHandle();
   wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -124,24 +135,39 @@ void EpDispatcher::combine_recv(float* out) {
   phase_ = Phase::kIdle;
 }
 
-// A record: [K local expert ids, -1 after the last][K weights][D x], in f32 words.
+// A record: [K local expert ids, -1 after the last][K weights][D x], in f32 words. Records to
+// this rank keep only their header (in self_head_); their rows stay in tokens_.x.
 void EpDispatcher::ht_dispatch_send() {
   const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd, W = 2 * K + D;
+  scratch_.resize(static_cast<size_t>(4 * n_rank_));
+  int64_t* last_token = scratch_.data();  // [n_rank] the last token given a record there
+  int64_t* next = last_token + n_rank_;   // [n_rank] the next record number there
+  int64_t* record = next + n_rank_;       // [n_rank] the current token's record there
+  int64_t* n_listed = record + n_rank_;   // [n_rank] experts listed in it so far
   std::fill(send_rows_.begin(), send_rows_.end(), 0);
-  std::vector<int64_t> last_token(static_cast<size_t>(n_rank_), -1);
+  std::fill(last_token, last_token + n_rank_, -1);
   for (int64_t t = 0; t < tokens_.n_tokens; ++t) {
     for (int64_t k = 0; k < K; ++k) {
       const int r = placement_.owner(tokens_.topk_ids[t * K + k]);
       if (last_token[r] != t) last_token[r] = t, ++send_rows_[r];
     }
   }
-  std::vector<int64_t> next(static_cast<size_t>(n_rank_), 0);  // next record per destination
-  int64_t total = 0;
-  for (int r = 0; r < n_rank_; ++r) next[r] = total, total += send_rows_[r];
-  send_.resize(static_cast<size_t>(total * W));
-  sent_token_.resize(static_cast<size_t>(total));
-  std::fill(last_token.begin(), last_token.end(), -1);
-  std::vector<int64_t> record(static_cast<size_t>(n_rank_)), n_listed(record.size());
+  // The counts travel while the records are packed.
+  const std::vector<int64_t> eight(static_cast<size_t>(n_rank_), 8);
+  counts_pending_ = comm_.start_all_to_all_v(send_rows_.data(), eight, recv_rows_.data(), eight);
+
+  for (int r = 0; r < n_rank_; ++r) send_first_[r + 1] = send_first_[r] + send_rows_[r];
+  const int64_t n_sent = send_first_[n_rank_], n_self = send_rows_[rank_];
+  send_.resize(static_cast<size_t>((n_sent - n_self) * W));
+  self_head_.resize(static_cast<size_t>(n_self * 2 * K));
+  sent_token_.resize(static_cast<size_t>(n_sent));
+  for (int r = 0; r < n_rank_; ++r) next[r] = send_first_[r];
+  std::fill(last_token, last_token + n_rank_, -1);
+  // Record g's header: in send_ past the own records, which it leaves out, or in self_head_.
+  auto head_of = [&](int r, int64_t g) {
+    if (r == rank_) return self_head_.data() + (g - send_first_[r]) * 2 * K;
+    return send_.data() + (r < rank_ ? g : g - n_self) * W;
+  };
   for (int64_t t = 0; t < tokens_.n_tokens; ++t) {
     for (int64_t k = 0; k < K; ++k) {
       const int32_t e = tokens_.topk_ids[t * K + k];
@@ -151,89 +177,127 @@ void EpDispatcher::ht_dispatch_send() {
         record[r] = next[r]++;
         n_listed[r] = 0;
         sent_token_[record[r]] = static_cast<int32_t>(t);
-        float* rec = send_.data() + record[r] * W;
-        for (int64_t j = 0; j < K; ++j) put_i32(rec + j, -1), rec[K + j] = 0.0f;
-        std::copy(tokens_.x + t * D, tokens_.x + (t + 1) * D, rec + 2 * K);
+        float* head = head_of(r, record[r]);
+        for (int64_t j = 0; j < K; ++j) put_i32(head + j, -1), head[K + j] = 0.0f;
+        if (r != rank_) std::memcpy(head + 2 * K, tokens_.x + t * D, static_cast<size_t>(D) * 4);
       }
-      float* rec = send_.data() + record[r] * W;
-      put_i32(rec + n_listed[r], static_cast<int32_t>(e - placement_.begin(r)));
-      rec[K + n_listed[r]] = tokens_.topk_weights[t * K + k];
+      float* head = head_of(r, record[r]);
+      put_i32(head + n_listed[r], static_cast<int32_t>(e - placement_.begin(r)));
+      head[K + n_listed[r]] = tokens_.topk_weights[t * K + k];
       ++n_listed[r];
     }
   }
-  dispatch_bytes_ = total * W * 4;
+  dispatch_bytes_ = n_sent * W * 4;
+  wire_bytes(send_rows_, W, &send_bytes_);
+  // Runs after the count exchange on the communication thread, which wrote recv_rows_.
   pending_ = comm_.start("ep_dispatch(high_throughput)", [this, W](CollectiveOps& ops) {
-    const std::vector<int64_t> eight = uniform(8);
-    ops.all_to_all_v(send_rows_.data(), eight, recv_rows_.data(), eight);
-    std::vector<int64_t> sb(static_cast<size_t>(n_rank_)), rb(sb.size());
+    wire_bytes(recv_rows_, W, &recv_bytes_);
     int64_t n_recv = 0;
-    for (int r = 0; r < n_rank_; ++r) {
-      sb[r] = send_rows_[r] * W * 4;
-      rb[r] = recv_rows_[r] * W * 4;
-      n_recv += recv_rows_[r];
-    }
-    recv_.resize(static_cast<size_t>(n_recv * W));
-    ops.all_to_all_v(send_.data(), sb, recv_.data(), rb);
+    for (int64_t b : recv_bytes_) n_recv += b / 4;
+    recv_.resize(static_cast<size_t>(n_recv));
+    ops.all_to_all_v(send_.data(), send_bytes_, recv_.data(), recv_bytes_);
   });
 }
 
+const float* EpDispatcher::ht_head(int s, int64_t i) const {
+  const int64_t K = tokens_.n_expert_used, W = 2 * K + tokens_.n_embd;
+  if (s == rank_) return self_head_.data() + i * 2 * K;
+  const int64_t n_self = recv_rows_[rank_];
+  return recv_.data() + (recv_first_[s] + i - (s < rank_ ? 0 : n_self)) * W;
+}
+
+const float* EpDispatcher::ht_row(int s, int64_t i) const {
+  if (s == rank_) return tokens_.x + sent_token_[send_first_[s] + i] * tokens_.n_embd;
+  return ht_head(s, i) + 2 * tokens_.n_expert_used;
+}
+
 // Groups the received records' rows by local expert (a row per listed expert, in arrival
-// order), remembering where each record's rows went.
+// order: by source rank, then record), remembering where each record's rows went.
 void EpDispatcher::ht_dispatch_recv() {
-  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd, W = 2 * K + D;
+  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
   const int64_t L = placement_.n_local();
-  int64_t n_rec = 0;
-  for (int64_t c : recv_rows_) n_rec += c;
+  for (int s = 0; s < n_rank_; ++s) recv_first_[s + 1] = recv_first_[s] + recv_rows_[s];
+  DUET_CHECK(recv_rows_[rank_] == send_rows_[rank_],
+             "own records " << recv_rows_[rank_] << " vs " << send_rows_[rank_]);
+  const int64_t n_rec = recv_first_[n_rank_];
   batch_.offsets.assign(static_cast<size_t>(L + 1), 0);
-  for (int64_t i = 0; i < n_rec; ++i) {
-    const float* rec = recv_.data() + i * W;
-    for (int64_t j = 0; j < K && get_i32(rec + j) >= 0; ++j) {
-      const int32_t l = get_i32(rec + j);
-      DUET_CHECK(l < L, "received local expert " << l << " of " << L);
-      ++batch_.offsets[l + 1];
+  for (int s = 0; s < n_rank_; ++s) {
+    for (int64_t i = 0; i < recv_rows_[s]; ++i) {
+      const float* head = ht_head(s, i);
+      for (int64_t j = 0; j < K && get_i32(head + j) >= 0; ++j) {
+        const int32_t l = get_i32(head + j);
+        DUET_CHECK(l < L, "received local expert " << l << " of " << L);
+        ++batch_.offsets[l + 1];
+      }
     }
   }
   for (int64_t l = 0; l < L; ++l) batch_.offsets[l + 1] += batch_.offsets[l];
-  std::vector<int64_t> fill(batch_.offsets.begin(), batch_.offsets.end() - 1);
+  std::copy(batch_.offsets.begin(), batch_.offsets.end() - 1, fill_.begin());
   rec_rows_.assign(static_cast<size_t>(n_rec * K), -1);
   batch_.x.resize(static_cast<size_t>(batch_.offsets.back() * D));
-  for (int64_t i = 0; i < n_rec; ++i) {
-    const float* rec = recv_.data() + i * W;
-    for (int64_t j = 0; j < K && get_i32(rec + j) >= 0; ++j) {
-      const int64_t row = fill[get_i32(rec + j)]++;
-      rec_rows_[i * K + j] = row;
-      std::copy(rec + 2 * K, rec + W, batch_.x.begin() + row * D);
+  for (int s = 0; s < n_rank_; ++s) {
+    for (int64_t i = 0; i < recv_rows_[s]; ++i) {
+      const float* head = ht_head(s, i);
+      const float* row = ht_row(s, i);
+      int64_t* rows = rec_rows_.data() + (recv_first_[s] + i) * K;
+      for (int64_t j = 0; j < K && get_i32(head + j) >= 0; ++j) {
+        rows[j] = fill_[get_i32(head + j)]++;
+        std::memcpy(batch_.x.data() + rows[j] * D, row, static_cast<size_t>(D) * 4);
+      }
     }
   }
 }
 
-// Each received record goes back as one row: Σ_j weight_j · y(row_j).
+void EpDispatcher::ht_reduce(const float* head, const int64_t* rows, float* dst) const {
+  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
+  std::fill(dst, dst + D, 0.0f);
+  for (int64_t j = 0; j < K && rows[j] >= 0; ++j)
+    axpy(head[K + j], batch_.y.data() + rows[j] * D, D, dst);
+}
+
+// Each received record goes back as one row: Σ_j weight_j · y(row_j). The own records'
+// rows are reduced in combine_recv, straight into the output.
 void EpDispatcher::ht_combine_send() {
-  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd, W = 2 * K + D;
-  const int64_t n_rec = static_cast<int64_t>(rec_rows_.size()) / std::max<int64_t>(K, 1);
-  back_.assign(static_cast<size_t>(n_rec * D), 0.0f);
-  for (int64_t i = 0; i < n_rec; ++i) {
-    const float* rec = recv_.data() + i * W;
-    for (int64_t j = 0; j < K && rec_rows_[i * K + j] >= 0; ++j) {
-      axpy(rec[K + j], batch_.y.data() + rec_rows_[i * K + j] * D, D, back_.data() + i * D);
-    }
+  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
+  const int64_t n_rec = recv_first_[n_rank_], n_self = recv_rows_[rank_];
+  back_.resize(static_cast<size_t>((n_rec - n_self) * D));
+  float* dst = back_.data();
+  for (int s = 0; s < n_rank_; ++s) {
+    if (s == rank_) continue;
+    for (int64_t i = 0; i < recv_rows_[s]; ++i, dst += D)
+      ht_reduce(ht_head(s, i), rec_rows_.data() + (recv_first_[s] + i) * K, dst);
   }
-  std::vector<int64_t> sb(static_cast<size_t>(n_rank_)), rb(sb.size());
-  int64_t n_back = 0;
-  for (int r = 0; r < n_rank_; ++r) {
-    sb[r] = recv_rows_[r] * D * 4;
-    rb[r] = send_rows_[r] * D * 4;
-    n_back += send_rows_[r];
-  }
-  ret_.resize(static_cast<size_t>(n_back * D));
+  wire_bytes(recv_rows_, D, &send_bytes_);
+  wire_bytes(send_rows_, D, &recv_bytes_);
+  ret_.resize(static_cast<size_t>((send_first_[n_rank_] - send_rows_[rank_]) * D));
   combine_bytes_ = n_rec * D * 4;
-  pending_ = comm_.start_all_to_all_v(back_.data(), std::move(sb), ret_.data(), std::move(rb));
+  pending_ = comm_.start_all_to_all_v(back_.data(), send_bytes_, ret_.data(), recv_bytes_);
 }
 
+// out[t] += each of t's records' row, in destination rank order, token by token so that each
+// output row is read and written once. Each destination's records are in token order.
 void EpDispatcher::ht_combine_recv(float* out) {
-  const int64_t D = tokens_.n_embd;
-  for (size_t p = 0; p < sent_token_.size(); ++p) {
-    add_inplace(ret_.data() + p * D, D, out + sent_token_[p] * D);
+  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
+  const int64_t n_self = send_rows_[rank_];
+  row_.resize(static_cast<size_t>(D));
+  scratch_.resize(static_cast<size_t>(n_rank_));
+  int64_t* next = scratch_.data();  // [n_rank] the next record from each destination
+  std::copy(send_first_.begin(), send_first_.end() - 1, next);
+  for (int64_t t = 0; t < tokens_.n_tokens; ++t) {
+    float* o = out + t * D;
+    for (int r = 0; r < n_rank_; ++r) {
+      const int64_t g = next[r];
+      if (g == send_first_[r + 1] || sent_token_[g] != t) continue;
+      ++next[r];
+      const int64_t i = g - send_first_[r];
+      if (r == rank_) {
+        ht_reduce(self_head_.data() + i * 2 * K, rec_rows_.data() + (recv_first_[r] + i) * K,
+                  row_.data());
+        add_inplace(row_.data(), D, o);
+      } else {
+        add_inplace(ret_.data() + (r < rank_ ? g : g - n_self) * D, D, o);
+      }
+    }
   }
 }
 

@@ -7,12 +7,14 @@
 //  - high_throughput: exchange the row counts first, then send each token once per destination
 //    rank with the list of its experts there (deduplicated); the destination reduces the
 //    token's experts' outputs with their weights and sends back one row per token.
-//  - low_latency: one round without a count exchange into fixed-capacity per-expert buffers
-//    (max_tokens_per_rank rows per expert per source rank); a token goes once per expert, and
-//    its owner applies the weights. Cheaper for decode's small batches. A step in which some
-//    rank has more tokens than the capacity (told by plan_step; a long prefill) runs
-//    high_throughput instead, as DeepEP's users switch to the normal kernels for prefill;
-//    without plan_step such a batch is refused.
+//  - low_latency: one round without a count exchange into fixed-capacity buffers: per
+//    destination rank, room for min(K, n_local) rows per token of the step's capacity (told by
+//    plan_step, else max_tokens_per_rank), rows grouped by expert behind a header of per-expert
+//    counts. A token goes once per expert, and its owner applies the weights. Cheaper for
+//    decode's small batches. A step in which some rank has more tokens than max_tokens_per_rank
+//    (told by plan_step; a long prefill) runs high_throughput instead, as DeepEP's users switch
+//    to the normal kernels for prefill; without plan_step such a batch is refused.
+// Both send nothing through the transport to the rank itself: its rows are read in place.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +35,8 @@ const char* all2all_backend_name(All2AllBackend b);
 
 struct EpDispatcherOptions {
   All2AllBackend backend = All2AllBackend::kHighThroughput;
-  // low_latency: the capacity of each per-expert buffer, per source rank. Every rank must use
-  // the same value; a micro-batch with more tokens is refused.
+  // low_latency: the most tokens of one rank a dispatch carries (the buffers' capacity). Every
+  // rank must use the same value; a micro-batch with more tokens is refused.
   int64_t max_tokens_per_rank = 256;
 };
 
@@ -50,12 +52,15 @@ class EpDispatcher final : public Dispatcher {
   void combine_send() override;
   void combine_recv(float* out) override;
 
+  // Also sizes low_latency's buffers for the step: max_tokens_per_rank rows per token slot
+  // instead of the configured capacity (every rank plans the same value).
   void plan_step(int64_t max_tokens_per_rank) override;
 
   All2AllBackend backend() const { return opt_.backend; }
   // The algorithm the current step uses.
   All2AllBackend step_backend() const { return step_backend_; }
-  // Payload bytes this rank sent in the last dispatch and combine (benchmarks).
+  // Payload bytes this rank routed in the last dispatch and combine (benchmarks), its own
+  // share included although that never enters the transport.
   int64_t last_dispatch_bytes() const { return dispatch_bytes_; }
   int64_t last_combine_bytes() const { return combine_bytes_; }
   // Seconds the receive halves have spent waiting for their transfers since construction: the
@@ -71,8 +76,17 @@ class EpDispatcher final : public Dispatcher {
   void ll_dispatch_recv();
   void ll_combine_send();
   void ll_combine_recv(float* out);
-  // Counts of `bytes_each` per rank, for the fixed-size transfers.
-  std::vector<int64_t> uniform(int64_t bytes_each) const;
+
+  // high_throughput: the header (K ids, K weights) of record i from source s, and its row.
+  // REQUIRES: the dispatch's transfer has been waited for.
+  const float* ht_head(int s, int64_t i) const;
+  const float* ht_row(int s, int64_t i) const;
+  // dst[:D] = Σ_j head's weight j · y(rows[j]) over the listed rows (rows[j] >= 0).
+  void ht_reduce(const float* head, const int64_t* rows, float* dst) const;
+  // Byte counts of the transfer of `rows` records of `words` f32 each per rank, the rank's own
+  // part left out (it stays in place).
+  void wire_bytes(const std::vector<int64_t>& rows, int64_t words,
+                  std::vector<int64_t>* bytes) const;
 
   // The dispatcher's place in the dispatch → experts → combine cycle; a call out of turn (a
   // transfer left behind or started twice) is a bug and fails a check.
@@ -85,33 +99,45 @@ class EpDispatcher final : public Dispatcher {
   const int rank_;
   const int n_rank_;
 
-  // Waits for the pending transfer, adding the time to wait_seconds_.
+  // Waits for the pending transfers, adding the time to wait_seconds_.
   void wait_pending();
 
   Phase phase_ = Phase::kIdle;
   All2AllBackend step_backend_;
+  int64_t step_tokens_;  // low_latency: the step's capacity in tokens per rank
   double wait_seconds_ = 0;
   RoutedTokens tokens_;
   ExpertBatch batch_;
-  CommHandle pending_;  // the transfer in flight between a send half and its receive half
+  CommHandle counts_pending_;  // ht: the count exchange, posted before the records are packed
+  CommHandle pending_;         // the transfer in flight between a send half and its receive half
   int64_t dispatch_bytes_ = 0;
   int64_t combine_bytes_ = 0;
 
   // Buffers touched by the communication thread between a send half and the wait in the
-  // matching receive half, and by the caller only outside that window.
-  std::vector<float> send_;         // records (ht) or per-expert blocks (ll), by destination
+  // matching receive half, and by the caller only outside that window. The rank's own part
+  // has length 0 on the wire.
+  std::vector<float> send_;         // records (ht) or per-rank blocks (ll), by destination
   std::vector<float> recv_;         // the same, by source
   std::vector<float> back_;         // combine: outputs going back, by source
   std::vector<float> ret_;          // combine: outputs coming back, by destination
-  std::vector<int64_t> send_rows_;  // [n_rank] ht: records sent to each rank
-  std::vector<int64_t> recv_rows_;  // [n_rank] ht: records received from each rank
+  std::vector<int64_t> send_rows_;  // [n_rank] ht: records for each rank (own included)
+  std::vector<int64_t> recv_rows_;  // [n_rank] ht: records from each rank (own included)
+  std::vector<int64_t> send_bytes_, recv_bytes_;  // [n_rank] the data transfer's byte counts
 
-  // high_throughput bookkeeping.
-  std::vector<int32_t> sent_token_;  // [sent records] token of each record, destination-major
+  // high_throughput bookkeeping. Records are numbered by destination (sent) or source
+  // (received) in rank order, the rank's own records included; the wire buffers leave them out.
+  std::vector<int64_t> send_first_;  // [n_rank + 1] first sent record of each destination
+  std::vector<int64_t> recv_first_;  // [n_rank + 1] first received record of each source
+  std::vector<int32_t> sent_token_;  // [sent records] token of each record
+  std::vector<float> self_head_;     // [own records, 2K] headers of the records to this rank
   std::vector<int64_t> rec_rows_;    // [received records, K] batch row of each listed expert, -1
+  std::vector<float> row_;           // [D] one reduced row (own records' combine)
+  std::vector<int64_t> scratch_;     // cursors of a send half's packing pass
+  std::vector<int64_t> fill_;        // [n_local] next batch row of each local expert
   // low_latency bookkeeping.
   std::vector<int64_t> slot_of_;  // [n_tokens, K] word offset of (t, k)'s row in ret_
   std::vector<int64_t> src_row_;  // [n_local, n_rank] first batch row of (expert, source)
+  std::vector<int64_t> blk_row_;  // [n_rank, n_local] first row of (source, expert) in its buffer
 };
 
 }  // namespace duet

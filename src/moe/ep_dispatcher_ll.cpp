@@ -1,7 +1,12 @@
-// EpDispatcher's low_latency algorithm: fixed-capacity per-expert buffers, one round each way.
-// The buffer of (destination r, local expert l) is a block of 1 + C·D f32 words: the row count
-// (an int32, bit for bit), then C rows of D. The same layout carries the outputs back, so a
-// (token, k) pair's output sits at the word offset its input had.
+// EpDispatcher's low_latency algorithm: fixed-capacity buffers, one round each way, no count
+// exchange. The buffer for (or from) one rank is BW = L + R·D f32 words: the row count of each
+// of that rank's L local experts (int32, bit for bit), then R = min(K, L) · C rows of D, expert
+// l's rows after expert l - 1's. C is the step's capacity in tokens: a token sends at most
+// min(K, L) rows to one rank (its K experts are distinct), so no rank can overflow what every
+// rank expects. The same layout carries the outputs back, so a (token, k) pair's output sits at
+// the word offset its input had. The buffers of the other ranks lie back to back in rank order
+// (what all_to_all_v moves); the rank's own buffer comes last and is read in place, never sent.
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -20,78 +25,126 @@ int64_t get_count(const float* p) {
   std::memcpy(&c, p, 4);
   return c;
 }
+
+struct LlLayout {
+  int64_t L, R, BW;  // local experts (the header's words), row capacity, words per rank
+};
+
+LlLayout ll_layout(int64_t L, int64_t K, int64_t D, int64_t C) {
+  const int64_t R = std::min(K, L) * C;
+  return {L, R, L + R * D};
+}
+
+// The place of rank r's buffer in this rank's: the others in rank order, then its own.
+int64_t ll_pos(int r, int rank, int n_rank) {
+  return r == rank ? n_rank - 1 : r < rank ? r : r - 1;
+}
 }  // namespace
 
 void EpDispatcher::ll_dispatch_send() {
-  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd, C = opt_.max_tokens_per_rank;
-  const int64_t L = placement_.n_local(), BW = 1 + C * D;
+  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd, C = step_tokens_;
+  const LlLayout lay = ll_layout(placement_.n_local(), K, D, C);
+  const int64_t L = lay.L;
   if (tokens_.n_tokens > C) {
     DUET_ERROR("low_latency all-to-all: "
                << tokens_.n_tokens << " tokens exceed the capacity "
-               << "of " << C << " per rank (max_tokens_per_rank); use high_throughput for "
-               << "large batches");
+               << "of " << C << " per rank (max_tokens_per_rank or the step's plan); use "
+               << "high_throughput for large batches");
   }
-  const size_t words = static_cast<size_t>(n_rank_ * L * BW);
+  const size_t words = static_cast<size_t>(n_rank_ * lay.BW);
   send_.resize(words);
   recv_.resize(words);
-  std::vector<int64_t> count(static_cast<size_t>(n_rank_ * L), 0);
+  // Rows for (rank r, local expert l): counted, then placed after the rows of r's experts < l.
+  scratch_.assign(static_cast<size_t>(2 * n_rank_ * L), 0);
+  int64_t* count = scratch_.data();     // [n_rank, L]
+  int64_t* next = count + n_rank_ * L;  // [n_rank, L] next row of the block
+  for (int64_t i = 0; i < tokens_.n_tokens * K; ++i) {
+    const int32_t e = tokens_.topk_ids[i];
+    ++count[placement_.owner(e) * L + (e - placement_.begin(placement_.owner(e)))];
+  }
+  for (int r = 0; r < n_rank_; ++r) {
+    int64_t rows = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      next[r * L + l] = rows;
+      rows += count[r * L + l];
+      put_count(send_.data() + ll_pos(r, rank_, n_rank_) * lay.BW + l, count[r * L + l]);
+    }
+    DUET_CHECK(rows <= lay.R, "low_latency: " << rows << " rows for rank " << r << ", room for "
+                                              << lay.R << " (a token lists an expert twice?)");
+  }
   slot_of_.resize(static_cast<size_t>(tokens_.n_tokens * K));
   for (int64_t t = 0; t < tokens_.n_tokens; ++t) {
     for (int64_t k = 0; k < K; ++k) {
       const int32_t e = tokens_.topk_ids[t * K + k];
       const int r = placement_.owner(e);
-      const int64_t b = r * L + (e - placement_.begin(r));
-      const int64_t off = b * BW + 1 + count[b]++ * D;
+      const int64_t off =
+          ll_pos(r, rank_, n_rank_) * lay.BW + L + next[r * L + (e - placement_.begin(r))]++ * D;
       std::memcpy(send_.data() + off, tokens_.x + t * D, static_cast<size_t>(D) * 4);
       slot_of_[t * K + k] = off;
     }
   }
-  for (size_t b = 0; b < count.size(); ++b) put_count(send_.data() + b * BW, count[b]);
   dispatch_bytes_ = static_cast<int64_t>(words) * 4;
-  const std::vector<int64_t> each = uniform(L * BW * 4);
-  pending_ = comm_.start_all_to_all_v(send_.data(), each, recv_.data(), each);
+  const std::vector<int64_t> ones(static_cast<size_t>(n_rank_), 1);
+  wire_bytes(ones, lay.BW, &send_bytes_);
+  pending_ = comm_.start_all_to_all_v(send_.data(), send_bytes_, recv_.data(), send_bytes_);
 }
 
 // Expert l's rows: those from source 0, then source 1, ...
 void EpDispatcher::ll_dispatch_recv() {
-  const int64_t D = tokens_.n_embd, C = opt_.max_tokens_per_rank;
-  const int64_t L = placement_.n_local(), BW = 1 + C * D;
+  const int64_t D = tokens_.n_embd;
+  const LlLayout lay = ll_layout(placement_.n_local(), tokens_.n_expert_used, D, step_tokens_);
+  const int64_t L = lay.L;
+  auto block = [&](int s) {
+    return (s == rank_ ? send_.data() : recv_.data()) + ll_pos(s, rank_, n_rank_) * lay.BW;
+  };
+  blk_row_.resize(static_cast<size_t>(n_rank_ * L));
+  for (int s = 0; s < n_rank_; ++s) {
+    int64_t rows = 0;
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t c = get_count(block(s) + l);
+      DUET_CHECK(c >= 0 && rows + c <= lay.R,
+                 "low_latency: rank " << s << " sent " << c << " rows for expert " << l);
+      blk_row_[s * L + l] = rows;
+      rows += c;
+    }
+  }
   batch_.offsets.assign(static_cast<size_t>(L + 1), 0);
   int64_t rows = 0;
   for (int64_t l = 0; l < L; ++l) {
     for (int s = 0; s < n_rank_; ++s) {
-      const int64_t c = get_count(recv_.data() + (s * L + l) * BW);
-      DUET_CHECK(c >= 0 && c <= C, "low_latency: rank " << s << " sent " << c << " rows");
       src_row_[l * n_rank_ + s] = rows;
-      rows += c;
+      rows += get_count(block(s) + l);
     }
     batch_.offsets[l + 1] = rows;
   }
   batch_.x.resize(static_cast<size_t>(rows * D));
   for (int64_t l = 0; l < L; ++l) {
     for (int s = 0; s < n_rank_; ++s) {
-      const float* block = recv_.data() + (s * L + l) * BW;
-      std::memcpy(batch_.x.data() + src_row_[l * n_rank_ + s] * D, block + 1,
-                  static_cast<size_t>(get_count(block) * D) * 4);
+      std::memcpy(batch_.x.data() + src_row_[l * n_rank_ + s] * D,
+                  block(s) + L + blk_row_[s * L + l] * D,
+                  static_cast<size_t>(get_count(block(s) + l) * D) * 4);
     }
   }
 }
 
+// The outputs go back in the layout their inputs came in; the own block straight to ret_.
 void EpDispatcher::ll_combine_send() {
-  const int64_t D = tokens_.n_embd, C = opt_.max_tokens_per_rank;
-  const int64_t L = placement_.n_local(), BW = 1 + C * D;
+  const int64_t D = tokens_.n_embd;
+  const LlLayout lay = ll_layout(placement_.n_local(), tokens_.n_expert_used, D, step_tokens_);
+  const int64_t L = lay.L;
   back_.resize(recv_.size());
   ret_.resize(recv_.size());
-  for (int64_t l = 0; l < L; ++l) {
-    for (int s = 0; s < n_rank_; ++s) {
-      const int64_t b = s * L + l;
-      std::memcpy(back_.data() + b * BW + 1, batch_.y.data() + src_row_[l * n_rank_ + s] * D,
-                  static_cast<size_t>(get_count(recv_.data() + b * BW) * D) * 4);
+  for (int s = 0; s < n_rank_; ++s) {
+    const int64_t at = ll_pos(s, rank_, n_rank_) * lay.BW;
+    const float* in = (s == rank_ ? send_.data() : recv_.data()) + at;
+    float* dst = (s == rank_ ? ret_.data() : back_.data()) + at + L;
+    for (int64_t l = 0; l < L; ++l) {
+      std::memcpy(dst + blk_row_[s * L + l] * D, batch_.y.data() + src_row_[l * n_rank_ + s] * D,
+                  static_cast<size_t>(get_count(in + l) * D) * 4);
     }
   }
   combine_bytes_ = static_cast<int64_t>(back_.size()) * 4;
-  const std::vector<int64_t> each = uniform(L * BW * 4);
-  pending_ = comm_.start_all_to_all_v(back_.data(), each, ret_.data(), each);
+  pending_ = comm_.start_all_to_all_v(back_.data(), send_bytes_, ret_.data(), send_bytes_);
 }
 
 // The weights are applied here, in k order, exactly as the single-rank dispatcher does.

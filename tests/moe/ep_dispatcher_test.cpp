@@ -209,6 +209,24 @@ TEST(EpDispatcher, LowLatencyPlansLargeStepsAsHighThroughput) {
   });
 }
 
+// low_latency's buffer for a rank holds min(K, n_local) rows per token of the step's capacity
+// (the planned step's, else max_tokens_per_rank) behind n_local row counts.
+TEST(EpDispatcher, LowLatencySizesItsBuffersForThePlannedStep) {
+  run_ranks(2, [](DistContext& ctx) {
+    const Routing r = make_routing(ctx.rank(), 3, 4, 2, random_distinct(8));
+    LocalDispatcher local(8);
+    const std::vector<float> want = run_one(local, r);
+    EpDispatcher ep(ctx.comm(), place_experts(8, 2), {All2AllBackend::kLowLatency, 16});
+    run_one(ep, r);
+    EXPECT_EQ(ep.last_dispatch_bytes(), 2 * (4 + 2 * 16 * 4) * 4);
+    ep.plan_step(3);
+    const std::vector<float> got = run_one(ep, r);
+    EXPECT_EQ(ep.last_dispatch_bytes(), 2 * (4 + 2 * 3 * 4) * 4);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::abs(want[i])));
+  });
+}
+
 TEST(EpDispatcher, CallsOutOfTurnFail) {
   run_ranks(1, [](DistContext& ctx) {
     EpDispatcher ep(ctx.comm(), place_experts(4, 1), {});
