@@ -1,5 +1,6 @@
 // `duet bench latency`: prefill and decode speed of one batch, with decode's bytes read per step
-// against the memory bandwidth measured in the same run, and prefill's GFLOP/s.
+// against the memory bandwidth measured in the same run, and prefill's GFLOP/s against the FMA
+// peak measured in the same run.
 #include <cstdio>
 #include <memory>
 #include <random>
@@ -11,6 +12,7 @@
 #include "engine/generator.h"
 #include "kernels/bandwidth.h"
 #include "kernels/matmul.h"
+#include "kernels/peak_flops.h"
 #include "model/model.h"
 
 namespace duet {
@@ -89,7 +91,8 @@ void run_latency_single(const LatencyOptions& o) {
   gen.generate(reqs, &st);
   const double bw = measure_read_bandwidth(pool);
 
-  // Prefill: FLOPs of the matmuls (2 per weight per token) plus attention scores and sums.
+  // Prefill: FLOPs of the matmuls (2 per weight per token) plus attention scores and sums. The
+  // output projection runs for the last token of each prompt only.
   int64_t n_moe = 0;
   for (int64_t il = 0; il < c.n_layer; ++il) n_moe += c.is_moe_layer(il);
   const double elem = model->bytes_per_expert() > 0
@@ -98,11 +101,16 @@ void run_latency_single(const LatencyOptions& o) {
   const double active_params = (model->dense_bytes_per_step() +
                                 double(n_moe * c.n_expert_used) * model->bytes_per_expert()) /
                                elem;
+  const double output_params = double(c.n_vocab) * c.n_embd;
   const double v_dim = c.arch == Arch::kDeepseekV2 ? c.v_head_dim : c.head_dim;
   const double attn_flops_per_token =
       2.0 * c.n_layer * c.n_head * (c.qk_head_dim() + v_dim) * (o.prompt_len + 1) / 2.0;
-  const double prefill_flops = st.prompt_tokens * (2.0 * active_params + attn_flops_per_token);
+  const double prefill_flops =
+      st.prompt_tokens * (2.0 * (active_params - output_params) + attn_flops_per_token) +
+      double(o.batch) * 2.0 * output_params;
   const double prefill_tps = st.prompt_tokens / st.prefill_seconds;
+  const double prefill_gflops = prefill_flops / st.prefill_seconds / 1e9;
+  const double peak_gflops = measure_peak_flops(pool) / 1e9;
 
   // Decode: every step reads the dense weights, the experts routed to, and the KV rows.
   const int64_t steps = st.decode_steps;
@@ -119,8 +127,9 @@ void run_latency_single(const LatencyOptions& o) {
               o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
               (long long)o.gen_len, pool.n_threads(), matmul_isa());
   std::printf("prefill: %8.1f tok/s  %7.1f GFLOP/s  (%.3f s for %lld tokens)\n", prefill_tps,
-              prefill_flops / st.prefill_seconds / 1e9, st.prefill_seconds,
-              (long long)st.prompt_tokens);
+              prefill_gflops, st.prefill_seconds, (long long)st.prompt_tokens);
+  std::printf("prefill measured FMA peak %.1f GFLOP/s; ratio %.2f\n", peak_gflops,
+              peak_gflops > 0 ? prefill_gflops / peak_gflops : 0.0);
   std::printf("decode:  %8.1f tok/s  (%.2f ms/step, %lld steps x %lld seqs)\n",
               decode_tokens / st.decode_seconds, step_s * 1e3, (long long)steps,
               (long long)o.batch);

@@ -61,4 +61,17 @@ float* KvCache::v(int32_t seq_id, int64_t il, int64_t pos) {
   return s.v.data() + (pos * n_layer_ + il) * v_width_;
 }
 
+KvRows KvCache::rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) {
+  Seq& s = *seqs_[seq_id];
+  DUET_CHECK(pos >= 0 && pos < s.capacity && n_max >= 1,
+             "KV position " << pos << " of seq " << seq_id << " (capacity " << s.capacity << ")");
+  KvRows r;
+  r.k = s.k.data() + (pos * n_layer_ + il) * k_width_;
+  r.v = v_width_ > 0 ? s.v.data() + (pos * n_layer_ + il) * v_width_ : nullptr;
+  r.k_stride = n_layer_ * k_width_;
+  r.v_stride = n_layer_ * v_width_;
+  r.n = std::min(n_max, s.capacity - pos);
+  return r;
+}
+
 }  // namespace duet

@@ -25,6 +25,8 @@ class KvCache final : public KvStore {
 
   float* k(int32_t seq_id, int64_t il, int64_t pos) override;
   float* v(int32_t seq_id, int64_t il, int64_t pos) override;
+  // All positions up to the capacity are one run, at a stride of n_layer rows.
+  KvRows rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) override;
 
  private:
   struct Seq {

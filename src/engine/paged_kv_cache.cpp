@@ -1,5 +1,7 @@
 #include "engine/paged_kv_cache.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace duet {
@@ -87,6 +89,22 @@ float* PagedKvCache::v(int32_t seq_id, int64_t il, int64_t pos) {
   DUET_CHECK(i < s.blocks.size(), "KV position " << pos << " of seq " << seq_id
                                                   << " is not reserved");
   return pool_.v(s.blocks[i], il, pos % block_size_);
+}
+
+KvRows PagedKvCache::rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) {
+  const Seq& s = seqs_[seq_id];
+  const size_t i = static_cast<size_t>(pos / block_size_);
+  DUET_CHECK(pos >= 0 && i < s.blocks.size() && n_max >= 1,
+             "KV position " << pos << " of seq " << seq_id << " is not reserved");
+  const int64_t off = pos % block_size_;
+  const BlockPoolShape& shape = pool_.shape();
+  KvRows r;
+  r.k = pool_.k(s.blocks[i], il, off);
+  r.v = shape.v_width > 0 ? pool_.v(s.blocks[i], il, off) : nullptr;
+  r.k_stride = shape.k_width;
+  r.v_stride = shape.v_width;
+  r.n = std::min(n_max, block_size_ - off);
+  return r;
 }
 
 }  // namespace duet

@@ -39,6 +39,8 @@ class PagedKvCache final : public KvStore {
 
   float* k(int32_t seq_id, int64_t il, int64_t pos) override;
   float* v(int32_t seq_id, int64_t il, int64_t pos) override;
+  // A run ends at the end of a block: a block's rows of one layer are contiguous.
+  KvRows rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) override;
 
  private:
   struct Seq {

@@ -23,12 +23,13 @@ constexpr int64_t kXwChunk = 64;
 
 namespace avx512 {
 using S = simd::Avx512;
-constexpr int kMmRows = 4;  // 16 accumulators + 4 weight vectors + 1 x vector of 32 zmm
-constexpr int kMmTokens = 4;
+constexpr int kMmRows = 4;  // 24 accumulators + 4 weight vectors + 1 x vector of 32 zmm
+constexpr int kMmTokens = 6;
 constexpr int kXwCols = 4;  // 64 columns
 constexpr int kXwTokens = 4;
 #define DUET_SIMD_TARGET DUET_TARGET_AVX512
 #include "kernels/matmul_simd_impl.h"
+#include "kernels/matmul_xw_simd_impl.h"
 #undef DUET_SIMD_TARGET
 static_assert(kTiledChunk == kTileRows && kDirectChunk % kMmRows == 0 &&
               kXwChunk % (kXwCols * kW) == 0);
@@ -42,6 +43,7 @@ constexpr int kXwCols = 2;  // 16 columns
 constexpr int kXwTokens = 4;
 #define DUET_SIMD_TARGET DUET_TARGET_AVX2
 #include "kernels/matmul_simd_impl.h"
+#include "kernels/matmul_xw_simd_impl.h"
 #undef DUET_SIMD_TARGET
 static_assert(kTiledChunk == kTileRows && kDirectChunk % kMmRows == 0 &&
               kXwChunk % (kXwCols * kW) == 0);
@@ -55,8 +57,9 @@ inline float weight_at(const uint16_t* w, int64_t i) {
 }
 
 // Plain loops accumulating in double: the reference the SIMD paths are tested against.
+// y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end).
 template <typename W>
-void scalar_rows(const W* w, int64_t rows, int64_t cols, const float* x, int64_t n_tokens, float* y,
+void scalar_rows(const W* w, int64_t cols, const float* x, int64_t n_tokens, float* y, int64_t ldy,
                  int64_t r_begin, int64_t r_end) {
   for (int64_t r = r_begin; r < r_end; ++r) {
     const W* wr = w + r * cols;
@@ -64,7 +67,7 @@ void scalar_rows(const W* w, int64_t rows, int64_t cols, const float* x, int64_t
       const float* xt = x + t * cols;
       double acc = 0;
       for (int64_t k = 0; k < cols; ++k) acc += double(weight_at(wr, k)) * double(xt[k]);
-      y[t * rows + r] = static_cast<float>(acc);
+      y[t * ldy + (r - r_begin)] = static_cast<float>(acc);
     }
   }
 }
@@ -85,13 +88,12 @@ void scalar_xw_cols(const W* w, int64_t rows, int64_t cols, const float* x, int6
   }
 }
 
-void scalar_matmul_rows(const Matrix& w, const float* x, int64_t n_tokens, float* y,
+void scalar_matmul_rows(const Matrix& w, const float* x, int64_t n_tokens, float* y, int64_t ldy,
                         int64_t r_begin, int64_t r_end, bool /*tiled*/) {
   if (w.dtype == DType::kBF16) {
-    scalar_rows(static_cast<const uint16_t*>(w.data), w.rows, w.cols, x, n_tokens, y, r_begin,
-                r_end);
+    scalar_rows(static_cast<const uint16_t*>(w.data), w.cols, x, n_tokens, y, ldy, r_begin, r_end);
   } else {
-    scalar_rows(static_cast<const float*>(w.data), w.rows, w.cols, x, n_tokens, y, r_begin, r_end);
+    scalar_rows(static_cast<const float*>(w.data), w.cols, x, n_tokens, y, ldy, r_begin, r_end);
   }
 }
 
@@ -121,6 +123,20 @@ void check_isa(simd::Isa isa) {
              "matmul: instruction set " << simd::isa_name(isa) << " not supported by this CPU");
 }
 
+using RowsFn = void (*)(const Matrix&, const float*, int64_t, float*, int64_t, int64_t, int64_t,
+                        bool);
+
+RowsFn rows_fn_for(simd::Isa isa) {
+  return isa == simd::Isa::kAvx512 ? &avx512::matmul_rows
+         : isa == simd::Isa::kAvx2 ? &avx2::matmul_rows
+                                   : &scalar_matmul_rows;
+}
+
+bool use_tiled(matmul_impl::Path path, const Matrix& w, int64_t n_tokens) {
+  return path == matmul_impl::Path::kTiled ||
+         (path == matmul_impl::Path::kAuto && n_tokens >= matmul_impl::tiled_min_tokens(w.dtype));
+}
+
 }  // namespace
 
 namespace matmul_impl {
@@ -134,14 +150,29 @@ void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w, co
     std::fill(y, y + n_tokens * w.rows, 0.0f);
     return;
   }
-  bool tiled =
-      path == Path::kTiled || (path == Path::kAuto && n_tokens >= tiled_min_tokens(w.dtype));
-  auto rows_fn = isa == simd::Isa::kAvx512 ? &avx512::matmul_rows
-                 : isa == simd::Isa::kAvx2 ? &avx2::matmul_rows
-                                           : &scalar_matmul_rows;
+  const bool tiled = use_tiled(path, w, n_tokens);
+  const RowsFn rows_fn = rows_fn_for(isa);
   pool.parallel_for(
-      w.rows, [&](int64_t begin, int64_t end) { rows_fn(w, x, n_tokens, y, begin, end, tiled); },
+      w.rows,
+      [&](int64_t begin, int64_t end) {
+        rows_fn(w, x, n_tokens, y + begin, w.rows, begin, end, tiled);
+      },
       tiled ? kTiledChunk : kDirectChunk);
+}
+
+void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, const float* x, int64_t n_tokens,
+                      float* y, int64_t ldy, int64_t r_begin, int64_t r_end) {
+  check_args("matmul_rows", w, x, n_tokens, y);
+  check_isa(isa);
+  DUET_CHECK(
+      0 <= r_begin && r_begin <= r_end && r_end <= w.rows && ldy >= r_end - r_begin,
+      "matmul_rows: rows [" << r_begin << ", " << r_end << ") of " << w.rows << ", ldy " << ldy);
+  if (n_tokens == 0 || r_begin == r_end) return;
+  if (w.cols == 0) {
+    for (int64_t t = 0; t < n_tokens; ++t) std::fill_n(y + t * ldy, r_end - r_begin, 0.0f);
+    return;
+  }
+  rows_fn_for(isa)(w, x, n_tokens, y, ldy, r_begin, r_end, use_tiled(path, w, n_tokens));
 }
 
 void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const float* x,
@@ -174,7 +205,7 @@ void matmul_xw(ThreadPool& pool, const Matrix& w, const float* x, int64_t n_toke
 void matmul_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y) {
   check_args("matmul_scalar", w, x, n_tokens, y);
   if (n_tokens == 0) return;
-  scalar_matmul_rows(w, x, n_tokens, y, 0, w.rows, false);
+  scalar_matmul_rows(w, x, n_tokens, y, w.rows, 0, w.rows, false);
 }
 
 void matmul_xw_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y) {

@@ -16,16 +16,24 @@ enum class Path {
   kTiled,   // k blocked; bf16 tiles widened to f32 once and reused by all tokens (prefill)
 };
 
-// From this many tokens on kTiled is faster. For bf16 it saves widening each weight vector once
-// per 4 tokens; for f32 it only keeps the x slice in L1, which pays off later (measured on
-// Ice Lake, 1024 and 7168 columns).
+// From this many tokens on kTiled is faster. The direct path widens each bf16 weight vector
+// once per block of kMmTokens tokens (from L1) but packs nothing; the tiled path packs weight
+// tiles and x slices, which pays off once x outgrows L2 (measured on this Ice Lake VM with
+// 1024 and 512 columns: direct ahead up to 32-64 tokens, tiled from 64-128). For f32 the tiled
+// path only keeps the x slice in cache.
 inline int64_t tiled_min_tokens(DType dtype) {
-  return dtype == DType::kBF16 ? 16 : 64;
+  return dtype == DType::kBF16 ? 48 : 64;
 }
 
 // matmul() on a given instruction set (which must be supported) and path.
 void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w, const float* x,
                  int64_t n_tokens, float* y);
+
+// Part of matmul() on the calling thread: y[t * ldy + r - r_begin] = x[t] · w[r] for r in
+// [r_begin, r_end) and t < n_tokens. The building block of kernels that split several products
+// over one pool themselves (grouped_matmul.h).
+void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, const float* x, int64_t n_tokens,
+                      float* y, int64_t ldy, int64_t r_begin, int64_t r_end);
 
 // matmul_xw() on a given instruction set (which must be supported).
 void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const float* x,

@@ -1,22 +1,27 @@
-// Private to matmul.cpp: the SIMD matmul kernels, written once against a vector interface.
+// Private to matmul.cpp: the SIMD kernels of matmul (y = x · wᵀ), written once against a vector
+// interface.
 //
 // No include guard: matmul.cpp includes this file once per instruction set, inside a namespace
 // that defines
 //   S                  a vector interface from simd_impl.h (simd::Avx512, simd::Avx2)
-//   kMmRows, kMmTokens the register block of matmul: weight rows × tokens
-//   kXwCols, kXwTokens the register block of matmul_xw: vectors of columns × tokens
+//   kMmRows, kMmTokens the register block: weight rows × tokens
 // and with the macro DUET_SIMD_TARGET set to the matching target attribute.
+//
+// Every kernel takes dot products along k: a register block keeps kMmRows × kMmTokens vector
+// accumulators, loads (and for bf16 widens) each weight vector once for all the block's tokens,
+// and reduces the accumulators horizontally once at the end of k. The weights are read in their
+// stored layout, so nothing has to be repacked per call.
 
 using V = S::V;
 constexpr int kW = S::kWidth;
 
 // The prefill path converts a [kTileRows, kTileCols] tile of bf16 weights to f32 once and
-// multiplies it with every token; 32 KiB of f32, which stays in L1 next to the x tile.
+// multiplies it with every token; 33 KiB of f32, which stays in L1 next to a token block's x.
 constexpr int64_t kTileRows = 16;
 constexpr int64_t kTileCols = 512;
+constexpr int64_t kTileLd = kTileCols + 16;  // row stride of the packed tiles: 33 cache lines
+constexpr int64_t kTileTokens = 120;         // tokens per packed x slice: 248 KiB, in L2
 static_assert(kTileRows % kMmRows == 0 && kTileCols % kW == 0);
-
-// ---- matmul: y = x · wᵀ, one dot product per (token, row), vectors along k ----
 
 // acc[t][r] += w[r, kk : kk + n) · x[t, kk : kk + n); n == kW unless kPart.
 template <int R, int T, bool kPart, typename W>
@@ -35,11 +40,22 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_step(V (&acc)[T][R], const W* w, in
   }
 }
 
+// Prefetches (into L2) the cache line of pf[r * ldw + kk] for r < R, once per line.
+template <int R, typename W>
+DUET_SIMD_TARGET DUET_ALWAYS_INLINE void prefetch_step(const W* pf, int64_t ldw, int64_t kk) {
+  if ((kk * static_cast<int64_t>(sizeof(W))) % 64 != 0) return;
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+    _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw + kk), _MM_HINT_T1);
+}
+
 // y[t * ldy + r] (+)= Σ_{k' < k} w[r * ldw + k'] · x[t * ldx + k'] for r < R, t < T.
-// Each weight vector loaded is used for all T tokens.
+// Each weight vector loaded is used for all T tokens. Unless pf is null, the same columns of the
+// R rows at pf (the next block's weights, still in memory) are prefetched along the way, so
+// memory is read while this block computes.
 template <int R, int T, typename W>
 DUET_SIMD_TARGET void dot_block(const W* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
-                                float* y, int64_t ldy, bool accumulate) {
+                                float* y, int64_t ldy, bool accumulate, const W* pf) {
   V acc[T][R];
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
@@ -47,7 +63,14 @@ DUET_SIMD_TARGET void dot_block(const W* w, int64_t ldw, const float* x, int64_t
     for (int r = 0; r < R; ++r) acc[t][r] = S::zero();
   }
   int64_t kk = 0;
-  for (; kk + kW <= k; kk += kW) dot_step<R, T, false>(acc, w, ldw, x, ldx, kk, kW);
+  if (pf) {
+    for (; kk + kW <= k; kk += kW) {
+      prefetch_step<R>(pf, ldw, kk);
+      dot_step<R, T, false>(acc, w, ldw, x, ldx, kk, kW);
+    }
+  } else {
+    for (; kk + kW <= k; kk += kW) dot_step<R, T, false>(acc, w, ldw, x, ldx, kk, kW);
+  }
   if (kk < k) dot_step<R, T, true>(acc, w, ldw, x, ldx, kk, static_cast<int>(k - kk));
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
@@ -64,7 +87,8 @@ DUET_SIMD_TARGET void dot_block(const W* w, int64_t ldw, const float* x, int64_t
 }
 
 template <typename W>
-using DotFn = void (*)(const W*, int64_t, const float*, int64_t, int64_t, float*, int64_t, bool);
+using DotFn = void (*)(const W*, int64_t, const float*, int64_t, int64_t, float*, int64_t, bool,
+                       const W*);
 
 template <typename W, int... I>
 constexpr std::array<DotFn<W>, sizeof...(I)> make_dot_table(std::integer_sequence<int, I...>) {
@@ -79,183 +103,146 @@ DotFn<W> dot_fn(int64_t nr, int64_t nt) {
   return kTable[static_cast<size_t>((nr - 1) * kMmTokens + (nt - 1))];
 }
 
-// Rows [r_begin, r_end) of y, reading weights straight from w: each weight row is read from
-// memory once and multiplied with every token (decode is bound by that read).
-template <typename W>
-DUET_SIMD_TARGET void matmul_rows_direct(const W* w, int64_t rows, int64_t cols, const float* x,
-                                         int64_t n_tokens, float* y, int64_t r_begin,
-                                         int64_t r_end) {
-  for (int64_t r0 = r_begin; r0 < r_end; r0 += kMmRows) {
-    int64_t nr = std::min<int64_t>(kMmRows, r_end - r0);
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kMmTokens) {
-      int64_t nt = std::min<int64_t>(kMmTokens, n_tokens - t0);
-      dot_fn<W>(nr, nt)(w + r0 * cols, cols, x + t0 * cols, cols, cols, y + t0 * rows + r0, rows,
-                        false);
-    }
-  }
+// n_tokens cut into the fewest blocks of at most kMmTokens, of sizes differing by at most one:
+// 7 tokens run as 4 + 3 rather than kMmTokens + 1, since a one-token block has too few
+// accumulators to hide the FMA latency and widens its weights for a single token.
+struct TokenBlocks {
+  explicit TokenBlocks(int64_t n_tokens)
+      : n((n_tokens + kMmTokens - 1) / kMmTokens),
+        base(n ? n_tokens / n : 0),
+        extra(n ? n_tokens % n : 0) {}
+  int64_t begin(int64_t b) const { return b * base + std::min(b, extra); }
+  int64_t size(int64_t b) const { return base + (b < extra); }
+
+  int64_t n, base, extra;
+};
+
+// The first n floats of v, grown to hold them, at a 64-byte aligned address: a vector load that
+// straddles two cache lines costs two loads, which cost the tiled kernel 30 % in measurements.
+inline float* aligned_floats(std::vector<float>& v, int64_t n) {
+  v.resize(static_cast<size_t>(n + 16));
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t{63});
 }
 
-// tile[i, 0 : kb) = f32(w[i * ldw + 0 : kb)) for i < mb; the tile's row stride is kTileCols.
-DUET_SIMD_TARGET void widen_tile(const uint16_t* w, int64_t ldw, int64_t mb, int64_t kb,
-                                 float* tile) {
-  for (int64_t i = 0; i < mb; ++i) {
-    const uint16_t* src = w + i * ldw;
-    float* dst = tile + i * kTileCols;
+// Row stride for a packed copy of rows of n floats: whole cache lines plus one, so rows a
+// register block reads together do not all fall into the same L1 sets.
+constexpr int64_t padded_ld(int64_t n) {
+  return (n + 15) / 16 * 16 + 16;
+}
+
+// dst[i * ldd + 0 : n) = f32(src[i * lds + 0 : n)) for i < m: a weight tile widened (bf16) or
+// copied (f32), or rows of x copied, into an aligned, padded buffer.
+template <typename W>
+DUET_SIMD_TARGET void pack_rows(const W* src, int64_t lds, int64_t m, int64_t n, float* dst,
+                                int64_t ldd) {
+  for (int64_t i = 0; i < m; ++i) {
+    const W* s = src + i * lds;
+    float* d = dst + i * ldd;
     int64_t kk = 0;
-    for (; kk + kW <= kb; kk += kW) S::store(dst + kk, S::load(src + kk));
-    if (kk < kb) {
-      int n = static_cast<int>(kb - kk);
-      S::store_part(dst + kk, S::load_part(src + kk, n), n);
+    for (; kk + kW <= n; kk += kW) S::store(d + kk, S::load(s + kk));
+    if (kk < n) {
+      const int part = static_cast<int>(n - kk);
+      S::store_part(d + kk, S::load_part(s + kk, part), part);
     }
   }
 }
 
-// Rows [r_begin, r_end) of y for many tokens: k is cut into kTileCols blocks so a weight tile
-// and the matching slice of x stay in cache; bf16 tiles are widened to f32 once per tile.
+// y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), reading weights straight
+// from w, for few tokens (decode, and the few rows a routed expert gets in a batch). A block of
+// kMmRows weight rows is read from memory once; for up to kMmTokens tokens it is also widened
+// once, otherwise once per token block (from L1). x is first copied to an aligned buffer.
 template <typename W>
-DUET_SIMD_TARGET void matmul_rows_tiled(const W* w, int64_t rows, int64_t cols, const float* x,
-                                        int64_t n_tokens, float* y, int64_t r_begin,
-                                        int64_t r_end) {
-  alignas(64) float tile[kTileRows * kTileCols];  // [kTileRows, kTileCols] f32, bf16 only
+DUET_SIMD_TARGET void matmul_rows_direct(const W* w, int64_t cols, const float* x, int64_t n_tokens,
+                                         float* y, int64_t ldy, int64_t r_begin, int64_t r_end) {
+  thread_local std::vector<float> x_buf;
+  const int64_t ldx = padded_ld(cols);
+  float* xa = aligned_floats(x_buf, n_tokens * ldx);  // [n_tokens, ldx] f32
+  pack_rows(x, cols, n_tokens, cols, xa, ldx);
+  const TokenBlocks tb(n_tokens);
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += kMmRows) {
+    const int64_t nr = std::min<int64_t>(kMmRows, r_end - r0);
+    for (int64_t b = 0; b < tb.n; ++b) {
+      const int64_t t0 = tb.begin(b);
+      // The first token block prefetches the next row block (past r_end it is another
+      // thread's or past the matrix: a prefetch never faults).
+      dot_fn<W>(nr, tb.size(b))(w + r0 * cols, cols, xa + t0 * ldx, ldx, cols,
+                                y + t0 * ldy + (r0 - r_begin), ldy, false,
+                                b == 0 ? w + (r0 + kMmRows) * cols : nullptr);
+    }
+  }
+}
+
+// Prefetches (into L2) the weight tile at rows [r0, r0 + kTileRows) ∩ [.., r_end), columns
+// [k0, k0 + kTileCols) ∩ [.., cols), which the tiled kernel packs next: its memory reads then
+// overlap the current tile's arithmetic.
+template <typename W>
+DUET_SIMD_TARGET void prefetch_tile(const W* w, int64_t ldw, int64_t r0, int64_t k0, int64_t r_end,
+                                    int64_t cols) {
+  if (k0 >= cols) return;
+  const int64_t mb = std::min(kTileRows, r_end - r0), kb = std::min(kTileCols, cols - k0);
+  constexpr int64_t kPerLine = 64 / sizeof(W);
+  for (int64_t i = 0; i < mb; ++i) {
+    const W* row = w + (r0 + i) * ldw + k0;
+    for (int64_t kk = 0; kk < kb; kk += kPerLine) {
+      _mm_prefetch(reinterpret_cast<const char*>(row + kk), _MM_HINT_T1);
+    }
+  }
+}
+
+// matmul_rows_direct's product for many tokens. k is cut into kTileCols blocks and the tokens
+// into groups of up to kTileTokens; each group's slice of x is packed once, and each
+// [kTileRows, kTileCols] weight tile is widened to f32 once per group and multiplied with all
+// of its tokens. Both buffers have the padded row stride kTileLd, so the rows a register block
+// reads do not all fall into the same L1 sets (rows of 1024 f32 x or bf16 weights would be
+// 4 or 2 KiB apart otherwise).
+template <typename W>
+DUET_SIMD_TARGET void matmul_rows_tiled(const W* w, int64_t cols, const float* x, int64_t n_tokens,
+                                        float* y, int64_t ldy, int64_t r_begin, int64_t r_end) {
+  alignas(64) float tile[kTileRows * kTileLd];  // [kTileRows, kTileLd] f32
+  thread_local std::vector<float> x_buf;
+  float* x_slice = aligned_floats(x_buf, kTileTokens * kTileLd);  // [kTileTokens, kTileLd] f32
   for (int64_t k0 = 0; k0 < cols; k0 += kTileCols) {
-    int64_t kb = std::min(kTileCols, cols - k0);
-    for (int64_t r0 = r_begin; r0 < r_end; r0 += kTileRows) {
-      int64_t mb = std::min(kTileRows, r_end - r0);
-      const float* wt;
-      int64_t ldw;
-      if constexpr (std::is_same_v<W, float>) {
-        wt = w + r0 * cols + k0;
-        ldw = cols;
-      } else {
-        widen_tile(w + r0 * cols + k0, cols, mb, kb, tile);
-        wt = tile;
-        ldw = kTileCols;
-      }
-      for (int64_t t0 = 0; t0 < n_tokens; t0 += kMmTokens) {
-        int64_t nt = std::min<int64_t>(kMmTokens, n_tokens - t0);
-        for (int64_t r = 0; r < mb; r += kMmRows) {
-          int64_t nr = std::min<int64_t>(kMmRows, mb - r);
-          dot_fn<float>(nr, nt)(wt + r * ldw, ldw, x + t0 * cols + k0, cols, kb,
-                                y + t0 * rows + r0 + r, rows, k0 > 0);
+    const int64_t kb = std::min(kTileCols, cols - k0);
+    for (int64_t g0 = 0; g0 < n_tokens; g0 += kTileTokens) {
+      const int64_t ng = std::min(kTileTokens, n_tokens - g0);
+      const TokenBlocks tb(ng);
+      pack_rows(x + g0 * cols + k0, cols, ng, kb, x_slice, kTileLd);
+      for (int64_t r0 = r_begin; r0 < r_end; r0 += kTileRows) {
+        const int64_t mb = std::min(kTileRows, r_end - r0);
+        pack_rows(w + r0 * cols + k0, cols, mb, kb, tile, kTileLd);
+        prefetch_tile(w, cols, r0 + kTileRows < r_end ? r0 + kTileRows : r_begin,
+                      r0 + kTileRows < r_end ? k0 : k0 + kTileCols, r_end, cols);
+        for (int64_t b = 0; b < tb.n; ++b) {
+          const int64_t t0 = tb.begin(b), nt = tb.size(b);
+          float* yb = y + (g0 + t0) * ldy + (r0 - r_begin);
+          for (int64_t r = 0; r < mb; r += kMmRows) {
+            const int64_t nr = std::min<int64_t>(kMmRows, mb - r);
+            dot_fn<float>(nr, nt)(tile + r * kTileLd, kTileLd, x_slice + t0 * kTileLd, kTileLd, kb,
+                                  yb + r, ldy, k0 > 0, nullptr);
+          }
         }
       }
     }
   }
 }
 
-// ---- matmul_xw: y = x · w, vectors along the output columns ----
-
-// y[t * ldy + c * kW + j] = Σ_r x[t * ldx + r] · w[r * ldw + c * kW + j] for t < T, c < C,
-// j < kW (j < last in the final vector when kPart).
-template <int C, int T, bool kPart, typename W>
-DUET_SIMD_TARGET void axpy_block(const W* w, int64_t ldw, int64_t n_rows, const float* x,
-                                 int64_t ldx, float* y, int64_t ldy, int last) {
-  V acc[T][C];
-#pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) {
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) acc[t][c] = S::zero();
-  }
-  for (int64_t r = 0; r < n_rows; ++r) {
-    const W* wr = w + r * ldw;
-    V wv[C];
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) {
-      wv[c] = (kPart && c == C - 1) ? S::load_part(wr + c * kW, last) : S::load(wr + c * kW);
-    }
-#pragma GCC unroll 8
-    for (int t = 0; t < T; ++t) {
-      V xv = S::set1(x[t * ldx + r]);
-#pragma GCC unroll 8
-      for (int c = 0; c < C; ++c) acc[t][c] = S::fmadd(wv[c], xv, acc[t][c]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) {
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) {
-      float* yc = y + t * ldy + c * kW;
-      if (kPart && c == C - 1) {
-        S::store_part(yc, acc[t][c], last);
-      } else {
-        S::store(yc, acc[t][c]);
-      }
-    }
-  }
-}
-
-template <typename W>
-using AxpyFn = void (*)(const W*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int);
-
-template <typename W, int... I>
-constexpr std::array<AxpyFn<W>, sizeof...(I)> make_axpy_table(std::integer_sequence<int, I...>) {
-  return {&axpy_block<I / kXwTokens + 1, I % kXwTokens + 1, false, W>...};
-}
-
-template <typename W, int... I>
-constexpr std::array<AxpyFn<W>, sizeof...(I)> make_axpy_part_table(
-    std::integer_sequence<int, I...>) {
-  return {&axpy_block<1, I + 1, true, W>...};
-}
-
-// The block kernel for nc <= kXwCols full vectors, or (part) one partial vector, and
-// nt <= kXwTokens tokens.
-template <typename W>
-AxpyFn<W> axpy_fn(int64_t nc, int64_t nt, bool part) {
-  static constexpr auto kTable =
-      make_axpy_table<W>(std::make_integer_sequence<int, kXwCols * kXwTokens>{});
-  static constexpr auto kPartTable =
-      make_axpy_part_table<W>(std::make_integer_sequence<int, kXwTokens>{});
-  if (part) return kPartTable[static_cast<size_t>(nt - 1)];
-  return kTable[static_cast<size_t>((nc - 1) * kXwTokens + (nt - 1))];
-}
-
-// Columns [c_begin, c_end) of y = x · w, w [rows, cols].
-template <typename W>
-DUET_SIMD_TARGET void matmul_xw_cols(const W* w, int64_t rows, int64_t cols, const float* x,
-                                     int64_t n_tokens, float* y, int64_t c_begin, int64_t c_end) {
-  for (int64_t c0 = c_begin; c0 < c_end;) {
-    int64_t left = c_end - c0;
-    bool part = left < kW;
-    int64_t nc = part ? 1 : std::min<int64_t>(kXwCols, left / kW);
-    int last = part ? static_cast<int>(left) : kW;
-    for (int64_t t0 = 0; t0 < n_tokens; t0 += kXwTokens) {
-      int64_t nt = std::min<int64_t>(kXwTokens, n_tokens - t0);
-      axpy_fn<W>(nc, nt, part)(w + c0, cols, rows, x + t0 * rows, rows, y + t0 * cols + c0, cols,
-                               last);
-    }
-    c0 += part ? left : nc * kW;
-  }
-}
-
-// ---- entry points for matmul.cpp; w is f32 or bf16 (checked by the caller) ----
-
+// y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end); w is f32 or bf16 and
+// w.cols > 0 (checked by the caller).
 DUET_SIMD_TARGET void matmul_rows(const Matrix& w, const float* x, int64_t n_tokens, float* y,
-                                  int64_t r_begin, int64_t r_end, bool tiled) {
+                                  int64_t ldy, int64_t r_begin, int64_t r_end, bool tiled) {
   if (w.dtype == DType::kBF16) {
     const auto* wp = static_cast<const uint16_t*>(w.data);
     if (tiled) {
-      matmul_rows_tiled(wp, w.rows, w.cols, x, n_tokens, y, r_begin, r_end);
+      matmul_rows_tiled(wp, w.cols, x, n_tokens, y, ldy, r_begin, r_end);
     } else {
-      matmul_rows_direct(wp, w.rows, w.cols, x, n_tokens, y, r_begin, r_end);
+      matmul_rows_direct(wp, w.cols, x, n_tokens, y, ldy, r_begin, r_end);
     }
   } else {
     const auto* wp = static_cast<const float*>(w.data);
     if (tiled) {
-      matmul_rows_tiled(wp, w.rows, w.cols, x, n_tokens, y, r_begin, r_end);
+      matmul_rows_tiled(wp, w.cols, x, n_tokens, y, ldy, r_begin, r_end);
     } else {
-      matmul_rows_direct(wp, w.rows, w.cols, x, n_tokens, y, r_begin, r_end);
+      matmul_rows_direct(wp, w.cols, x, n_tokens, y, ldy, r_begin, r_end);
     }
-  }
-}
-
-DUET_SIMD_TARGET void matmul_xw_range(const Matrix& w, const float* x, int64_t n_tokens, float* y,
-                                      int64_t c_begin, int64_t c_end) {
-  if (w.dtype == DType::kBF16) {
-    matmul_xw_cols(static_cast<const uint16_t*>(w.data), w.rows, w.cols, x, n_tokens, y, c_begin,
-                   c_end);
-  } else {
-    matmul_xw_cols(static_cast<const float*>(w.data), w.rows, w.cols, x, n_tokens, y, c_begin,
-                   c_end);
   }
 }

@@ -2,8 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/thread_pool.h"
+#include "kernels/attend.h"
 #include "model/forward.h"
 
 namespace duet {
@@ -14,6 +16,12 @@ struct GqaShape {
   int64_t head_dim = 0;
   float scale = 1.0f;  // applied to q·k
 };
+
+// spans = the k and v rows of positions [0, n_ctx) of (seq_id, layer il) as runs of the store,
+// each row offset by k_offset / v_offset floats (a KV head's slice; v_offset is ignored where the
+// store keeps no v rows).
+void kv_spans(KvStore& kv, int32_t seq_id, int64_t il, int64_t n_ctx, int64_t k_offset,
+              int64_t v_offset, std::vector<KvSpan>& spans);
 
 // For every token t (sequence s, position p) and head h: softmax over j in [0, p] of
 // scale · q[t, h] · k(s, il, j)[kvh] and the weighted sum of v(s, il, j)[kvh], where

@@ -38,6 +38,16 @@ struct ForwardInput {
   void add(int32_t seq_id, int64_t n_past, const int32_t* toks, int64_t n, bool all_logits);
 };
 
+// The k and v rows of consecutive positions [pos, pos + n) of one sequence and layer, which the
+// store keeps at fixed strides (in floats): row i at k + i * k_stride.
+struct KvRows {
+  const float* k = nullptr;
+  const float* v = nullptr;  // nullptr when v_width is 0 (MLA)
+  int64_t k_stride = 0;
+  int64_t v_stride = 0;
+  int64_t n = 0;
+};
+
 // Per-layer KV rows of each sequence. Rows for every position in a batch must exist (the engine
 // reserves them) before the forward pass starts; the model writes the new positions' rows.
 class KvStore {
@@ -47,6 +57,13 @@ class KvStore {
   virtual float* k(int32_t seq_id, int64_t il, int64_t pos) = 0;
   // [v_width] f32 row; unused (width 0) for MLA.
   virtual float* v(int32_t seq_id, int64_t il, int64_t pos) = 0;
+  // The rows of positions [pos, pos + n) for the largest n <= n_max (n >= 1, n_max >= 1) that
+  // the store keeps at one stride: attention walks the cache a run at a time, not a call per
+  // position. This default hands out one position per call.
+  virtual KvRows rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) {
+    (void)n_max;
+    return KvRows{k(seq_id, il, pos), v(seq_id, il, pos), 0, 0, 1};
+  }
 };
 
 // State of one micro-batch while its operations run. Buffers are reused across steps.

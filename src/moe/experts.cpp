@@ -1,37 +1,59 @@
 #include "moe/experts.h"
 
 #include "core/error.h"
-#include "kernels/matmul.h"
-#include "kernels/ops.h"
 
 namespace duet {
+
+namespace {
+
+uint64_t mlp_bytes(const MlpWeights& w) {
+  uint64_t bytes = 0;
+  for (const Matrix* m : {&w.gate, &w.up, &w.down})
+    bytes += static_cast<uint64_t>(m->rows * m->cols) * dtype_size(m->dtype);
+  return bytes;
+}
+
+}  // namespace
 
 void mlp_forward(ThreadPool& pool, const MlpWeights& w, const float* x, int64_t n_tokens,
                  MlpScratch& scratch, float* y) {
   if (n_tokens == 0) return;
-  const int64_t n_ff = w.gate.rows;
-  scratch.gate.resize(static_cast<size_t>(n_tokens * n_ff));
-  scratch.up.resize(scratch.gate.size());
-  matmul(pool, w.gate, x, n_tokens, scratch.gate.data());
-  matmul(pool, w.up, x, n_tokens, scratch.up.data());
-  silu_mul(scratch.gate.data(), scratch.up.data(), n_tokens * n_ff, scratch.gate.data());
-  matmul(pool, w.down, scratch.gate.data(), n_tokens, y);
+  scratch.act.resize(static_cast<size_t>(n_tokens * w.gate.rows));
+  scratch.gated.assign(1, GatedGroup{w.gate, w.up, x, n_tokens, scratch.act.data()});
+  scratch.down.assign(1, MatmulGroup{w.down, scratch.act.data(), n_tokens, y});
+  gated_matmul_grouped(pool, scratch.gated);
+  matmul_grouped(pool, scratch.down);
 }
 
 uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, ExpertBatch& batch,
-                 MlpScratch& scratch) {
+                     MlpScratch& scratch) {
   DUET_CHECK(static_cast<int64_t>(experts.size()) == batch.n_local_expert,
              "experts " << experts.size() << " batch " << batch.n_local_expert);
   const int64_t D = batch.n_embd;
+  scratch.gated.clear();
+  scratch.down.clear();
+  // act rows follow batch.x's rows; each expert's n_ff may differ in principle, so offsets
+  // into act are accumulated rather than computed.
+  int64_t act_size = 0;
+  for (int64_t e = 0; e < batch.n_local_expert; ++e) {
+    const int64_t n = batch.offsets[e + 1] - batch.offsets[e];
+    act_size += n * experts[e].gate.rows;
+  }
+  scratch.act.resize(static_cast<size_t>(act_size));
   uint64_t bytes = 0;
+  float* act = scratch.act.data();
   for (int64_t e = 0; e < batch.n_local_expert; ++e) {
     const int64_t r0 = batch.offsets[e], n = batch.offsets[e + 1] - r0;
     if (n == 0) continue;
-    mlp_forward(pool, experts[e], batch.x.data() + r0 * D, n, scratch, batch.y.data() + r0 * D);
     const MlpWeights& w = experts[e];
-    for (const Matrix* m : {&w.gate, &w.up, &w.down})
-      bytes += static_cast<uint64_t>(m->rows * m->cols) * dtype_size(m->dtype);
+    const float* x = batch.x.data() + r0 * D;
+    scratch.gated.push_back(GatedGroup{w.gate, w.up, x, n, act});
+    scratch.down.push_back(MatmulGroup{w.down, act, n, batch.y.data() + r0 * D});
+    act += n * w.gate.rows;
+    bytes += mlp_bytes(w);
   }
+  gated_matmul_grouped(pool, scratch.gated);
+  matmul_grouped(pool, scratch.down);
   return bytes;
 }
 

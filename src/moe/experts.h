@@ -6,6 +6,7 @@
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "kernels/grouped_matmul.h"
 #include "moe/dispatcher.h"
 
 namespace duet {
@@ -19,18 +20,21 @@ struct MlpWeights {
 
 // Reusable scratch so the hot path does not allocate per call.
 struct MlpScratch {
-  std::vector<float> gate;  // [n_tokens, n_ff]
-  std::vector<float> up;    // [n_tokens, n_ff]
+  std::vector<float> act;  // [n_rows, n_ff] silu(gate) * up of every row
+  std::vector<GatedGroup> gated;
+  std::vector<MatmulGroup> down;
 };
 
 // y[n_tokens, n_embd] = mlp(x[n_tokens, n_embd]).
 void mlp_forward(ThreadPool& pool, const MlpWeights& w, const float* x, int64_t n_tokens,
                  MlpScratch& scratch, float* y);
 
-// Runs each local expert on its rows of batch.x as one matmul per projection (gather -> matmul
-// -> scatter happens in the dispatcher), writing batch.y. experts[e] is local expert e.
-// Returns the bytes of expert weights it read (the experts that had rows).
+// Runs each local expert on its rows of batch.x (gather -> matmul -> scatter happens in the
+// dispatcher), writing batch.y. Each projection of each expert is one product over all of the
+// expert's rows, so its weights are read once; all experts' gate/up products share one pool
+// job and all down products another. experts[e] is local expert e. Returns the bytes of expert
+// weights it read (the experts that had rows).
 uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, ExpertBatch& batch,
-                 MlpScratch& scratch);
+                     MlpScratch& scratch);
 
 }  // namespace duet

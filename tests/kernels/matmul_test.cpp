@@ -219,6 +219,48 @@ TEST(MatmulTest, ManyRowsAllPathsAndPublicEntry) {
   }
 }
 
+// Every token count from 1 to 17 (the rows a routed expert gets in a decode batch: register
+// blocks of every size, ragged token blocks) on both paths, through matmul_rows_with on a range
+// of rows written at a row stride wider than the range; nothing else may be written.
+TEST(MatmulTest, EveryTokenCountOnARowRange) {
+  std::mt19937 rng(17);
+  const int64_t rows = 23, cols = 45, r_begin = 5, r_end = 19, ldy = 20;
+  std::vector<Isa> isas = simd_isas();
+  isas.push_back(Isa::kScalar);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    TestMatrix w = random_matrix(rng, dtype, rows, cols);
+    for (int64_t n_tokens = 1; n_tokens <= 17; ++n_tokens) {
+      std::vector<float> x = random_values(rng, n_tokens * cols);
+      std::vector<float> want(static_cast<size_t>(n_tokens * rows));
+      std::vector<float> scale(want.size());
+      matmul_scalar(w.view(), x.data(), n_tokens, want.data());
+      matmul_scalar(w.abs().view(), abs_values(x).data(), n_tokens, scale.data());
+      for (Isa isa : isas) {
+        for (Path path : {Path::kDirect, Path::kTiled}) {
+          const std::string what = std::string(simd::isa_name(isa)) + " " + path_name(path) +
+                                   " " + dtype_name(dtype) + " n_tokens " +
+                                   std::to_string(n_tokens);
+          std::vector<float> got(static_cast<size_t>(n_tokens * ldy), kGuard);
+          matmul_impl::matmul_rows_with(isa, path, w.view(), x.data(), n_tokens, got.data(), ldy,
+                                        r_begin, r_end);
+          for (int64_t t = 0; t < n_tokens; ++t) {
+            for (int64_t j = 0; j < ldy; ++j) {
+              const float g = got[static_cast<size_t>(t * ldy + j)];
+              if (j >= r_end - r_begin) {
+                ASSERT_EQ(g, kGuard) << what << ": wrote token " << t << " column " << j;
+                continue;
+              }
+              const size_t k = static_cast<size_t>(t * rows + r_begin + j);
+              ASSERT_NEAR(g, want[k], kRelTol * scale[k] + std::numeric_limits<float>::min())
+                  << what << " token " << t << " row " << r_begin + j;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(MatmulTest, RowSliceMultipliesOnlyThoseRows) {
   ThreadPool pool(2);
   std::mt19937 rng(5);

@@ -12,15 +12,19 @@
 #include <cmath>
 #include <memory>
 
+#include "kernels/attend.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kernels/rope.h"
+#include "model/attention.h"
 #include "model/gqa_attention.h"
 #include "model/layers.h"
 #include "model/model.h"
 
 namespace duet {
 namespace {
+
+constexpr int64_t kHeadBlock = 4;  // MLA heads per attention task
 
 struct MlaWeights {
   const float* norm = nullptr;       // [n_embd] input_layernorm
@@ -175,23 +179,31 @@ void DeepseekV2::absorbed_attention(ForwardState& s, int64_t il, const MlaWeight
     matmul_xw(*s.pool, w.wkv_b.row_slice(h * kv_rows, nope), tmp.data(), n,
               q_lat.data() + h * n * L);
   }
-  s.pool->parallel_for(n * H, [&](int64_t begin, int64_t end) {
+  // Every head of a token attends over the same latent rows (keys [c_kv | k_pe], values c_kv):
+  // a task takes a token and kHeadBlock heads, so each latent row is read once for them.
+  const int64_t n_hb = (H + kHeadBlock - 1) / kHeadBlock;
+  s.pool->parallel_for(n * n_hb, [&](int64_t begin, int64_t end) {
+    std::vector<KvSpan> spans;
     std::vector<float> scores;
+    std::vector<float> q_cat;  // [heads, L + rope] q_lat | q_pe of each head
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / H, h = task % H;
+      const int64_t t = task / n_hb, h0 = task % n_hb * kHeadBlock;
+      const int64_t nh = std::min(kHeadBlock, H - h0);
       const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
-      const int64_t n_ctx = s.in->pos[t] + 1;
-      const float* ql = q_lat.data() + (h * n + t) * L;
-      const float* qpe = s.q.data() + (t * H + h) * qk + nope;
-      scores.resize(static_cast<size_t>(n_ctx));
-      for (int64_t j = 0; j < n_ctx; ++j) {
-        const float* row = s.kv->k(seq, il, j);
-        scores[j] = (dot(ql, row, L) + dot(qpe, row + L, rope)) * scale_;
+      kv_spans(*s.kv, seq, il, s.in->pos[t] + 1, 0, 0, spans);
+      for (KvSpan& sp : spans) {
+        sp.v = sp.k;
+        sp.v_stride = sp.k_stride;
       }
-      softmax(scores.data(), n_ctx);
-      float* ol = o_lat.data() + (h * n + t) * L;
-      std::fill(ol, ol + L, 0.0f);
-      for (int64_t j = 0; j < n_ctx; ++j) axpy(scores[j], s.kv->k(seq, il, j), L, ol);
+      q_cat.resize(static_cast<size_t>(nh * (L + rope)));
+      for (int64_t i = 0; i < nh; ++i) {
+        const float* ql = q_lat.data() + ((h0 + i) * n + t) * L;
+        const float* qpe = s.q.data() + (t * H + h0 + i) * qk + nope;
+        std::copy(ql, ql + L, q_cat.data() + i * (L + rope));
+        std::copy(qpe, qpe + rope, q_cat.data() + i * (L + rope) + L);
+      }
+      const AttendShape a{nh, L + rope, L, L + rope, n * L, scale_};
+      attend(a, q_cat.data(), spans, o_lat.data() + (h0 * n + t) * L, scores);
     }
   });
   // attn_out[t, h] = W_UV[h] · o_lat[h, t], W_UV[h] = rows [h * kv_rows + nope, + vd) of kv_b.

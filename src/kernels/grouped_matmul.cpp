@@ -1,0 +1,95 @@
+#include "kernels/grouped_matmul.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "kernels/matmul_impl.h"
+#include "kernels/ops.h"
+#include "kernels/simd_impl.h"
+
+namespace duet {
+
+namespace {
+
+// Weight rows per task: whole prefill tiles (16 rows), and few enough that the four experts of a
+// one-token decode step still give every thread several tasks (512 rows → 8 tasks each).
+constexpr int64_t kTaskRows = 64;
+
+// Rows [r_begin, r_end) of group g's product.
+struct Task {
+  int32_t g;
+  int64_t r_begin;
+  int64_t r_end;
+};
+
+// The tasks of groups with work, in group order. Reuses the calling thread's buffer, so a step
+// does not allocate.
+template <typename G, typename RowsOf>
+const std::vector<Task>& make_tasks(const std::vector<G>& groups, RowsOf rows_of) {
+  thread_local std::vector<Task> tasks;
+  tasks.clear();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (groups[g].n_tokens == 0) continue;
+    const int64_t rows = rows_of(groups[g]);
+    for (int64_t r = 0; r < rows; r += kTaskRows) {
+      tasks.push_back({static_cast<int32_t>(g), r, std::min(rows, r + kTaskRows)});
+    }
+  }
+  return tasks;
+}
+
+void check_group(const char* op, const Matrix& w, const float* x, int64_t n_tokens,
+                 const float* y) {
+  DUET_CHECK(n_tokens >= 0 && (n_tokens == 0 || (x && y && x != y)),
+             op << ": n_tokens " << n_tokens << " x " << x << " y " << y);
+  DUET_CHECK(w.rows == 0 || w.cols == 0 || w.data, op << ": null weights");
+}
+
+}  // namespace
+
+void matmul_grouped(ThreadPool& pool, const std::vector<MatmulGroup>& groups) {
+  for (const MatmulGroup& g : groups) check_group("matmul_grouped", g.w, g.x, g.n_tokens, g.y);
+  const simd::Isa isa = simd::best_isa();
+  const std::vector<Task>& tasks =
+      make_tasks(groups, [](const MatmulGroup& g) { return g.w.rows; });
+  pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Task& t = tasks[i];
+      const MatmulGroup& g = groups[t.g];
+      matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, g.w, g.x, g.n_tokens,
+                                    g.y + t.r_begin, g.w.rows, t.r_begin, t.r_end);
+    }
+  });
+}
+
+void gated_matmul_grouped(ThreadPool& pool, const std::vector<GatedGroup>& groups) {
+  for (const GatedGroup& g : groups) {
+    check_group("gated_matmul_grouped", g.gate, g.x, g.n_tokens, g.y);
+    check_group("gated_matmul_grouped", g.up, g.x, g.n_tokens, g.y);
+    DUET_CHECK(g.gate.rows == g.up.rows && g.gate.cols == g.up.cols,
+               "gated_matmul_grouped: gate [" << g.gate.rows << ", " << g.gate.cols << "] up ["
+                                              << g.up.rows << ", " << g.up.cols << "]");
+  }
+  const simd::Isa isa = simd::best_isa();
+  const std::vector<Task>& tasks =
+      make_tasks(groups, [](const GatedGroup& g) { return g.gate.rows; });
+  pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> up;  // [n_tokens, kTaskRows] the task's up rows
+    for (int64_t i = begin; i < end; ++i) {
+      const Task& t = tasks[i];
+      const GatedGroup& g = groups[t.g];
+      const int64_t n_ff = g.gate.rows, nr = t.r_end - t.r_begin;
+      up.resize(static_cast<size_t>(g.n_tokens * kTaskRows));
+      float* y = g.y + t.r_begin;  // [n_tokens, nr] at row stride n_ff
+      matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, g.gate, g.x, g.n_tokens, y, n_ff,
+                                    t.r_begin, t.r_end);
+      matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, g.up, g.x, g.n_tokens, up.data(),
+                                    kTaskRows, t.r_begin, t.r_end);
+      for (int64_t tok = 0; tok < g.n_tokens; ++tok) {
+        silu_mul(y + tok * n_ff, up.data() + tok * kTaskRows, nr, y + tok * n_ff);
+      }
+    }
+  });
+}
+
+}  // namespace duet

@@ -1,0 +1,143 @@
+#include "kernels/attend.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace duet {
+namespace {
+
+// A sequence's K/V rows laid out as a store might: row j of the key at keys[j * stride], cut
+// into spans of the given lengths (cycled).
+struct Cache {
+  int64_t stride;
+  std::vector<float> keys;    // [n_ctx, stride]
+  std::vector<float> values;  // [n_ctx, stride]
+  std::vector<KvSpan> spans;
+};
+
+Cache make_cache(std::mt19937& rng, int64_t n_ctx, int64_t stride,
+                 const std::vector<int64_t>& span_lens, bool v_is_k) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Cache c{stride, {}, {}, {}};
+  c.keys.resize(static_cast<size_t>(n_ctx * stride));
+  c.values.resize(c.keys.size());
+  for (float& v : c.keys) v = normal(rng);
+  for (float& v : c.values) v = normal(rng);
+  const float* vals = v_is_k ? c.keys.data() : c.values.data();
+  for (int64_t j = 0, i = 0; j < n_ctx; ++i) {
+    const int64_t n = std::min(span_lens[i % span_lens.size()], n_ctx - j);
+    c.spans.push_back({c.keys.data() + j * stride, vals + j * stride, stride, stride, n});
+    j += n;
+  }
+  return c;
+}
+
+// The textbook computation, independent of attend_scalar: out[h] = Σ_j softmax(s)_j v_j.
+// scale_out[h * v_dim + d] = Σ_j p_j |v_j[d]|, the size the error is measured against.
+void naive(const AttendShape& a, const float* q, const Cache& c, int64_t n_ctx, bool v_is_k,
+           std::vector<double>& out, std::vector<double>& scale_out) {
+  const float* vals = v_is_k ? c.keys.data() : c.values.data();
+  out.assign(static_cast<size_t>(a.n_q * a.v_dim), 0.0);
+  scale_out.assign(out.size(), 0.0);
+  for (int64_t h = 0; h < a.n_q; ++h) {
+    std::vector<double> s(static_cast<size_t>(n_ctx));
+    double max = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < n_ctx; ++j) {
+      double d = 0;
+      for (int64_t i = 0; i < a.k_dim; ++i)
+        d += double(q[h * a.ldq + i]) * c.keys[j * c.stride + i];
+      s[j] = d * a.scale;
+      max = std::max(max, s[j]);
+    }
+    for (double& v : s) sum += (v = std::exp(v - max));
+    for (int64_t j = 0; j < n_ctx; ++j) {
+      for (int64_t d = 0; d < a.v_dim; ++d) {
+        const double v = vals[j * c.stride + d];
+        out[h * a.v_dim + d] += s[j] / sum * v;
+        scale_out[h * a.v_dim + d] += s[j] / sum * std::fabs(v);
+      }
+    }
+  }
+}
+
+// Every head count around the kernel's block of 4, dims around the vector width, the MLA shape
+// (values = the first v_dim floats of the keys), runs of 1, 3 and 16 positions (paged blocks)
+// or one run (the contiguous cache), against the textbook version; both attend and
+// attend_scalar.
+TEST(AttendTest, MatchesNaiveOnEdgeShapes) {
+  std::mt19937 rng(2024);
+  struct Dims {
+    int64_t k_dim, v_dim;
+    bool v_is_k;
+  };
+  const std::vector<Dims> dims = {{1, 1, false},   {7, 9, false},   {16, 16, false},
+                                  {17, 33, false}, {64, 64, false}, {128, 128, false},
+                                  {72, 64, true},  {576, 512, true}};
+  const std::vector<std::vector<int64_t>> span_sets = {{1 << 20}, {16}, {1, 3}};
+  for (const Dims& dm : dims) {
+    for (int64_t n_q : {1, 3, 4, 5, 8}) {
+      for (int64_t n_ctx : {1, 2, 17, 100}) {
+        for (const std::vector<int64_t>& lens : span_sets) {
+          const int64_t stride = std::max(dm.k_dim, dm.v_dim) + 5;
+          Cache c = make_cache(rng, n_ctx, stride, lens, dm.v_is_k);
+          AttendShape a{n_q,          dm.k_dim,
+                        dm.v_dim,     dm.k_dim + 3,
+                        dm.v_dim + 2, static_cast<float>(1.0 / std::sqrt(double(dm.k_dim)))};
+          std::normal_distribution<float> normal(0.0f, 1.0f);
+          std::vector<float> q(static_cast<size_t>(n_q * a.ldq));
+          for (float& v : q) v = normal(rng);
+          std::vector<double> want, scale;
+          naive(a, q.data(), c, n_ctx, dm.v_is_k, want, scale);
+          const std::string what = "k_dim " + std::to_string(dm.k_dim) + " v_dim " +
+                                   std::to_string(dm.v_dim) + " n_q " + std::to_string(n_q) +
+                                   " n_ctx " + std::to_string(n_ctx) + " spans " +
+                                   std::to_string(c.spans.size());
+          for (bool simd : {true, false}) {
+            const float kGuard = 777.0f;
+            std::vector<float> out(static_cast<size_t>(n_q * a.ldo), kGuard), scores;
+            if (simd) {
+              attend(a, q.data(), c.spans, out.data(), scores);
+            } else {
+              attend_scalar(a, q.data(), c.spans, out.data(), scores);
+            }
+            for (int64_t h = 0; h < n_q; ++h) {
+              for (int64_t d = 0; d < a.ldo; ++d) {
+                const float got = out[h * a.ldo + d];
+                if (d >= a.v_dim) {
+                  ASSERT_EQ(got, kGuard) << what << ": wrote head " << h << " lane " << d;
+                  continue;
+                }
+                const size_t i = static_cast<size_t>(h * a.v_dim + d);
+                ASSERT_NEAR(got, want[i], 2e-5 * scale[i] + 1e-30)
+                    << what << (simd ? " simd" : " scalar") << " head " << h << " lane " << d;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttendTest, OnePositionReturnsItsValue) {
+  std::vector<float> k = {1, 2}, v = {3, -4, 5};
+  std::vector<float> q = {0.5f, -1, 2, 2};  // two heads
+  std::vector<float> out(6), scores;
+  attend({2, 2, 3, 2, 3, 1.0f}, q.data(), {{k.data(), v.data(), 2, 3, 1}}, out.data(), scores);
+  EXPECT_EQ(out, (std::vector<float>{3, -4, 5, 3, -4, 5}));
+}
+
+TEST(AttendTest, RejectsEmptyContext) {
+  std::vector<float> q(4), out(4), scores;
+  EXPECT_THROW(attend({1, 4, 4, 4, 4, 1.0f}, q.data(), {}, out.data(), scores), Error);
+}
+
+}  // namespace
+}  // namespace duet
