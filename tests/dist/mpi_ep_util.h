@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dist/dist_context.h"
+#include "engine/ep_requests.h"
 #include "engine/generator.h"
 #include "engine/tiny_models.h"
 #include "model/config.h"
@@ -26,20 +27,6 @@ inline std::string shared_tiny_model_dir(Coordinator& coord, const std::string& 
   std::string dir = coord.is_master() ? tiny_model_dir(arch) : std::string();
   coord.broadcast(dir, 0);
   return dir;
-}
-
-// n requests of different prompt lengths (3, 5, 7, ...) and max_tokens (5, 7, 9, 5, ...), the
-// same on every rank (fixed seed), as in tests/engine/ep_generate_test.cpp.
-inline std::vector<GenerateRequest> ep_requests(int n) {
-  std::mt19937 rng(77);
-  std::vector<GenerateRequest> reqs;
-  for (int i = 0; i < n; ++i) {
-    GenerateRequest r;
-    for (int j = 0; j < 3 + 2 * i; ++j) r.prompt.push_back(1 + static_cast<int32_t>(rng() % 500));
-    r.max_tokens = 5 + 2 * (i % 3);
-    reqs.push_back(r);
-  }
-  return reqs;
 }
 
 // This rank's share of the model in `dir`: every tensor but the routed experts of other ranks.

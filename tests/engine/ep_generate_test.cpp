@@ -14,22 +14,11 @@
 #include "engine/dp_generator.h"
 #include "engine/generator.h"
 #include "moe/ep_dispatcher.h"
+#include "engine/ep_requests.h"
 #include "tiny_models.h"
 
 namespace duet {
 namespace {
-
-std::vector<GenerateRequest> make_requests(int n) {
-  std::mt19937 rng(77);
-  std::vector<GenerateRequest> reqs;
-  for (int i = 0; i < n; ++i) {
-    GenerateRequest r;
-    for (int j = 0; j < 3 + 2 * i; ++j) r.prompt.push_back(1 + static_cast<int32_t>(rng() % 500));
-    r.max_tokens = 5 + 2 * (i % 3);
-    reqs.push_back(r);
-  }
-  return reqs;
-}
 
 struct EpCase {
   const char* arch;
@@ -85,7 +74,7 @@ class EpGenerateTest : public ::testing::TestWithParam<EpCase> {
 
 // Every rank runs all requests: attention replicated, experts split.
 TEST_P(EpGenerateTest, PureEpEqualsSingleRank) {
-  const std::vector<GenerateRequest> reqs = make_requests(4);
+  const std::vector<GenerateRequest> reqs = test::ep_requests(4);
   reference(reqs);
   run_group(reqs, [&](int) {
     std::vector<size_t> all(reqs.size());
@@ -97,7 +86,7 @@ TEST_P(EpGenerateTest, PureEpEqualsSingleRank) {
 // DP attention: request i runs on rank i % world; ranks finish at different steps and then
 // run dummy batches until the last one is done.
 TEST_P(EpGenerateTest, DpAttentionEqualsSingleRank) {
-  const std::vector<GenerateRequest> reqs = make_requests(5);
+  const std::vector<GenerateRequest> reqs = test::ep_requests(5);
   reference(reqs);
   const int world = GetParam().world;
   run_group(reqs, [&](int rank) {
@@ -109,7 +98,7 @@ TEST_P(EpGenerateTest, DpAttentionEqualsSingleRank) {
 
 // One rank has no requests at all: it runs only dummy batches.
 TEST_P(EpGenerateTest, IdleRankRunsDummyBatches) {
-  const std::vector<GenerateRequest> reqs = make_requests(3);
+  const std::vector<GenerateRequest> reqs = test::ep_requests(3);
   reference(reqs);
   const int world = GetParam().world;
   run_group(reqs, [&](int rank) {
@@ -160,7 +149,7 @@ class StallingDispatcher final : public Dispatcher {
 // naming it within the watchdog time, long before rank 2 would come back.
 TEST(EpFailure, StalledRankStopsTheOthersWithinTheWatchdog) {
   const std::string dir = test::tiny_model_dir("qwen3_moe");
-  const std::vector<GenerateRequest> reqs = make_requests(4);
+  const std::vector<GenerateRequest> reqs = test::ep_requests(4);
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<double> failed_after(4, -1);
   std::vector<std::string> errors = run_ranks_collect(
