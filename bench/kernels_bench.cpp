@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "kernels/attend.h"
 #include "kernels/matmul.h"
 #include "kernels/simd_impl.h"
 
@@ -119,6 +120,34 @@ void matmul_args(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_MatmulBf16)->Apply(matmul_args);
+
+// One GQA group (4 query heads, head_dim 128) over n_ctx cached positions as one decode task,
+// with the rows of 4 KV heads per position as KvCache keeps one layer (stride 4 · 128 floats),
+// or (stride_heads 32) 8 layers of them per position, as a position-major cache would.
+// Reports the KV bytes read per second.
+void BM_Attend(benchmark::State& state) {
+  const int64_t n_ctx = state.range(0), hd = 128, stride = state.range(1) * hd;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> keys(static_cast<size_t>(n_ctx * stride)), values(keys.size());
+  for (float& v : keys) v = normal(rng);
+  for (float& v : values) v = normal(rng);
+  std::vector<float> q(4 * hd), out(4 * hd), scores;  // [4, hd] f32
+  for (float& v : q) v = normal(rng);
+  const std::vector<KvSpan> spans = {{keys.data(), values.data(), stride, stride, n_ctx}};
+  const AttendShape shape{4, hd, hd, hd, hd, 0.088f};
+  for (auto _ : state) {
+    attend(shape, q.data(), spans, out.data(), scores);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["kv_GB/s"] =
+      benchmark::Counter(2.0 * n_ctx * hd * sizeof(float) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_Attend)
+    ->ArgNames({"n_ctx", "stride_heads"})
+    ->ArgsProduct({{128, 1024, 8192}, {4, 32}});
 
 }  // namespace
 }  // namespace duet

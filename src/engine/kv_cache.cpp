@@ -35,13 +35,28 @@ const KvCache::Seq& KvCache::seq(int32_t seq_id) const {
   return const_cast<KvCache*>(this)->seq(seq_id);
 }
 
+namespace {
+
+// old [n_layer, old_cap, width] → [n_layer, cap, width]; the rows past old_cap are zero.
+std::vector<float> regrow(const std::vector<float>& old, int64_t n_layer, int64_t old_cap,
+                          int64_t cap, int64_t width) {
+  std::vector<float> grown(static_cast<size_t>(n_layer * cap * width));
+  for (int64_t il = 0; il < n_layer; ++il) {
+    std::copy_n(old.data() + il * old_cap * width, old_cap * width,
+                grown.data() + il * cap * width);
+  }
+  return grown;
+}
+
+}  // namespace
+
 void KvCache::reserve(int32_t seq_id, int64_t n_pos) {
   Seq& s = seq(seq_id);
   if (n_pos <= s.capacity) return;
-  // Grow geometrically so a decode loop reallocates O(log n) times.
+  // Grow geometrically so a decode loop reallocates (and moves) O(log n) times.
   const int64_t cap = std::max(n_pos, s.capacity * 2);
-  s.k.resize(static_cast<size_t>(cap * n_layer_ * k_width_));
-  s.v.resize(static_cast<size_t>(cap * n_layer_ * v_width_));
+  s.k = regrow(s.k, n_layer_, s.capacity, cap, k_width_);
+  s.v = regrow(s.v, n_layer_, s.capacity, cap, v_width_);
   s.capacity = cap;
 }
 
@@ -53,12 +68,12 @@ int64_t KvCache::n_sequences() const {
 
 float* KvCache::k(int32_t seq_id, int64_t il, int64_t pos) {
   Seq& s = *seqs_[seq_id];
-  return s.k.data() + (pos * n_layer_ + il) * k_width_;
+  return s.k.data() + (il * s.capacity + pos) * k_width_;
 }
 
 float* KvCache::v(int32_t seq_id, int64_t il, int64_t pos) {
   Seq& s = *seqs_[seq_id];
-  return s.v.data() + (pos * n_layer_ + il) * v_width_;
+  return s.v.data() + (il * s.capacity + pos) * v_width_;
 }
 
 KvRows KvCache::rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) {
@@ -66,10 +81,10 @@ KvRows KvCache::rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) {
   DUET_CHECK(pos >= 0 && pos < s.capacity && n_max >= 1,
              "KV position " << pos << " of seq " << seq_id << " (capacity " << s.capacity << ")");
   KvRows r;
-  r.k = s.k.data() + (pos * n_layer_ + il) * k_width_;
-  r.v = v_width_ > 0 ? s.v.data() + (pos * n_layer_ + il) * v_width_ : nullptr;
-  r.k_stride = n_layer_ * k_width_;
-  r.v_stride = n_layer_ * v_width_;
+  r.k = s.k.data() + (il * s.capacity + pos) * k_width_;
+  r.v = v_width_ > 0 ? s.v.data() + (il * s.capacity + pos) * v_width_ : nullptr;
+  r.k_stride = k_width_;
+  r.v_stride = v_width_;
   r.n = std::min(n_max, s.capacity - pos);
   return r;
 }

@@ -1,5 +1,7 @@
-// A contiguous KV cache: each sequence owns one growable buffer laid out [pos][layer][width], so
-// growing it keeps earlier rows in place (a paged block pool replaces this for serving).
+// A contiguous KV cache: each sequence owns one growable buffer laid out [layer][pos][width], so
+// one layer's rows are consecutive and attention reads them as a stream (a position-major
+// layout put each row a page or more from the next, a TLB miss per row). Growing the buffer
+// moves the rows (a paged block pool replaces this for serving).
 #pragma once
 
 #include <cstdint>
@@ -18,21 +20,22 @@ class KvCache final : public KvStore {
   // A new empty sequence; ids of removed sequences are reused.
   int32_t add_sequence();
   void remove_sequence(int32_t seq_id);
-  // Makes rows for positions [0, n_pos) exist. Row pointers stay valid until the next reserve.
+  // Makes rows for positions [0, n_pos) exist, keeping the rows written so far. Row pointers
+  // stay valid until the next reserve.
   void reserve(int32_t seq_id, int64_t n_pos);
   int64_t capacity(int32_t seq_id) const;
   int64_t n_sequences() const;
 
   float* k(int32_t seq_id, int64_t il, int64_t pos) override;
   float* v(int32_t seq_id, int64_t il, int64_t pos) override;
-  // All positions up to the capacity are one run, at a stride of n_layer rows.
+  // All positions up to the capacity are one run of consecutive rows.
   KvRows rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) override;
 
  private:
   struct Seq {
     int64_t capacity = 0;  // positions
-    std::vector<float> k;  // [capacity, n_layer, k_width]
-    std::vector<float> v;  // [capacity, n_layer, v_width]
+    std::vector<float> k;  // [n_layer, capacity, k_width]
+    std::vector<float> v;  // [n_layer, capacity, v_width]
   };
   Seq& seq(int32_t seq_id);
   const Seq& seq(int32_t seq_id) const;

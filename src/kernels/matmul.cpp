@@ -21,6 +21,10 @@ constexpr int64_t kDirectChunk = 4;
 constexpr int64_t kTiledChunk = 16;
 constexpr int64_t kXwChunk = 64;
 
+// Below this many multiply-adds (a router's 32 × 1024 for one token) a product runs on the
+// calling thread: waking a worker costs more than the work.
+constexpr int64_t kMinParallelMacs = int64_t{1} << 17;
+
 namespace avx512 {
 using S = simd::Avx512;
 constexpr int kMmRows = 4;  // 24 accumulators + 4 weight vectors + 1 x vector of 32 zmm
@@ -152,6 +156,10 @@ void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w, co
   }
   const bool tiled = use_tiled(path, w, n_tokens);
   const RowsFn rows_fn = rows_fn_for(isa);
+  if (w.rows * w.cols * n_tokens < kMinParallelMacs) {
+    rows_fn(w, x, n_tokens, y, w.rows, 0, w.rows, tiled);
+    return;
+  }
   pool.parallel_for(
       w.rows,
       [&](int64_t begin, int64_t end) {

@@ -10,7 +10,8 @@
 // Every kernel takes dot products along k: a register block keeps kMmRows × kMmTokens vector
 // accumulators, loads (and for bf16 widens) each weight vector once for all the block's tokens,
 // and reduces the accumulators horizontally once at the end of k. The weights are read in their
-// stored layout, so nothing has to be repacked per call.
+// stored layout; at most a small block of them is widened into an aligned f32 buffer just before
+// it is used, so there is no repacking pass over a matrix.
 
 using V = S::V;
 constexpr int kW = S::kWidth;
@@ -147,27 +148,52 @@ DUET_SIMD_TARGET void pack_rows(const W* src, int64_t lds, int64_t m, int64_t n,
   }
 }
 
+// Prefetches (into L2) the cache lines of rows [0, m) × columns [0, n) of w.
+template <typename W>
+DUET_SIMD_TARGET void prefetch_rows(const W* w, int64_t ldw, int64_t m, int64_t n) {
+  constexpr int64_t kPerLine = 64 / sizeof(W);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t kk = 0; kk < n; kk += kPerLine) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + i * ldw + kk), _MM_HINT_T1);
+    }
+  }
+}
+
 // y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), reading weights straight
 // from w, for few tokens (decode, and the few rows a routed expert gets in a batch). A block of
-// kMmRows weight rows is read from memory once; for up to kMmTokens tokens it is also widened
-// once, otherwise once per token block (from L1). x is first copied to an aligned buffer.
+// kMmRows weight rows is read from memory once, while the next block is prefetched. For up to
+// kMmTokens tokens each weight vector is widened in registers and used by all of them; for more,
+// a bf16 block is widened once into an aligned f32 copy that every token block reads. x is
+// first copied to an aligned buffer (a vector load across two cache lines costs two).
 template <typename W>
 DUET_SIMD_TARGET void matmul_rows_direct(const W* w, int64_t cols, const float* x, int64_t n_tokens,
                                          float* y, int64_t ldy, int64_t r_begin, int64_t r_end) {
-  thread_local std::vector<float> x_buf;
+  thread_local std::vector<float> x_buf, w_buf;
   const int64_t ldx = padded_ld(cols);
   float* xa = aligned_floats(x_buf, n_tokens * ldx);  // [n_tokens, ldx] f32
   pack_rows(x, cols, n_tokens, cols, xa, ldx);
   const TokenBlocks tb(n_tokens);
+  const bool widen_once = std::is_same_v<W, uint16_t> && tb.n > 1;
+  float* wf = widen_once ? aligned_floats(w_buf, kMmRows * ldx) : nullptr;  // [kMmRows, ldx]
   for (int64_t r0 = r_begin; r0 < r_end; r0 += kMmRows) {
     const int64_t nr = std::min<int64_t>(kMmRows, r_end - r0);
-    for (int64_t b = 0; b < tb.n; ++b) {
-      const int64_t t0 = tb.begin(b);
-      // The first token block prefetches the next row block (past r_end it is another
-      // thread's or past the matrix: a prefetch never faults).
-      dot_fn<W>(nr, tb.size(b))(w + r0 * cols, cols, xa + t0 * ldx, ldx, cols,
-                                y + t0 * ldy + (r0 - r_begin), ldy, false,
-                                b == 0 ? w + (r0 + kMmRows) * cols : nullptr);
+    // Past r_end the next block is another thread's or past the matrix: prefetches never fault.
+    const W* next = w + (r0 + kMmRows) * cols;
+    if (widen_once) {
+      pack_rows(w + r0 * cols, cols, nr, cols, wf, ldx);
+      prefetch_rows(next, cols, std::min<int64_t>(kMmRows, r_end - r0 - kMmRows), cols);
+      for (int64_t b = 0; b < tb.n; ++b) {
+        const int64_t t0 = tb.begin(b);
+        dot_fn<float>(nr, tb.size(b))(wf, ldx, xa + t0 * ldx, ldx, cols,
+                                      y + t0 * ldy + (r0 - r_begin), ldy, false, nullptr);
+      }
+    } else {
+      for (int64_t b = 0; b < tb.n; ++b) {
+        const int64_t t0 = tb.begin(b);
+        dot_fn<W>(nr, tb.size(b))(w + r0 * cols, cols, xa + t0 * ldx, ldx, cols,
+                                  y + t0 * ldy + (r0 - r_begin), ldy, false,
+                                  b == 0 ? next : nullptr);
+      }
     }
   }
 }
@@ -179,14 +205,8 @@ template <typename W>
 DUET_SIMD_TARGET void prefetch_tile(const W* w, int64_t ldw, int64_t r0, int64_t k0, int64_t r_end,
                                     int64_t cols) {
   if (k0 >= cols) return;
-  const int64_t mb = std::min(kTileRows, r_end - r0), kb = std::min(kTileCols, cols - k0);
-  constexpr int64_t kPerLine = 64 / sizeof(W);
-  for (int64_t i = 0; i < mb; ++i) {
-    const W* row = w + (r0 + i) * ldw + k0;
-    for (int64_t kk = 0; kk < kb; kk += kPerLine) {
-      _mm_prefetch(reinterpret_cast<const char*>(row + kk), _MM_HINT_T1);
-    }
-  }
+  prefetch_rows(w + r0 * ldw + k0, ldw, std::min(kTileRows, r_end - r0),
+                std::min(kTileCols, cols - k0));
 }
 
 // matmul_rows_direct's product for many tokens. k is cut into kTileCols blocks and the tokens

@@ -6,6 +6,14 @@
 
 namespace duet {
 
+namespace {
+
+// Below this many KV rows (a 512-position decode step of one sequence with 4 KV heads)
+// attention runs on the calling thread: waking a worker costs more than the work.
+constexpr int64_t kMinParallelKvRows = 2048;
+
+}  // namespace
+
 void kv_spans(KvStore& kv, int32_t seq_id, int64_t il, int64_t n_ctx, int64_t k_offset,
               int64_t v_offset, std::vector<KvSpan>& spans) {
   spans.clear();
@@ -23,17 +31,22 @@ void attention_gqa(ThreadPool& pool, const ForwardInput& in, KvStore& kv, int64_
   const int64_t group = shape.n_head / shape.n_head_kv;
   const AttendShape a{group, hd, hd, hd, hd, shape.scale};
   const int64_t n_tasks = in.n_tokens() * shape.n_head_kv;
-  pool.parallel_for(n_tasks, [&](int64_t begin, int64_t end) {
-    std::vector<KvSpan> spans;
-    std::vector<float> scores;  // [group, n_ctx]
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / shape.n_head_kv, kvh = task % shape.n_head_kv;
-      const SeqSpan& span = in.spans[in.span_of[t]];
-      kv_spans(kv, span.seq_id, il, in.pos[t] + 1, kvh * hd, kvh * hd, spans);
-      const int64_t head = t * shape.n_head + kvh * group;  // the group's first query head
-      attend(a, q + head * hd, spans, out + head * hd, scores);
-    }
-  });
+  int64_t kv_rows = 0;  // positions attended to × KV heads: the work
+  for (int64_t t = 0; t < in.n_tokens(); ++t) kv_rows += (in.pos[t] + 1) * shape.n_head_kv;
+  pool.parallel_for(
+      n_tasks,
+      [&](int64_t begin, int64_t end) {
+        thread_local std::vector<KvSpan> spans;
+        thread_local std::vector<float> scores;  // [group, n_ctx]
+        for (int64_t task = begin; task < end; ++task) {
+          const int64_t t = task / shape.n_head_kv, kvh = task % shape.n_head_kv;
+          const SeqSpan& span = in.spans[in.span_of[t]];
+          kv_spans(kv, span.seq_id, il, in.pos[t] + 1, kvh * hd, kvh * hd, spans);
+          const int64_t head = t * shape.n_head + kvh * group;  // the group's first query head
+          attend(a, q + head * hd, spans, out + head * hd, scores);
+        }
+      },
+      kv_rows < kMinParallelKvRows ? n_tasks : 1);
 }
 
 }  // namespace duet
