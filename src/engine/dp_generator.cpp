@@ -11,17 +11,14 @@ namespace duet {
 
 namespace {
 
-// "" if the request can run, else why not.
+// "" if the request can run here, else why not.
 std::string check_request(const GenerateRequest& r, const ModelConfig& c) {
-  if (r.prompt.empty()) return "the prompt is empty";
-  for (int32_t id : r.prompt) {
-    if (id < 0 || id >= c.n_vocab)
-      return "prompt token id " + std::to_string(id) + " is outside the vocabulary";
-  }
-  if (r.max_tokens < 0) return "max_tokens must be >= 0";
-  if (static_cast<int64_t>(r.prompt.size()) + r.max_tokens > c.max_position_embeddings)
-    return "prompt + max_tokens exceeds the model's context";
   if (r.prompt_logits) return "prompt_logits is not supported with data parallelism";
+  try {
+    validate_request(r, c);
+  } catch (const Error& e) {
+    return e.what();
+  }
   return "";
 }
 

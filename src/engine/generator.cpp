@@ -22,8 +22,7 @@ const std::vector<float>& Generator::forward(const ForwardInput& in) {
   return runner_.forward(in, kv_);
 }
 
-void Generator::validate(const GenerateRequest& r) const {
-  const ModelConfig& c = model_.config();
+void validate_request(const GenerateRequest& r, const ModelConfig& c) {
   if (r.prompt.empty()) DUET_ERROR("the prompt is empty");
   for (int32_t id : r.prompt) {
     if (id < 0 || id >= c.n_vocab)
@@ -40,7 +39,7 @@ void Generator::validate(const GenerateRequest& r) const {
 
 std::vector<GenerateResult> Generator::generate(const std::vector<GenerateRequest>& requests,
                                                 GenerateStats* stats) {
-  for (const GenerateRequest& r : requests) validate(r);
+  for (const GenerateRequest& r : requests) validate_request(r, model_.config());
   const int64_t n_vocab = model_.config().n_vocab;
   const size_t n_req = requests.size();
   std::vector<GenerateResult> results(n_req);

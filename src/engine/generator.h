@@ -40,6 +40,10 @@ struct GenerateStats {
   uint64_t decode_kv_bytes = 0;      // KV rows read by the decode steps' attention
 };
 
+// Throws duet::Error naming what is wrong with `r` for `config` (empty prompt, an id outside
+// the vocabulary, max_tokens < 0, prompt + max_tokens beyond the context).
+void validate_request(const GenerateRequest& r, const ModelConfig& config);
+
 class Generator {
  public:
   // The model and pool must outlive the generator.
@@ -57,7 +61,6 @@ class Generator {
   KvCache& kv_cache() { return kv_; }
 
  private:
-  void validate(const GenerateRequest& r) const;
 
   const Model& model_;
   KvCache kv_;
