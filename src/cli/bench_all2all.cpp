@@ -5,10 +5,12 @@
 // re-executes itself under `mpirun -np WORLD` unless it already runs under mpirun).
 //
 // Only the dispatcher's work is timed: dispatch_send + dispatch_recv, then combine_send +
-// combine_recv, back to back. The experts are left out (batch.y keeps whatever it holds), and
-// so is preparing the output. Bytes are the layer's payload, each rank's share for itself
-// included (the dispatcher keeps it in place; raw_all_to_all moves it through the transport,
-// raw_cross_rank does not), so every row's GB/s divides the same bytes by its time.
+// combine_recv, back to back. The experts are left out (the output rows they would fill keep
+// whatever they hold), and with them the weighted sum of a token's experts on one rank, which
+// they fuse into their down projection; so is preparing the output. Bytes are the layer's
+// payload, each rank's share for itself included (the dispatcher keeps it in place;
+// raw_all_to_all moves it through the transport, raw_cross_rank does not), so every row's GB/s
+// divides the same bytes by its time.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -132,7 +134,7 @@ void bench_rank(DistContext& ctx, const All2AllOptions& o) {
       st.dispatch_s = since(t0);
       const Clock::time_point t1 = Clock::now();
       ep.combine_send();
-      ep.combine_recv(out.data());  // adds the untouched batch.y: out stays finite
+      ep.combine_recv(out.data());  // adds the untouched output rows: out stays finite
       st.combine_s = since(t1);
       st.wait_s = ep.wait_seconds() - wait0;
       st.bytes = ep.last_dispatch_bytes() + ep.last_combine_bytes();

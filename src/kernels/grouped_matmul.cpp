@@ -38,10 +38,11 @@ const std::vector<Task>& make_tasks(const std::vector<G>& groups, RowsOf rows_of
   return tasks;
 }
 
-void check_group(const char* op, const Matrix& w, const float* x, int64_t n_tokens,
+void check_group(const char* op, const Matrix& w, const XRows& x, int64_t n_tokens,
                  const float* y) {
-  DUET_CHECK(n_tokens >= 0 && (n_tokens == 0 || (x && y && x != y)),
-             op << ": n_tokens " << n_tokens << " x " << x << " y " << y);
+  DUET_CHECK(n_tokens >= 0 && (n_tokens == 0 || (!x.empty() && y && x.base != y)),
+             op << ": n_tokens " << n_tokens << " x " << x.base << " rows " << x.rows << " y "
+                << y);
   DUET_CHECK(w.rows == 0 || w.cols == 0 || w.data, op << ": null weights");
 }
 
@@ -87,6 +88,51 @@ void gated_matmul_grouped(ThreadPool& pool, const std::vector<GatedGroup>& group
                                     kTaskRows, t.r_begin, t.r_end);
       for (int64_t tok = 0; tok < g.n_tokens; ++tok) {
         silu_mul(y + tok * n_ff, up.data() + tok * kTaskRows, nr, y + tok * n_ff);
+      }
+    }
+  });
+}
+
+namespace {
+
+// Output columns per matmul_grouped_scatter task: whole prefill tiles, at most kTaskRows, and
+// small enough that every thread gets about four tasks.
+int64_t scatter_cols_per_task(int64_t n_out, int n_threads) {
+  constexpr int64_t kTile = 16;
+  const int64_t want = n_out / (4 * static_cast<int64_t>(n_threads)) / kTile * kTile;
+  return std::clamp<int64_t>(want, kTile, kTaskRows);
+}
+
+}  // namespace
+
+void matmul_grouped_scatter(ThreadPool& pool, const std::vector<ScatterGroup>& groups) {
+  int64_t n_out = -1, n_rows = 0;
+  for (const ScatterGroup& g : groups) {
+    check_group("matmul_grouped_scatter", g.w, g.x, g.n_tokens, g.n_tokens ? g.out[0] : nullptr);
+    DUET_CHECK(g.n_tokens == 0 || g.weight, "matmul_grouped_scatter: null weights");
+    DUET_CHECK(n_out < 0 || g.w.rows == n_out,
+               "matmul_grouped_scatter: output widths " << n_out << " and " << g.w.rows);
+    n_out = g.w.rows;
+    n_rows += g.n_tokens;
+  }
+  if (n_rows == 0 || n_out <= 0) return;
+  const simd::Isa isa = simd::best_isa();
+  const int64_t cols = scatter_cols_per_task(n_out, pool.n_threads());
+  pool.parallel_for((n_out + cols - 1) / cols, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> part;  // [n_tokens, nc] one group's block of results
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t c0 = b * cols, nc = std::min(cols, n_out - c0);
+      for (const ScatterGroup& g : groups) {
+        for (int64_t i = 0; i < g.n_tokens; ++i) std::fill_n(g.out[i] + c0, nc, 0.0f);
+      }
+      for (const ScatterGroup& g : groups) {
+        if (g.n_tokens == 0) continue;
+        part.resize(static_cast<size_t>(g.n_tokens * nc));
+        matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, g.w, g.x, g.n_tokens,
+                                      part.data(), nc, c0, c0 + nc);
+        for (int64_t i = 0; i < g.n_tokens; ++i) {
+          axpy(g.weight[i], part.data() + i * nc, nc, g.out[i] + c0);
+        }
       }
     }
   });

@@ -8,23 +8,26 @@
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "kernels/matmul.h"
 
 namespace duet {
 
-// y[n_tokens, w.rows] = x[n_tokens, w.cols] · wᵀ, contiguous f32; y must not alias x.
+// y[n_tokens, w.rows] = x[n_tokens, w.cols] · wᵀ; x contiguous or gathered, y contiguous f32, not
+// aliasing x.
 struct MatmulGroup {
   Matrix w;
-  const float* x = nullptr;
+  XRows x = nullptr;
   int64_t n_tokens = 0;  // may be 0: the group is skipped
   float* y = nullptr;
 };
 
 // y[n_tokens, n_ff] = silu(x · gateᵀ) ⊙ (x · upᵀ), the first half of a SiLU-gated MLP;
-// gate, up: [n_ff, n_in]; x: [n_tokens, n_in]. Contiguous f32; y must not alias x.
+// gate, up: [n_ff, n_in]; x: [n_tokens, n_in], contiguous or gathered; y contiguous f32, not
+// aliasing x.
 struct GatedGroup {
   Matrix gate;
   Matrix up;
-  const float* x = nullptr;
+  XRows x = nullptr;
   int64_t n_tokens = 0;  // may be 0: the group is skipped
   float* y = nullptr;
 };
@@ -36,5 +39,22 @@ void matmul_grouped(ThreadPool& pool, const std::vector<MatmulGroup>& groups);
 // Every group's gated product, likewise; a task computes a block of gate and up rows and
 // applies silu_mul to it while it is in cache.
 void gated_matmul_grouped(ThreadPool& pool, const std::vector<GatedGroup>& groups);
+
+// x[n_tokens, w.cols] · wᵀ, each result row scaled by its weight and added into its output row:
+// the down projection of a MoE layer's experts with the weighted sum over a token's experts fused
+// in, so the experts' outputs are never written unreduced. x is contiguous f32.
+struct ScatterGroup {
+  Matrix w;
+  const float* x = nullptr;
+  int64_t n_tokens = 0;             // may be 0: the group is skipped
+  float* const* out = nullptr;      // [n_tokens] the output row of each row (w.rows f32)
+  const float* weight = nullptr;    // [n_tokens]
+};
+
+// out row o = Σ weight[i] · (x[i] · wᵀ) over every row i of every group naming o (in group order,
+// then row order); each named output row is overwritten. Every group's w has the same rows; no
+// output row may overlap another or any x. Tasks are blocks of output columns, each running all
+// groups, so every weight row is read once and no two tasks write the same floats.
+void matmul_grouped_scatter(ThreadPool& pool, const std::vector<ScatterGroup>& groups);
 
 }  // namespace duet

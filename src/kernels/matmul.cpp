@@ -63,12 +63,12 @@ inline float weight_at(const uint16_t* w, int64_t i) {
 // Plain loops accumulating in double: the reference the SIMD paths are tested against.
 // y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end).
 template <typename W>
-void scalar_rows(const W* w, int64_t cols, const float* x, int64_t n_tokens, float* y, int64_t ldy,
+void scalar_rows(const W* w, int64_t cols, XRows x, int64_t n_tokens, float* y, int64_t ldy,
                  int64_t r_begin, int64_t r_end) {
   for (int64_t r = r_begin; r < r_end; ++r) {
     const W* wr = w + r * cols;
     for (int64_t t = 0; t < n_tokens; ++t) {
-      const float* xt = x + t * cols;
+      const float* xt = x.row(t, cols);
       double acc = 0;
       for (int64_t k = 0; k < cols; ++k) acc += double(weight_at(wr, k)) * double(xt[k]);
       y[t * ldy + (r - r_begin)] = static_cast<float>(acc);
@@ -92,7 +92,7 @@ void scalar_xw_cols(const W* w, int64_t rows, int64_t cols, const float* x, int6
   }
 }
 
-void scalar_matmul_rows(const Matrix& w, const float* x, int64_t n_tokens, float* y, int64_t ldy,
+void scalar_matmul_rows(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
                         int64_t r_begin, int64_t r_end, bool /*tiled*/) {
   if (w.dtype == DType::kBF16) {
     scalar_rows(static_cast<const uint16_t*>(w.data), w.cols, x, n_tokens, y, ldy, r_begin, r_end);
@@ -127,8 +127,7 @@ void check_isa(simd::Isa isa) {
              "matmul: instruction set " << simd::isa_name(isa) << " not supported by this CPU");
 }
 
-using RowsFn = void (*)(const Matrix&, const float*, int64_t, float*, int64_t, int64_t, int64_t,
-                        bool);
+using RowsFn = void (*)(const Matrix&, XRows, int64_t, float*, int64_t, int64_t, int64_t, bool);
 
 RowsFn rows_fn_for(simd::Isa isa) {
   return isa == simd::Isa::kAvx512 ? &avx512::matmul_rows
@@ -168,9 +167,9 @@ void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w, co
       tiled ? kTiledChunk : kDirectChunk);
 }
 
-void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, const float* x, int64_t n_tokens,
+void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, XRows x, int64_t n_tokens,
                       float* y, int64_t ldy, int64_t r_begin, int64_t r_end) {
-  check_args("matmul_rows", w, x, n_tokens, y);
+  check_args("matmul_rows", w, x.rows ? *x.rows : x.base, n_tokens, y);
   check_isa(isa);
   DUET_CHECK(
       0 <= r_begin && r_begin <= r_end && r_end <= w.rows && ldy >= r_end - r_begin,

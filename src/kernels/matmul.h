@@ -9,6 +9,20 @@
 
 namespace duet {
 
+// The rows of x a product reads: contiguous (row t at base + t · cols) or gathered in place, row t
+// at rows[t] (a MoE layer's experts read the tokens routed to them where the dispatcher received
+// them, rather than from a grouped copy). Converts from a contiguous pointer.
+struct XRows {
+  XRows(const float* contiguous) : base(contiguous) {}  // NOLINT(google-explicit-constructor)
+  explicit XRows(const float* const* gathered) : rows(gathered) {}
+
+  const float* row(int64_t t, int64_t cols) const { return rows ? rows[t] : base + t * cols; }
+  bool empty() const { return !base && !rows; }
+
+  const float* base = nullptr;
+  const float* const* rows = nullptr;
+};
+
 // y[n_tokens, w.rows] = x[n_tokens, w.cols] · wᵀ. x and y are contiguous f32; y must not
 // alias x. n_tokens may be 0 (nothing happens). Work is split over `pool`.
 void matmul(ThreadPool& pool, const Matrix& w, const float* x, int64_t n_tokens, float* y);

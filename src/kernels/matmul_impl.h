@@ -6,6 +6,7 @@
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "kernels/matmul.h"
 #include "kernels/simd_impl.h"
 
 namespace duet::matmul_impl {
@@ -30,9 +31,9 @@ void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w, co
                  int64_t n_tokens, float* y);
 
 // Part of matmul() on the calling thread: y[t * ldy + r - r_begin] = x[t] · w[r] for r in
-// [r_begin, r_end) and t < n_tokens. The building block of kernels that split several products
-// over one pool themselves (grouped_matmul.h).
-void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, const float* x, int64_t n_tokens,
+// [r_begin, r_end) and t < n_tokens, x's rows contiguous or gathered. The building block of
+// kernels that split several products over one pool themselves (grouped_matmul.h).
+void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, XRows x, int64_t n_tokens,
                       float* y, int64_t ldy, int64_t r_begin, int64_t r_end);
 
 // matmul_xw() on a given instruction set (which must be supported).

@@ -148,6 +148,13 @@ DUET_SIMD_TARGET void pack_rows(const W* src, int64_t lds, int64_t m, int64_t n,
   }
 }
 
+// dst[i * ldd + 0 : n) = x's row t0 + i, columns [k0, k0 + n), for i < m: a slice of x, contiguous
+// or gathered, copied into an aligned, padded buffer.
+DUET_SIMD_TARGET inline void pack_x(const XRows& x, int64_t cols, int64_t t0, int64_t m, int64_t k0,
+                                    int64_t n, float* dst, int64_t ldd) {
+  for (int64_t i = 0; i < m; ++i) pack_rows(x.row(t0 + i, cols) + k0, 0, 1, n, dst + i * ldd, ldd);
+}
+
 // Prefetches (into L2) the cache lines of rows [0, m) × columns [0, n) of w.
 template <typename W>
 DUET_SIMD_TARGET void prefetch_rows(const W* w, int64_t ldw, int64_t m, int64_t n) {
@@ -166,12 +173,12 @@ DUET_SIMD_TARGET void prefetch_rows(const W* w, int64_t ldw, int64_t m, int64_t 
 // a bf16 block is widened once into an aligned f32 copy that every token block reads. x is
 // first copied to an aligned buffer (a vector load across two cache lines costs two).
 template <typename W>
-DUET_SIMD_TARGET void matmul_rows_direct(const W* w, int64_t cols, const float* x, int64_t n_tokens,
+DUET_SIMD_TARGET void matmul_rows_direct(const W* w, int64_t cols, XRows x, int64_t n_tokens,
                                          float* y, int64_t ldy, int64_t r_begin, int64_t r_end) {
   thread_local std::vector<float> x_buf, w_buf;
   const int64_t ldx = padded_ld(cols);
   float* xa = aligned_floats(x_buf, n_tokens * ldx);  // [n_tokens, ldx] f32
-  pack_rows(x, cols, n_tokens, cols, xa, ldx);
+  pack_x(x, cols, 0, n_tokens, 0, cols, xa, ldx);
   const TokenBlocks tb(n_tokens);
   const bool widen_once = std::is_same_v<W, uint16_t> && tb.n > 1;
   float* wf = widen_once ? aligned_floats(w_buf, kMmRows * ldx) : nullptr;  // [kMmRows, ldx]
@@ -216,7 +223,7 @@ DUET_SIMD_TARGET void prefetch_tile(const W* w, int64_t ldw, int64_t r0, int64_t
 // reads do not all fall into the same L1 sets (rows of 1024 f32 x or bf16 weights would be
 // 4 or 2 KiB apart otherwise).
 template <typename W>
-DUET_SIMD_TARGET void matmul_rows_tiled(const W* w, int64_t cols, const float* x, int64_t n_tokens,
+DUET_SIMD_TARGET void matmul_rows_tiled(const W* w, int64_t cols, XRows x, int64_t n_tokens,
                                         float* y, int64_t ldy, int64_t r_begin, int64_t r_end) {
   alignas(64) float tile[kTileRows * kTileLd];  // [kTileRows, kTileLd] f32
   thread_local std::vector<float> x_buf;
@@ -226,7 +233,7 @@ DUET_SIMD_TARGET void matmul_rows_tiled(const W* w, int64_t cols, const float* x
     for (int64_t g0 = 0; g0 < n_tokens; g0 += kTileTokens) {
       const int64_t ng = std::min(kTileTokens, n_tokens - g0);
       const TokenBlocks tb(ng);
-      pack_rows(x + g0 * cols + k0, cols, ng, kb, x_slice, kTileLd);
+      pack_x(x, cols, g0, ng, k0, kb, x_slice, kTileLd);
       for (int64_t r0 = r_begin; r0 < r_end; r0 += kTileRows) {
         const int64_t mb = std::min(kTileRows, r_end - r0);
         pack_rows(w + r0 * cols + k0, cols, mb, kb, tile, kTileLd);
@@ -248,7 +255,7 @@ DUET_SIMD_TARGET void matmul_rows_tiled(const W* w, int64_t cols, const float* x
 
 // y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end); w is f32 or bf16 and
 // w.cols > 0 (checked by the caller).
-DUET_SIMD_TARGET void matmul_rows(const Matrix& w, const float* x, int64_t n_tokens, float* y,
+DUET_SIMD_TARGET void matmul_rows(const Matrix& w, XRows x, int64_t n_tokens, float* y,
                                   int64_t ldy, int64_t r_begin, int64_t r_end, bool tiled) {
   if (w.dtype == DType::kBF16) {
     const auto* wp = static_cast<const uint16_t*>(w.data);

@@ -5,6 +5,7 @@
 // buffers of one micro-batch; each micro-batch gets its own.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -21,16 +22,27 @@ struct RoutedTokens {
   int64_t n_expert_used = 0;
 };
 
-// The rows this rank's experts must process, grouped by local expert.
+// The rows this rank's experts must process, grouped by local expert, and where their outputs
+// go. No row is copied to group it: each row's input is read where it already is (the caller's
+// hidden states, the dispatcher's receive buffer). The experts reduce their outputs themselves:
+// an output row receives Σ weight · expert(input) over the rows naming it, so a token whose
+// experts share a rank comes back as one weighted row and no unreduced output is ever written.
 struct ExpertBatch {
   int64_t first_expert = 0;       // global id of local expert 0
   int64_t n_local_expert = 0;
   int64_t n_embd = 0;
   std::vector<int64_t> offsets;   // [n_local_expert + 1]: rows of local expert e are
                                   // [offsets[e], offsets[e + 1])
-  std::vector<float> x;           // [n_rows, n_embd] f32 inputs
-  std::vector<float> y;           // [n_rows, n_embd] f32 outputs, written by the experts
+  std::vector<const float*> x;    // [n_rows] each row's input, n_embd f32
+  std::vector<float*> out;        // [n_rows] each row's output row, n_embd f32; every output
+                                  // row named is overwritten with its sum
+  std::vector<float> weight;      // [n_rows] each row's weight in its output row's sum
   int64_t n_rows() const { return offsets.empty() ? 0 : offsets.back(); }
+  // Sizes x, out and weight for the rows `offsets` counts.
+  void resize_rows() {
+    const size_t n = static_cast<size_t>(n_rows());
+    x.resize(n), out.resize(n), weight.resize(n);
+  }
 };
 
 class Dispatcher {
@@ -41,7 +53,8 @@ class Dispatcher {
   virtual void dispatch_send(const RoutedTokens& tokens) = 0;
   // Receive half: the rows for this rank's experts (valid until the next dispatch_send).
   virtual ExpertBatch& dispatch_recv() = 0;
-  // Send half of combine: batch.y is filled; send each row back to its token's owner.
+  // Send half of combine: the batch's output rows are filled; send them back to their tokens'
+  // owners.
   virtual void combine_send() = 0;
   // Receive half: out[t] += Σ_k topk_weights[t, k] · y(t, k) for every token t of the
   // micro-batch. out: [n_tokens, n_embd] f32.

@@ -54,7 +54,6 @@ EpDispatcher::EpDispatcher(Communicator& comm, const ExpertPlacement& placement,
   send_first_.assign(n + 1, 0);
   recv_first_.assign(n + 1, 0);
   fill_.assign(static_cast<size_t>(placement.n_local()), 0);
-  src_row_.assign(static_cast<size_t>(placement.n_local() * n_rank_), 0);
   batch_.first_expert = placement.begin(rank_);
   batch_.n_local_expert = placement.n_local();
 }
@@ -111,7 +110,6 @@ ExpertBatch& EpDispatcher::dispatch_recv() {
     ht_dispatch_recv();
   else
     ll_dispatch_recv();
-  batch_.y.resize(batch_.x.size());
   phase_ = Phase::kExperts;
   return batch_;
 }
@@ -211,15 +209,17 @@ const float* EpDispatcher::ht_row(int s, int64_t i) const {
   return ht_head(s, i) + 2 * tokens_.n_expert_used;
 }
 
-// Groups the received records' rows by local expert (a row per listed expert, in arrival
-// order: by source rank, then record), remembering where each record's rows went.
+// The batch: a row per (record, listed expert), grouped by local expert in arrival order (by
+// source rank, then record), reading the record's row where it arrived (or, for the rank's own
+// records, in the caller's hidden states). The rows of one record share its output row: in
+// back_, the combine's send buffer, or in self_out_ for the own records.
 void EpDispatcher::ht_dispatch_recv() {
   const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
   const int64_t L = placement_.n_local();
   for (int s = 0; s < n_rank_; ++s) recv_first_[s + 1] = recv_first_[s] + recv_rows_[s];
   DUET_CHECK(recv_rows_[rank_] == send_rows_[rank_],
              "own records " << recv_rows_[rank_] << " vs " << send_rows_[rank_]);
-  const int64_t n_rec = recv_first_[n_rank_];
+  const int64_t n_rec = recv_first_[n_rank_], n_self = recv_rows_[rank_];
   batch_.offsets.assign(static_cast<size_t>(L + 1), 0);
   for (int s = 0; s < n_rank_; ++s) {
     for (int64_t i = 0; i < recv_rows_[s]; ++i) {
@@ -233,53 +233,41 @@ void EpDispatcher::ht_dispatch_recv() {
   }
   for (int64_t l = 0; l < L; ++l) batch_.offsets[l + 1] += batch_.offsets[l];
   std::copy(batch_.offsets.begin(), batch_.offsets.end() - 1, fill_.begin());
-  rec_rows_.assign(static_cast<size_t>(n_rec * K), -1);
-  batch_.x.resize(static_cast<size_t>(batch_.offsets.back() * D));
+  batch_.resize_rows();
+  back_.resize(static_cast<size_t>((n_rec - n_self) * D));
+  self_out_.resize(static_cast<size_t>(n_self * D));
   for (int s = 0; s < n_rank_; ++s) {
     for (int64_t i = 0; i < recv_rows_[s]; ++i) {
       const float* head = ht_head(s, i);
       const float* row = ht_row(s, i);
-      int64_t* rows = rec_rows_.data() + (recv_first_[s] + i) * K;
+      const int64_t g = recv_first_[s] + i;
+      float* out = s == rank_ ? self_out_.data() + i * D
+                              : back_.data() + (s < rank_ ? g : g - n_self) * D;
       for (int64_t j = 0; j < K && get_i32(head + j) >= 0; ++j) {
-        rows[j] = fill_[get_i32(head + j)]++;
-        std::memcpy(batch_.x.data() + rows[j] * D, row, static_cast<size_t>(D) * 4);
+        const int64_t r = fill_[get_i32(head + j)]++;
+        batch_.x[r] = row;
+        batch_.out[r] = out;
+        batch_.weight[r] = head[K + j];
       }
     }
   }
 }
 
-void EpDispatcher::ht_reduce(const float* head, const int64_t* rows, float* dst) const {
-  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
-  std::fill(dst, dst + D, 0.0f);
-  for (int64_t j = 0; j < K && rows[j] >= 0; ++j)
-    axpy(head[K + j], batch_.y.data() + rows[j] * D, D, dst);
-}
-
-// Each received record goes back as one row: Σ_j weight_j · y(row_j). The own records'
-// rows are reduced in combine_recv, straight into the output.
+// The experts have reduced each record into one row in back_: it goes back as it is.
 void EpDispatcher::ht_combine_send() {
-  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
-  const int64_t n_rec = recv_first_[n_rank_], n_self = recv_rows_[rank_];
-  back_.resize(static_cast<size_t>((n_rec - n_self) * D));
-  float* dst = back_.data();
-  for (int s = 0; s < n_rank_; ++s) {
-    if (s == rank_) continue;
-    for (int64_t i = 0; i < recv_rows_[s]; ++i, dst += D)
-      ht_reduce(ht_head(s, i), rec_rows_.data() + (recv_first_[s] + i) * K, dst);
-  }
+  const int64_t D = tokens_.n_embd;
   wire_bytes(recv_rows_, D, &send_bytes_);
   wire_bytes(send_rows_, D, &recv_bytes_);
   ret_.resize(static_cast<size_t>((send_first_[n_rank_] - send_rows_[rank_]) * D));
-  combine_bytes_ = n_rec * D * 4;
+  combine_bytes_ = recv_first_[n_rank_] * D * 4;
   pending_ = comm_.start_all_to_all_v(back_.data(), send_bytes_, ret_.data(), recv_bytes_);
 }
 
 // out[t] += each of t's records' row, in destination rank order, token by token so that each
 // output row is read and written once. Each destination's records are in token order.
 void EpDispatcher::ht_combine_recv(float* out) {
-  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
+  const int64_t D = tokens_.n_embd;
   const int64_t n_self = send_rows_[rank_];
-  row_.resize(static_cast<size_t>(D));
   scratch_.resize(static_cast<size_t>(n_rank_));
   int64_t* next = scratch_.data();  // [n_rank] the next record from each destination
   std::copy(send_first_.begin(), send_first_.end() - 1, next);
@@ -289,14 +277,9 @@ void EpDispatcher::ht_combine_recv(float* out) {
       const int64_t g = next[r];
       if (g == send_first_[r + 1] || sent_token_[g] != t) continue;
       ++next[r];
-      const int64_t i = g - send_first_[r];
-      if (r == rank_) {
-        ht_reduce(self_head_.data() + i * 2 * K, rec_rows_.data() + (recv_first_[r] + i) * K,
-                  row_.data());
-        add_inplace(row_.data(), D, o);
-      } else {
-        add_inplace(ret_.data() + (r < rank_ ? g : g - n_self) * D, D, o);
-      }
+      const float* row = r == rank_ ? self_out_.data() + (g - send_first_[r]) * D
+                                    : ret_.data() + (r < rank_ ? g : g - n_self) * D;
+      add_inplace(row, D, o);
     }
   }
 }

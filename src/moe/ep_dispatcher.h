@@ -81,8 +81,6 @@ class EpDispatcher final : public Dispatcher {
   // REQUIRES: the dispatch's transfer has been waited for.
   const float* ht_head(int s, int64_t i) const;
   const float* ht_row(int s, int64_t i) const;
-  // dst[:D] = Σ_j head's weight j · y(rows[j]) over the listed rows (rows[j] >= 0).
-  void ht_reduce(const float* head, const int64_t* rows, float* dst) const;
   // Byte counts of the transfer of `rows` records of `words` f32 each per rank, the rank's own
   // part left out (it stays in place).
   void wire_bytes(const std::vector<int64_t>& rows, int64_t words,
@@ -118,7 +116,8 @@ class EpDispatcher final : public Dispatcher {
   // has length 0 on the wire.
   std::vector<float> send_;         // records (ht) or per-rank blocks (ll), by destination
   std::vector<float> recv_;         // the same, by source
-  std::vector<float> back_;         // combine: outputs going back, by source
+  std::vector<float> back_;         // combine: outputs going back, by source (the experts
+                                    // write them there)
   std::vector<float> ret_;          // combine: outputs coming back, by destination
   std::vector<int64_t> send_rows_;  // [n_rank] ht: records for each rank (own included)
   std::vector<int64_t> recv_rows_;  // [n_rank] ht: records from each rank (own included)
@@ -130,13 +129,11 @@ class EpDispatcher final : public Dispatcher {
   std::vector<int64_t> recv_first_;  // [n_rank + 1] first received record of each source
   std::vector<int32_t> sent_token_;  // [sent records] token of each record
   std::vector<float> self_head_;     // [own records, 2K] headers of the records to this rank
-  std::vector<int64_t> rec_rows_;    // [received records, K] batch row of each listed expert, -1
-  std::vector<float> row_;           // [D] one reduced row (own records' combine)
+  std::vector<float> self_out_;      // [own records, D] the experts' reduced rows for them
   std::vector<int64_t> scratch_;     // cursors of a send half's packing pass
   std::vector<int64_t> fill_;        // [n_local] next batch row of each local expert
   // low_latency bookkeeping.
   std::vector<int64_t> slot_of_;  // [n_tokens, K] word offset of (t, k)'s row in ret_
-  std::vector<int64_t> src_row_;  // [n_local, n_rank] first batch row of (expert, source)
   std::vector<int64_t> blk_row_;  // [n_rank, n_local] first row of (source, expert) in its buffer
 };
 

@@ -89,7 +89,9 @@ void EpDispatcher::ll_dispatch_send() {
   pending_ = comm_.start_all_to_all_v(send_.data(), send_bytes_, recv_.data(), send_bytes_);
 }
 
-// Expert l's rows: those from source 0, then source 1, ...
+// Expert l's rows: those from source 0, then source 1, ..., read where they arrived. Each row's
+// output goes to the slot its input had, in back_ (or, for the own block, straight in ret_), with
+// weight 1: the token's owner applies the weights.
 void EpDispatcher::ll_dispatch_recv() {
   const int64_t D = tokens_.n_embd;
   const LlLayout lay = ll_layout(placement_.n_local(), tokens_.n_expert_used, D, step_tokens_);
@@ -98,6 +100,7 @@ void EpDispatcher::ll_dispatch_recv() {
     return (s == rank_ ? send_.data() : recv_.data()) + ll_pos(s, rank_, n_rank_) * lay.BW;
   };
   blk_row_.resize(static_cast<size_t>(n_rank_ * L));
+  batch_.offsets.assign(static_cast<size_t>(L + 1), 0);
   for (int s = 0; s < n_rank_; ++s) {
     int64_t rows = 0;
     for (int64_t l = 0; l < L; ++l) {
@@ -106,43 +109,30 @@ void EpDispatcher::ll_dispatch_recv() {
                  "low_latency: rank " << s << " sent " << c << " rows for expert " << l);
       blk_row_[s * L + l] = rows;
       rows += c;
+      batch_.offsets[l + 1] += c;
     }
   }
-  batch_.offsets.assign(static_cast<size_t>(L + 1), 0);
-  int64_t rows = 0;
+  for (int64_t l = 0; l < L; ++l) batch_.offsets[l + 1] += batch_.offsets[l];
+  batch_.resize_rows();
+  back_.resize(recv_.size());
+  ret_.resize(recv_.size());
+  int64_t row = 0;
   for (int64_t l = 0; l < L; ++l) {
     for (int s = 0; s < n_rank_; ++s) {
-      src_row_[l * n_rank_ + s] = rows;
-      rows += get_count(block(s) + l);
-    }
-    batch_.offsets[l + 1] = rows;
-  }
-  batch_.x.resize(static_cast<size_t>(rows * D));
-  for (int64_t l = 0; l < L; ++l) {
-    for (int s = 0; s < n_rank_; ++s) {
-      std::memcpy(batch_.x.data() + src_row_[l * n_rank_ + s] * D,
-                  block(s) + L + blk_row_[s * L + l] * D,
-                  static_cast<size_t>(get_count(block(s) + l) * D) * 4);
+      const int64_t at = ll_pos(s, rank_, n_rank_) * lay.BW + L + blk_row_[s * L + l] * D;
+      const float* in = (s == rank_ ? send_.data() : recv_.data()) + at;
+      float* out = (s == rank_ ? ret_.data() : back_.data()) + at;
+      for (int64_t j = 0, n = get_count(block(s) + l); j < n; ++j, ++row) {
+        batch_.x[row] = in + j * D;
+        batch_.out[row] = out + j * D;
+        batch_.weight[row] = 1.0f;
+      }
     }
   }
 }
 
-// The outputs go back in the layout their inputs came in; the own block straight to ret_.
+// The experts wrote the outputs in the layout their inputs came in: they go back as they are.
 void EpDispatcher::ll_combine_send() {
-  const int64_t D = tokens_.n_embd;
-  const LlLayout lay = ll_layout(placement_.n_local(), tokens_.n_expert_used, D, step_tokens_);
-  const int64_t L = lay.L;
-  back_.resize(recv_.size());
-  ret_.resize(recv_.size());
-  for (int s = 0; s < n_rank_; ++s) {
-    const int64_t at = ll_pos(s, rank_, n_rank_) * lay.BW;
-    const float* in = (s == rank_ ? send_.data() : recv_.data()) + at;
-    float* dst = (s == rank_ ? ret_.data() : back_.data()) + at + L;
-    for (int64_t l = 0; l < L; ++l) {
-      std::memcpy(dst + blk_row_[s * L + l] * D, batch_.y.data() + src_row_[l * n_rank_ + s] * D,
-                  static_cast<size_t>(get_count(in + l) * D) * 4);
-    }
-  }
   combine_bytes_ = static_cast<int64_t>(back_.size()) * 4;
   pending_ = comm_.start_all_to_all_v(back_.data(), send_bytes_, ret_.data(), send_bytes_);
 }

@@ -29,10 +29,14 @@ uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, E
                      MlpScratch& scratch) {
   DUET_CHECK(static_cast<int64_t>(experts.size()) == batch.n_local_expert,
              "experts " << experts.size() << " batch " << batch.n_local_expert);
-  const int64_t D = batch.n_embd;
+  DUET_CHECK(batch.x.size() == static_cast<size_t>(batch.n_rows()) &&
+                 batch.out.size() == batch.x.size() && batch.weight.size() == batch.x.size(),
+             "expert batch of " << batch.n_rows() << " rows has " << batch.x.size() << " inputs, "
+                                << batch.out.size() << " outputs, " << batch.weight.size()
+                                << " weights");
   scratch.gated.clear();
-  scratch.down.clear();
-  // act rows follow batch.x's rows; each expert's n_ff may differ in principle, so offsets
+  scratch.scatter.clear();
+  // act rows follow the batch's rows; each expert's n_ff may differ in principle, so offsets
   // into act are accumulated rather than computed.
   int64_t act_size = 0;
   for (int64_t e = 0; e < batch.n_local_expert; ++e) {
@@ -46,14 +50,14 @@ uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, E
     const int64_t r0 = batch.offsets[e], n = batch.offsets[e + 1] - r0;
     if (n == 0) continue;
     const MlpWeights& w = experts[e];
-    const float* x = batch.x.data() + r0 * D;
-    scratch.gated.push_back(GatedGroup{w.gate, w.up, x, n, act});
-    scratch.down.push_back(MatmulGroup{w.down, act, n, batch.y.data() + r0 * D});
+    scratch.gated.push_back(GatedGroup{w.gate, w.up, XRows(batch.x.data() + r0), n, act});
+    scratch.scatter.push_back(
+        ScatterGroup{w.down, act, n, batch.out.data() + r0, batch.weight.data() + r0});
     act += n * w.gate.rows;
     bytes += mlp_bytes(w);
   }
   gated_matmul_grouped(pool, scratch.gated);
-  matmul_grouped(pool, scratch.down);
+  matmul_grouped_scatter(pool, scratch.scatter);
   return bytes;
 }
 

@@ -23,17 +23,19 @@ struct MlpScratch {
   std::vector<float> act;  // [n_rows, n_ff] silu(gate) * up of every row
   std::vector<GatedGroup> gated;
   std::vector<MatmulGroup> down;
+  std::vector<ScatterGroup> scatter;
 };
 
 // y[n_tokens, n_embd] = mlp(x[n_tokens, n_embd]).
 void mlp_forward(ThreadPool& pool, const MlpWeights& w, const float* x, int64_t n_tokens,
                  MlpScratch& scratch, float* y);
 
-// Runs each local expert on its rows of batch.x (gather -> matmul -> scatter happens in the
-// dispatcher), writing batch.y. Each projection of each expert is one product over all of the
-// expert's rows, so its weights are read once; all experts' gate/up products share one pool
-// job and all down products another. experts[e] is local expert e. Returns the bytes of expert
-// weights it read (the experts that had rows).
+// Runs each local expert on its rows of the batch, read in place, and writes the batch's output
+// rows: each the weighted sum of its rows' expert outputs (the reduction fused into the down
+// projection). Each projection of each expert is one product over all of the expert's rows, so
+// its weights are read once; all experts' gate/up products share one pool job and all down
+// products another. experts[e] is local expert e. Returns the bytes of expert weights it read
+// (the experts that had rows).
 uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, ExpertBatch& batch,
                      MlpScratch& scratch);
 

@@ -22,25 +22,18 @@ void LocalDispatcher::dispatch_send(const RoutedTokens& tokens) {
   }
   for (int64_t e = 0; e < n_expert_; ++e) batch_.offsets[e + 1] += batch_.offsets[e];
   std::vector<int64_t> fill(batch_.offsets.begin(), batch_.offsets.end() - 1);
-  row_of_.resize(static_cast<size_t>(n_pairs));
-  batch_.x.resize(static_cast<size_t>(n_pairs * tokens.n_embd));
-  batch_.y.resize(batch_.x.size());
+  batch_.resize_rows();
+  reduced_.resize(static_cast<size_t>(tokens.n_tokens * tokens.n_embd));
   for (int64_t i = 0; i < n_pairs; ++i) {
-    const int64_t row = fill[tokens.topk_ids[i]]++;
-    row_of_[i] = row;
-    const float* src = tokens.x + (i / tokens.n_expert_used) * tokens.n_embd;
-    std::copy(src, src + tokens.n_embd, batch_.x.begin() + row * tokens.n_embd);
+    const int64_t row = fill[tokens.topk_ids[i]]++, t = i / tokens.n_expert_used;
+    batch_.x[row] = tokens.x + t * tokens.n_embd;
+    batch_.out[row] = reduced_.data() + t * tokens.n_embd;
+    batch_.weight[row] = tokens.topk_weights[i];
   }
 }
 
 void LocalDispatcher::combine_recv(float* out) {
-  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
-  for (int64_t t = 0; t < tokens_.n_tokens; ++t) {
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t row = row_of_[t * K + k];
-      axpy(tokens_.topk_weights[t * K + k], batch_.y.data() + row * D, D, out + t * D);
-    }
-  }
+  if (tokens_.n_expert_used > 0) add_inplace(reduced_.data(), tokens_.n_tokens * tokens_.n_embd, out);
 }
 
 }  // namespace duet

@@ -1,6 +1,6 @@
-// The single-rank dispatcher: every expert is local, so dispatch is a gather of token rows into
-// per-expert groups and combine a weighted scatter-add back. The send halves do the work; the
-// receive halves only hand it over.
+// The single-rank dispatcher: every expert is local, so dispatch groups the (token, expert) pairs
+// by expert, pointing each row at its token's hidden state and at its token's output row, which
+// the experts fill with the weighted sum; combine adds those rows to the caller's output.
 #pragma once
 
 #include "moe/dispatcher.h"
@@ -20,7 +20,7 @@ class LocalDispatcher final : public Dispatcher {
   int64_t n_expert_;
   RoutedTokens tokens_;
   ExpertBatch batch_;
-  std::vector<int64_t> row_of_;  // [n_tokens, n_expert_used]: the batch row of (token, k)
+  std::vector<float> reduced_;  // [n_tokens, n_embd] Σ_k weight · expert output of each token
 };
 
 }  // namespace duet

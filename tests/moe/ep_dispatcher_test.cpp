@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "dist/inproc_backend.h"
 #include "moe/local_dispatcher.h"
+#include "moe/fake_experts.h"
 
 namespace duet {
 namespace {
@@ -38,12 +39,7 @@ Routing make_routing(int rank, int64_t n_tokens, int64_t D, int64_t K, const Pic
 }
 
 void run_experts_fake(ExpertBatch& b) {
-  const int64_t D = b.n_embd;
-  for (int64_t l = 0; l < b.n_local_expert; ++l) {
-    const float e = static_cast<float>(b.first_expert + l);
-    for (int64_t row = b.offsets[l]; row < b.offsets[l + 1]; ++row)
-      for (int64_t i = 0; i < D; ++i) b.y[row * D + i] = (e + 1) * b.x[row * D + i] + e;
-  }
+  run_fake_experts(b, [](int64_t e, float v) { return static_cast<float>(e + 1) * v + e; });
 }
 
 std::vector<float> run_one(Dispatcher& d, const Routing& r) {

@@ -4,6 +4,8 @@
 
 #include <vector>
 
+#include "moe/fake_experts.h"
+
 namespace duet {
 namespace {
 
@@ -16,11 +18,13 @@ TEST(LocalDispatcherTest, GathersByExpertAndCombinesWeighted) {
   d.dispatch_send({x.data(), ids.data(), w.data(), 3, 2, 2});
   ExpertBatch& b = d.dispatch_recv();
   ASSERT_EQ(b.offsets, (std::vector<int64_t>{0, 2, 2, 5, 6}));  // expert 1 gets nothing
-  // Expert 0's rows in token order: token 0, token 2.
-  EXPECT_EQ(std::vector<float>(b.x.begin(), b.x.begin() + 4), (std::vector<float>{1, 2, 5, 6}));
-  for (int64_t e = 0; e < 4; ++e)
-    for (int64_t r = b.offsets[e]; r < b.offsets[e + 1]; ++r)
-      for (int j = 0; j < 2; ++j) b.y[r * 2 + j] = b.x[r * 2 + j] * float(e + 1);
+  // Expert 0's rows in token order, read in place: token 0, token 2.
+  EXPECT_EQ(b.x[0], x.data());
+  EXPECT_EQ(b.x[1], x.data() + 4);
+  // Rows of one token share its output row.
+  EXPECT_EQ(b.out[0], b.out[2]);  // token 0's experts 0 and 2
+  EXPECT_EQ(b.weight[0], 0.25f);
+  run_fake_experts(b, [](int64_t e, float v) { return v * float(e + 1); });
   d.combine_send();
   std::vector<float> out(6, 1.0f);
   d.combine_recv(out.data());
@@ -41,7 +45,7 @@ TEST(LocalDispatcherTest, AllTokensToOneExpert) {
   d.dispatch_send({x.data(), ids.data(), w.data(), 3, 1, 1});
   ExpertBatch& b = d.dispatch_recv();
   EXPECT_EQ(b.offsets, (std::vector<int64_t>{0, 0, 3, 3}));
-  b.y = b.x;
+  run_fake_experts(b, [](int64_t, float v) { return v; });
   d.combine_send();
   std::vector<float> out(3, 0.0f);
   d.combine_recv(out.data());
