@@ -131,6 +131,104 @@ TEST(GroupedMatmulTest, GatedMatchesScalarSiluMul) {
   }
 }
 
+// Rows gathered in place (a routed expert's rows, scattered over a receive buffer in any order)
+// give exactly what a contiguous copy of them gives, on the direct path and the tiled one.
+TEST(GroupedMatmulTest, GatheredRowsMatchContiguousCopy) {
+  ThreadPool pool(2);
+  std::mt19937 rng(5);
+  const int64_t n_in = 100, n_ff = 70, n_pool = 200;
+  const std::vector<float> pool_rows = random_vector(rng, n_pool * n_in);
+  Weights gate = random_weights(rng, n_ff, n_in), up = random_weights(rng, n_ff, n_in);
+  for (int64_t n : {1, 3, 17, 60, 130}) {
+    std::vector<const float*> rows;
+    std::vector<float> copy;
+    for (int64_t t = 0; t < n; ++t) {
+      const float* r = pool_rows.data() + (rng() % n_pool) * n_in;  // repeats allowed
+      rows.push_back(r);
+      copy.insert(copy.end(), r, r + n_in);
+    }
+    std::vector<float> got(static_cast<size_t>(n * n_ff)), want(got.size());
+    matmul_grouped(pool, {{gate.m, XRows(rows.data()), n, got.data()}});
+    matmul_grouped(pool, {{gate.m, copy.data(), n, want.data()}});
+    EXPECT_EQ(got, want) << "matmul, " << n << " tokens";
+    gated_matmul_grouped(pool, {{gate.m, up.m, XRows(rows.data()), n, got.data()}});
+    gated_matmul_grouped(pool, {{gate.m, up.m, copy.data(), n, want.data()}});
+    EXPECT_EQ(got, want) << "gated, " << n << " tokens";
+  }
+}
+
+// Experts' down projections with the weighted sum over a token's experts fused in: tokens route to
+// several groups, the output rows start as garbage and end as Σ weight · (x · wᵀ); rows that no
+// group names are left alone. Group sizes from 0 to 17 and one on the tiled path; output widths
+// below, at and above a task's column block.
+TEST(GroupedMatmulTest, ScatterSumsWeightedProductsIntoOutputRows) {
+  ThreadPool pool(3);
+  std::mt19937 rng(9);
+  for (int64_t n_out : {5, 64, 200}) {
+    const int64_t n_in = 37, n_tok = 40;
+    std::vector<float> out(static_cast<size_t>((n_tok + 1) * n_out), kGuard);  // last: unnamed
+    std::vector<Weights> ws;
+    std::vector<std::vector<float>> xs, wts;
+    std::vector<std::vector<float*>> outs;
+    std::vector<int64_t> tokens_of;  // [groups, rows] flattened: the token of each row
+    std::vector<ScatterGroup> groups;
+    for (int64_t n : {0, 1, 2, 5, 17, 0, 3, 60}) {
+      ws.push_back(random_weights(rng, n_out, n_in));
+      xs.push_back(random_vector(rng, n * n_in));
+      wts.push_back(random_vector(rng, n));
+      outs.emplace_back();
+      for (int64_t i = 0; i < n; ++i) {
+        tokens_of.push_back(static_cast<int64_t>(rng() % n_tok));
+        outs.back().push_back(out.data() + tokens_of.back() * n_out);
+      }
+    }
+    for (size_t g = 0; g < ws.size(); ++g) {
+      const int64_t n = static_cast<int64_t>(wts[g].size());
+      groups.push_back({ws[g].m, xs[g].data(), n, outs[g].data(), wts[g].data()});
+    }
+    matmul_grouped_scatter(pool, groups);
+    std::vector<double> want(static_cast<size_t>(n_tok * n_out), 0.0), scale(want.size(), 0.0);
+    std::vector<bool> named(static_cast<size_t>(n_tok), false);
+    size_t row = 0;
+    for (size_t g = 0; g < ws.size(); ++g) {
+      const int64_t n = static_cast<int64_t>(wts[g].size());
+      std::vector<float> y(static_cast<size_t>(n * n_out));
+      matmul_scalar(ws[g].m, xs[g].data(), n, y.data());
+      std::vector<float> ys = abs_product(ws[g].m, xs[g].data(), n);
+      for (int64_t i = 0; i < n; ++i, ++row) {
+        named[tokens_of[row]] = true;
+        for (int64_t c = 0; c < n_out; ++c) {
+          want[tokens_of[row] * n_out + c] += double(wts[g][i]) * y[i * n_out + c];
+          scale[tokens_of[row] * n_out + c] += std::fabs(wts[g][i]) * ys[i * n_out + c];
+        }
+      }
+    }
+    for (int64_t t = 0; t <= n_tok; ++t) {
+      for (int64_t c = 0; c < n_out; ++c) {
+        const float got = out[t * n_out + c];
+        if (t == n_tok || !named[t]) {
+          ASSERT_EQ(got, kGuard) << "n_out " << n_out << ": unnamed row " << t << " written";
+        } else {
+          ASSERT_NEAR(got, want[t * n_out + c], 2 * kRelTol * scale[t * n_out + c] + 1e-30)
+              << "n_out " << n_out << " token " << t << " column " << c;
+        }
+      }
+    }
+  }
+}
+
+TEST(GroupedMatmulTest, ScatterRejectsGroupsOfDifferentWidths) {
+  ThreadPool pool(1);
+  std::mt19937 rng(3);
+  Weights a = random_weights(rng, 8, 4), b = random_weights(rng, 6, 4);
+  std::vector<float> x(4), out(8), w(1, 1.0f);
+  std::vector<float*> rows = {out.data()};
+  EXPECT_THROW(matmul_grouped_scatter(
+                   pool, {{a.m, x.data(), 1, rows.data(), w.data()},
+                          {b.m, x.data(), 1, rows.data(), w.data()}}),
+               Error);
+}
+
 TEST(GroupedMatmulTest, NoGroupsAndAllEmpty) {
   ThreadPool pool(2);
   matmul_grouped(pool, {});
@@ -139,6 +237,8 @@ TEST(GroupedMatmulTest, NoGroupsAndAllEmpty) {
   Weights w = random_weights(rng, 8, 8);
   matmul_grouped(pool, {{w.m, nullptr, 0, nullptr}, {w.m, nullptr, 0, nullptr}});
   gated_matmul_grouped(pool, {{w.m, w.m, nullptr, 0, nullptr}});
+  matmul_grouped_scatter(pool, {});
+  matmul_grouped_scatter(pool, {{w.m, nullptr, 0, nullptr, nullptr}});
 }
 
 TEST(GroupedMatmulTest, RejectsMismatchedGateAndUp) {
