@@ -29,7 +29,10 @@ const std::vector<std::string>& command_line() {
 
 std::vector<std::string> mpirun_argv(int n_ranks, const std::string& exe,
                                      const std::vector<std::string>& command) {
-  std::vector<std::string> argv = {"mpirun", "-np", std::to_string(n_ranks)};
+  // --enable-recovery: when a rank dies, mpirun leaves the others running instead of tearing the
+  // job down at once, so their watchdogs name the dead rank and rank 0's HTTP server answers 503
+  // rather than vanishing mid-request.
+  std::vector<std::string> argv = {"mpirun", "--enable-recovery", "-np", std::to_string(n_ranks)};
   if (n_ranks > available_cores()) argv.push_back("--oversubscribe");
   argv.push_back(exe);
   if (!command.empty()) argv.insert(argv.end(), command.begin() + 1, command.end());

@@ -14,7 +14,8 @@ void set_command_line(int argc, char** argv);
 const std::vector<std::string>& command_line();
 
 // The argv of `mpirun` running `exe` with command's arguments (command[0] is dropped) on n ranks
-// of this host: --oversubscribe when n exceeds the cores. Exposed for tests.
+// of this host: --oversubscribe when n exceeds the cores, --enable-recovery so that one rank's
+// death is reported by the others. Exposed for tests.
 std::vector<std::string> mpirun_argv(int n_ranks, const std::string& exe,
                                      const std::vector<std::string>& command);
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# `duet serve` on two MPI ranks; rank 1 is stopped (SIGSTOP, a hung host) in the middle of a
-# streamed request. The stream must end with an error event and new requests must get HTTP 503
-# within the 10 s limit, never hang. Then rank 1 is killed and the job must end.
-# Usage: serve_dead_rank.sh DUET_BINARY
+# `duet serve` on two MPI ranks; rank 1 is stopped (SIGSTOP, a hung host) or killed (SIGKILL, a
+# crashed one) in the middle of a streamed request. The streams must end with an error event and
+# new requests must get HTTP 503 within the 10 s limit, never hang.
+# Usage: serve_dead_rank.sh DUET_BINARY STOP|KILL
 set -euo pipefail
 duet=$(realpath "$1")
+signal=${2:-STOP}
 work=$(mktemp -d "${TMPDIR:-/tmp}/duet-dead-rank.XXXXXX")
 server_pid=""
 cleanup() {
@@ -49,7 +50,7 @@ for i in 1 2; do
          "temperature": 0, "stream": true}' >"$work/stream$i.txt" &
 done
 sleep 1
-kill -STOP "$rank1"
+kill "-$signal" "$rank1"
 start=$(date +%s%N)
 wait_streams=0
 for _ in $(seq 1 150); do  # up to 15 s
@@ -71,5 +72,5 @@ status=$(curl -s -o "$work/new.json" -w '%{http_code}' --max-time 10 "$url" \
   -H 'Content-Type: application/json' -d '{"model": "tiny", "prompt": [1, 2], "max_tokens": 2}')
 echo "a new request got HTTP $status: $(cat "$work/new.json")"
 [ "$status" = 503 ] || { echo "FAIL: expected 503" >&2; exit 1; }
-kill -KILL "$rank1"
+kill -KILL "$rank1" 2>/dev/null || true
 echo "PASS: error after ${elapsed_ms} ms, then 503"
