@@ -19,6 +19,7 @@
 #include "core/thread_pool.h"
 #include "kernels/attend.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_impl.h"
 #include "kernels/simd_impl.h"
 
 namespace duet {
@@ -120,6 +121,41 @@ void matmul_args(benchmark::internal::Benchmark* b) {
 }
 
 BENCHMARK(BM_MatmulBf16)->Apply(matmul_args);
+
+// One thread's product on a given path (0 direct, 1 tiled), with the weights in cache (cold 0)
+// or read from memory (cold 1): the arithmetic rate of each kernel, to place tiled_min_tokens
+// and to compare with the FMA peak. Timed in the thread's CPU time, so neighbours on a shared
+// machine distort it less.
+void BM_MatmulBf16Path(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1), n_tokens = state.range(2);
+  const auto path = state.range(3) ? matmul_impl::Path::kTiled : matmul_impl::Path::kDirect;
+  const bool cold = state.range(4) != 0;
+  const size_t matrix_elems = static_cast<size_t>(rows * cols);
+  const size_t n_copies = cold ? (kColdBytes + 2 * matrix_elems - 1) / (2 * matrix_elems) : 1;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> weights(n_copies * matrix_elems);  // [n_copies, rows, cols] bf16
+  for (uint16_t& w : weights) w = f32_to_bf16(normal(rng) * 0.02f);
+  std::vector<float> x(static_cast<size_t>(n_tokens * cols));  // [n_tokens, cols] f32
+  for (float& v : x) v = normal(rng);
+  std::vector<float> y(static_cast<size_t>(n_tokens * rows));  // [n_tokens, rows] f32
+  ThreadPool pool(1);
+  size_t copy = 0;
+  for (auto _ : state) {
+    const Matrix w{DType::kBF16, rows, cols, weights.data() + copy * matrix_elems};
+    matmul_impl::matmul_with(simd::best_isa(), path, pool, w, x.data(), n_tokens, y.data());
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+    copy = (copy + 1) % n_copies;
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * static_cast<double>(rows * cols * n_tokens) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_MatmulBf16Path)
+    ->ArgNames({"rows", "cols", "n_tokens", "tiled", "cold"})
+    ->ArgsProduct({{1024}, {1024}, {8, 16, 32, 48, 64, 128, 512}, {0, 1}, {0, 1}});
 
 // One GQA group (4 query heads, head_dim 128) over n_ctx cached positions as one decode task,
 // with the rows of 4 KV heads per position as KvCache keeps one layer (stride 4 · 128 floats),

@@ -1,8 +1,11 @@
 // One long-lived pool of worker threads per process (or per rank). Work is handed out with
 // parallel_for; the calling thread takes part, and idle workers block on a condition variable
-// (no spinning, no thread created per call).
+// (no thread created per call). Before blocking, a worker polls for the next job for a bounded
+// few tens of microseconds, and the caller polls for the job's end likewise: the jobs of one
+// decode step follow each other that closely, and waking a sleeping vCPU costs more.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -31,6 +34,10 @@ class ThreadPool {
 
  private:
   void worker_loop(int worker_index);
+  // Polls until generation_ differs from `seen` or the spin budget is spent.
+  void spin_for_job(uint64_t seen) const;
+  // Polls until every chunk of the current job is done or the spin budget is spent.
+  void spin_for_done() const;
 
   int n_threads_;
   std::vector<std::thread> workers_;
@@ -43,10 +50,12 @@ class ThreadPool {
   int64_t job_chunk_ = 0;
   int64_t next_chunk_ = 0;   // next chunk index to hand out
   int64_t n_chunks_ = 0;
-  int64_t chunks_done_ = 0;
-  uint64_t generation_ = 0;  // bumped per job so workers see new work
+  int64_t n_sleeping_ = 0;  // workers blocked on work_cv_: only then is a notify needed
   bool stop_ = false;
   std::exception_ptr error_;
+  // Written only with mu_ held; atomic so that spinning threads may poll them without it.
+  std::atomic<int64_t> chunks_done_{0};
+  std::atomic<uint64_t> generation_{0};  // bumped per job so workers see new work
 };
 
 // The number of cores this process may run on (sched_getaffinity), at least 1.

@@ -95,11 +95,11 @@ void gated_matmul_grouped(ThreadPool& pool, const std::vector<GatedGroup>& group
 
 namespace {
 
-// Output columns per matmul_grouped_scatter task: whole prefill tiles, at most kTaskRows, and
-// small enough that every thread gets about four tasks.
+// Output columns per matmul_grouped_scatter task: kTaskRows (a whole prefill panel of weight
+// rows), unless that would leave a thread fewer than two tasks; never less than 16.
 int64_t scatter_cols_per_task(int64_t n_out, int n_threads) {
   constexpr int64_t kTile = 16;
-  const int64_t want = n_out / (4 * static_cast<int64_t>(n_threads)) / kTile * kTile;
+  const int64_t want = n_out / (2 * static_cast<int64_t>(n_threads)) / kTile * kTile;
   return std::clamp<int64_t>(want, kTile, kTaskRows);
 }
 

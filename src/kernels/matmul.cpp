@@ -15,10 +15,10 @@ namespace duet {
 
 namespace {
 
-// Chunk sizes handed to the pool: whole register blocks (direct), whole tiles (tiled), and
+// Chunk sizes handed to the pool: whole register blocks (direct), whole panels (tiled), and
 // whole column blocks (matmul_xw), so only the last chunk has a ragged edge.
 constexpr int64_t kDirectChunk = 4;
-constexpr int64_t kTiledChunk = 16;
+constexpr int64_t kTiledChunk = 64;
 constexpr int64_t kXwChunk = 64;
 
 // Below this many multiply-adds (a router's 32 × 1024 for one token) a product runs on the
@@ -29,13 +29,15 @@ namespace avx512 {
 using S = simd::Avx512;
 constexpr int kMmRows = 4;  // 24 accumulators + 4 weight vectors + 1 x vector of 32 zmm
 constexpr int kMmTokens = 6;
+constexpr int kPanelVecs = 4;  // 24 accumulators + 4 weight vectors + 1 broadcast x
+constexpr int kPanelTokens = 6;
 constexpr int kXwCols = 4;  // 64 columns
 constexpr int kXwTokens = 4;
 #define DUET_SIMD_TARGET DUET_TARGET_AVX512
 #include "kernels/matmul_simd_impl.h"
 #include "kernels/matmul_xw_simd_impl.h"
 #undef DUET_SIMD_TARGET
-static_assert(kTiledChunk == kTileRows && kDirectChunk % kMmRows == 0 &&
+static_assert(kTiledChunk % kPanelRows == 0 && kDirectChunk % kMmRows == 0 &&
               kXwChunk % (kXwCols * kW) == 0);
 }  // namespace avx512
 
@@ -43,13 +45,15 @@ namespace avx2 {
 using S = simd::Avx2;
 constexpr int kMmRows = 4;  // 8 accumulators + 4 weight vectors + 1 x vector of 16 ymm
 constexpr int kMmTokens = 2;
+constexpr int kPanelVecs = 2;  // 12 accumulators + 2 weight vectors + 1 broadcast x
+constexpr int kPanelTokens = 6;
 constexpr int kXwCols = 2;  // 16 columns
 constexpr int kXwTokens = 4;
 #define DUET_SIMD_TARGET DUET_TARGET_AVX2
 #include "kernels/matmul_simd_impl.h"
 #include "kernels/matmul_xw_simd_impl.h"
 #undef DUET_SIMD_TARGET
-static_assert(kTiledChunk == kTileRows && kDirectChunk % kMmRows == 0 &&
+static_assert(kTiledChunk % kPanelRows == 0 && kDirectChunk % kMmRows == 0 &&
               kXwChunk % (kXwCols * kW) == 0);
 }  // namespace avx2
 

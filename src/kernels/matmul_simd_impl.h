@@ -16,14 +16,6 @@
 using V = S::V;
 constexpr int kW = S::kWidth;
 
-// The prefill path converts a [kTileRows, kTileCols] tile of bf16 weights to f32 once and
-// multiplies it with every token; 33 KiB of f32, which stays in L1 next to a token block's x.
-constexpr int64_t kTileRows = 16;
-constexpr int64_t kTileCols = 512;
-constexpr int64_t kTileLd = kTileCols + 16;  // row stride of the packed tiles: 33 cache lines
-constexpr int64_t kTileTokens = 120;         // tokens per packed x slice: 248 KiB, in L2
-static_assert(kTileRows % kMmRows == 0 && kTileCols % kW == 0);
-
 // acc[t][r] += w[r, kk : kk + n) · x[t, kk : kk + n); n == kW unless kPart.
 template <int R, int T, bool kPart, typename W>
 DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_step(V (&acc)[T][R], const W* w, int64_t ldw,
@@ -119,7 +111,7 @@ struct TokenBlocks {
 };
 
 // The first n floats of v, grown to hold them, at a 64-byte aligned address: a vector load that
-// straddles two cache lines costs two loads, which cost the tiled kernel 30 % in measurements.
+// straddles two cache lines costs two loads, which cost an earlier prefill kernel 30 %.
 inline float* aligned_floats(std::vector<float>& v, int64_t n) {
   v.resize(static_cast<size_t>(n + 16));
   return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t{63});
@@ -205,53 +197,8 @@ DUET_SIMD_TARGET void matmul_rows_direct(const W* w, int64_t cols, XRows x, int6
   }
 }
 
-// Prefetches (into L2) the weight tile at rows [r0, r0 + kTileRows) ∩ [.., r_end), columns
-// [k0, k0 + kTileCols) ∩ [.., cols), which the tiled kernel packs next: its memory reads then
-// overlap the current tile's arithmetic.
-template <typename W>
-DUET_SIMD_TARGET void prefetch_tile(const W* w, int64_t ldw, int64_t r0, int64_t k0, int64_t r_end,
-                                    int64_t cols) {
-  if (k0 >= cols) return;
-  prefetch_rows(w + r0 * ldw + k0, ldw, std::min(kTileRows, r_end - r0),
-                std::min(kTileCols, cols - k0));
-}
-
-// matmul_rows_direct's product for many tokens. k is cut into kTileCols blocks and the tokens
-// into groups of up to kTileTokens; each group's slice of x is packed once, and each
-// [kTileRows, kTileCols] weight tile is widened to f32 once per group and multiplied with all
-// of its tokens. Both buffers have the padded row stride kTileLd, so the rows a register block
-// reads do not all fall into the same L1 sets (rows of 1024 f32 x or bf16 weights would be
-// 4 or 2 KiB apart otherwise).
-template <typename W>
-DUET_SIMD_TARGET void matmul_rows_tiled(const W* w, int64_t cols, XRows x, int64_t n_tokens,
-                                        float* y, int64_t ldy, int64_t r_begin, int64_t r_end) {
-  alignas(64) float tile[kTileRows * kTileLd];  // [kTileRows, kTileLd] f32
-  thread_local std::vector<float> x_buf;
-  float* x_slice = aligned_floats(x_buf, kTileTokens * kTileLd);  // [kTileTokens, kTileLd] f32
-  for (int64_t k0 = 0; k0 < cols; k0 += kTileCols) {
-    const int64_t kb = std::min(kTileCols, cols - k0);
-    for (int64_t g0 = 0; g0 < n_tokens; g0 += kTileTokens) {
-      const int64_t ng = std::min(kTileTokens, n_tokens - g0);
-      const TokenBlocks tb(ng);
-      pack_x(x, cols, g0, ng, k0, kb, x_slice, kTileLd);
-      for (int64_t r0 = r_begin; r0 < r_end; r0 += kTileRows) {
-        const int64_t mb = std::min(kTileRows, r_end - r0);
-        pack_rows(w + r0 * cols + k0, cols, mb, kb, tile, kTileLd);
-        prefetch_tile(w, cols, r0 + kTileRows < r_end ? r0 + kTileRows : r_begin,
-                      r0 + kTileRows < r_end ? k0 : k0 + kTileCols, r_end, cols);
-        for (int64_t b = 0; b < tb.n; ++b) {
-          const int64_t t0 = tb.begin(b), nt = tb.size(b);
-          float* yb = y + (g0 + t0) * ldy + (r0 - r_begin);
-          for (int64_t r = 0; r < mb; r += kMmRows) {
-            const int64_t nr = std::min<int64_t>(kMmRows, mb - r);
-            dot_fn<float>(nr, nt)(tile + r * kTileLd, kTileLd, x_slice + t0 * kTileLd, kTileLd, kb,
-                                  yb + r, ldy, k0 > 0, nullptr);
-          }
-        }
-      }
-    }
-  }
-}
+// matmul_rows_panel: the product for many tokens (prefill).
+#include "kernels/matmul_panel_impl.h"
 
 // y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end); w is f32 or bf16 and
 // w.cols > 0 (checked by the caller).
@@ -260,14 +207,16 @@ DUET_SIMD_TARGET void matmul_rows(const Matrix& w, XRows x, int64_t n_tokens, fl
   if (w.dtype == DType::kBF16) {
     const auto* wp = static_cast<const uint16_t*>(w.data);
     if (tiled) {
-      matmul_rows_tiled(wp, w.cols, x, n_tokens, y, ldy, r_begin, r_end);
+      matmul_rows_panel(wp, w.cols, row_pointers(x, w.cols, n_tokens), n_tokens, y, ldy, r_begin,
+                        r_end);
     } else {
       matmul_rows_direct(wp, w.cols, x, n_tokens, y, ldy, r_begin, r_end);
     }
   } else {
     const auto* wp = static_cast<const float*>(w.data);
     if (tiled) {
-      matmul_rows_tiled(wp, w.cols, x, n_tokens, y, ldy, r_begin, r_end);
+      matmul_rows_panel(wp, w.cols, row_pointers(x, w.cols, n_tokens), n_tokens, y, ldy, r_begin,
+                        r_end);
     } else {
       matmul_rows_direct(wp, w.cols, x, n_tokens, y, ldy, r_begin, r_end);
     }

@@ -83,6 +83,18 @@ struct Avx512 {
   DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V load(const uint16_t* p) {
     return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   }
+  // 2 · kWidth bf16 as kWidth lanes of pairs (element 2i in the low half of lane i), unwidened;
+  // even() / odd() widen the elements 2i / 2i + 1 of each lane.
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V load_pairs(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_loadu_si512(p));
+  }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V even(V pairs) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_castps_si512(pairs), 16));
+  }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V odd(V pairs) {
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_castps_si512(pairs), _mm512_set1_epi32(int(0xFFFF0000u))));
+  }
   // The first n < kWidth elements; the other lanes are 0 and nothing past p + n is read.
   DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V load_part(const float* p, int n) {
     return _mm512_maskz_loadu_ps(first(n), p);
@@ -109,6 +121,38 @@ struct Avx512 {
     __m256 h = _mm256_add_ps(_mm512_castps512_ps256(s), _mm512_extractf32x8_ps(s, 1));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
   }
+  // r[i][j] ↔ r[j][i]: a 16 × 16 block transposed in registers (4 rounds of 16 shuffles).
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static void transpose(V (&r)[kWidth]) {
+    V a[16], b[16], e[16];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 8; ++i) {  // a[2i], a[2i+1]: rows 2i, 2i+1 interleaved per 128-bit lane
+      a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    #pragma GCC unroll 16
+    for (int i = 0; i < 4; ++i) {  // lane L of b[4i + c]: rows 4i..4i+3 of column 4L + c
+      #pragma GCC unroll 16
+      for (int h = 0; h < 2; ++h) {
+        const __m512d lo = _mm512_castps_pd(a[4 * i + h]), hi = _mm512_castps_pd(a[4 * i + h + 2]);
+        b[4 * i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo, hi));
+        b[4 * i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo, hi));
+      }
+    }
+    #pragma GCC unroll 16
+    for (int c = 0; c < 4; ++c) {  // lanes {0, 2} and {1, 3} of b[c], b[4+c]; b[8+c], b[12+c]
+      e[4 * c] = _mm512_shuffle_f32x4(b[c], b[4 + c], 0x88);
+      e[4 * c + 1] = _mm512_shuffle_f32x4(b[c], b[4 + c], 0xdd);
+      e[4 * c + 2] = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0x88);
+      e[4 * c + 3] = _mm512_shuffle_f32x4(b[8 + c], b[12 + c], 0xdd);
+    }
+    #pragma GCC unroll 16
+    for (int c = 0; c < 4; ++c) {  // column 4L + c: lane L of b[c], b[4+c], b[8+c], b[12+c]
+      r[c] = _mm512_shuffle_f32x4(e[4 * c], e[4 * c + 2], 0x88);
+      r[4 + c] = _mm512_shuffle_f32x4(e[4 * c + 1], e[4 * c + 3], 0x88);
+      r[8 + c] = _mm512_shuffle_f32x4(e[4 * c], e[4 * c + 2], 0xdd);
+      r[12 + c] = _mm512_shuffle_f32x4(e[4 * c + 1], e[4 * c + 3], 0xdd);
+    }
+  }
 };
 
 // 8 f32 lanes. Partial bf16 loads go through a zero-padded copy (AVX2 has no 16-bit masks).
@@ -130,6 +174,16 @@ struct Avx2 {
                          -1, 10, 11, -1, -1, 12, 13, -1, -1, 14, 15);
     __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_shuffle_epi8(h, ctrl));
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static V load_pairs(const uint16_t* p) {
+    return _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static V even(V pairs) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_castps_si256(pairs), 16));
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static V odd(V pairs) {
+    return _mm256_castsi256_ps(
+        _mm256_and_si256(_mm256_castps_si256(pairs), _mm256_set1_epi32(int(0xFFFF0000u))));
   }
   DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static V load_part(const float* p, int n) {
     return _mm256_maskload_ps(p, first(n));
@@ -156,6 +210,29 @@ struct Avx2 {
   DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static __m128 hsum4(V a, V b, V c, V d) {
     V h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  }
+  // r[i][j] ↔ r[j][i]: an 8 × 8 block transposed in registers.
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static void transpose(V (&r)[kWidth]) {
+    V a[8], b[8];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 4; ++i) {
+      a[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      a[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    #pragma GCC unroll 16
+    for (int i = 0; i < 2; ++i) {  // lane L of b[4i + c]: rows 4i..4i+3 of column 4L + c
+      #pragma GCC unroll 16
+      for (int h = 0; h < 2; ++h) {
+        const __m256d lo = _mm256_castps_pd(a[4 * i + h]), hi = _mm256_castps_pd(a[4 * i + h + 2]);
+        b[4 * i + 2 * h] = _mm256_castpd_ps(_mm256_unpacklo_pd(lo, hi));
+        b[4 * i + 2 * h + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(lo, hi));
+      }
+    }
+    #pragma GCC unroll 16
+    for (int c = 0; c < 4; ++c) {
+      r[c] = _mm256_permute2f128_ps(b[c], b[4 + c], 0x20);
+      r[4 + c] = _mm256_permute2f128_ps(b[c], b[4 + c], 0x31);
+    }
   }
 };
 

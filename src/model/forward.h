@@ -86,6 +86,7 @@ struct ForwardState {
   std::vector<float> shared_out;    // [n_tokens, n_embd] shared experts' output
   ExpertBatch* expert_batch = nullptr;  // between dispatch_recv and combine_send
   MlpScratch mlp;
+  std::vector<MatmulGroup> proj;    // projections that run as one pool job (attention's q/k/v)
   std::vector<float> logits;        // [out_rows, n_vocab]
   uint64_t expert_bytes_read = 0;   // weights of the routed experts run so far (benchmarks)
 

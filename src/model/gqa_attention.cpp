@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/grouped_matmul.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/layers.h"
@@ -59,6 +60,22 @@ RopeParams rope_params(const ModelConfig& c, int64_t dim) {
   return p;
 }
 
+namespace {
+
+// q[n, q_w], k[n, kv_w], v[n, kv_w] = s.h · (wq, wk, wv)ᵀ as one pool job: one wake-up of the
+// workers instead of three, and the threads share out the blocks of all three products (k and
+// v alone are too small to keep both busy to the end).
+void project_qkv(ForwardState& s, const GqaWeights& w, float* k, float* v) {
+  const int64_t n = s.n_tokens();
+  s.proj.resize(3);
+  s.proj[0] = MatmulGroup{w.wq, s.h.data(), n, s.q.data()};
+  s.proj[1] = MatmulGroup{w.wk, s.h.data(), n, k};
+  s.proj[2] = MatmulGroup{w.wv, s.h.data(), n, v};
+  matmul_grouped(*s.pool, s.proj);
+}
+
+}  // namespace
+
 void gqa_attention(ForwardState& s, int64_t il, const GqaWeights& w, const ModelConfig& c,
                    const Rope& rope) {
   const int64_t n = s.n_tokens(), hd = c.head_dim;
@@ -69,9 +86,7 @@ void gqa_attention(ForwardState& s, int64_t il, const GqaWeights& w, const Model
   s.kv_new.resize(static_cast<size_t>(2 * n * kv_w));
   float* k = s.kv_new.data();          // [n, kv_w]
   float* v = k + n * kv_w;             // [n, kv_w]
-  matmul(*s.pool, w.wq, s.h.data(), n, s.q.data());
-  matmul(*s.pool, w.wk, s.h.data(), n, k);
-  matmul(*s.pool, w.wv, s.h.data(), n, v);
+  project_qkv(s, w, k, v);
   for (int64_t t = 0; t < n; ++t) {
     float* qt = s.q.data() + t * q_w;
     float* kt = k + t * kv_w;

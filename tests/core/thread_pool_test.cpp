@@ -1,9 +1,11 @@
 #include "core/thread_pool.h"
 
 #include <gtest/gtest.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -143,6 +145,49 @@ TEST(ThreadPoolTest, NestedCallOnSamePoolIsRejected) {
                    100, [&](int64_t, int64_t) { pool.parallel_for(100, [](int64_t, int64_t) {}); }),
                Error);
   run_and_check(pool, 100, 1);
+}
+
+double process_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Workers poll for the next job only briefly: a pool left idle must go to sleep, not burn the
+// cores it is waiting on.
+TEST(ThreadPoolTest, IdleWorkersSleep) {
+  ThreadPool pool(3);
+  run_and_check(pool, 1000, 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past any spin budget
+  const double before = process_cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const double used = process_cpu_seconds() - before;
+  EXPECT_LT(used, 0.02) << "idle pool used " << used << " s of CPU in 0.2 s";
+}
+
+// A worker asleep after its spin, and one still polling, are both handed the next job: a chunk
+// that waits for a second thread to show up sees one (a lost wake-up would leave the caller
+// alone with every chunk).
+bool worker_joins(ThreadPool& pool) {
+  std::atomic<int> arrived{0};
+  std::atomic<bool> met{false};
+  pool.parallel_for(8, [&](int64_t, int64_t) {
+    arrived++;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (arrived.load() < 2 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    if (arrived.load() >= 2) met = true;
+  });
+  return met.load();
+}
+
+TEST(ThreadPoolTest, SleepingAndSpinningWorkersAreWoken) {
+  ThreadPool pool(2);
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(i % 2 ? 5 : 0));
+    EXPECT_TRUE(worker_joins(pool)) << "round " << i;
+  }
 }
 
 TEST(ThreadPoolTest, AvailableCoresIsPositive) {

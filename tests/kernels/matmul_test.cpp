@@ -261,6 +261,47 @@ TEST(MatmulTest, EveryTokenCountOnARowRange) {
   }
 }
 
+// The tiled path's panels (64 weight rows × 128 columns with AVX-512, 16 × 128 with AVX2) on a
+// row range that starts mid-panel and ends in a partial panel, with columns that leave every
+// kind of tail when packing (bf16 pairs of 2 · width columns, a whole vector, part of one) and
+// several column blocks; each token block size occurs, and 130 tokens make two token groups.
+// Nothing outside the range is written.
+TEST(MatmulTest, TiledPanelEdges) {
+  std::mt19937 rng(64);
+  const int64_t rows = 200, r_begin = 3, r_end = 197, ldy = r_end - r_begin + 5;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t cols : {5, 32, 40, 257, 300}) {
+      TestMatrix w = random_matrix(rng, dtype, rows, cols);
+      for (int64_t n_tokens : {1, 6, 7, 13, 50, 130}) {
+        std::vector<float> x = random_values(rng, n_tokens * cols);
+        std::vector<float> want(static_cast<size_t>(n_tokens * rows)), scale(want.size());
+        matmul_scalar(w.view(), x.data(), n_tokens, want.data());
+        matmul_scalar(w.abs().view(), abs_values(x).data(), n_tokens, scale.data());
+        for (Isa isa : simd_isas()) {
+          const std::string what = std::string(simd::isa_name(isa)) + " " + dtype_name(dtype) +
+                                   " cols " + std::to_string(cols) + " n_tokens " +
+                                   std::to_string(n_tokens);
+          std::vector<float> got(static_cast<size_t>(n_tokens * ldy), kGuard);
+          matmul_impl::matmul_rows_with(isa, Path::kTiled, w.view(), x.data(), n_tokens, got.data(),
+                                        ldy, r_begin, r_end);
+          for (int64_t t = 0; t < n_tokens; ++t) {
+            for (int64_t j = 0; j < ldy; ++j) {
+              const float g = got[static_cast<size_t>(t * ldy + j)];
+              if (j >= r_end - r_begin) {
+                ASSERT_EQ(g, kGuard) << what << ": wrote token " << t << " column " << j;
+                continue;
+              }
+              const size_t k = static_cast<size_t>(t * rows + r_begin + j);
+              ASSERT_NEAR(g, want[k], kRelTol * scale[k] + std::numeric_limits<float>::min())
+                  << what << " token " << t << " row " << r_begin + j;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(MatmulTest, RowSliceMultipliesOnlyThoseRows) {
   ThreadPool pool(2);
   std::mt19937 rng(5);

@@ -1,0 +1,179 @@
+// Private to matmul.cpp: the prefill kernel of matmul (y = x · wᵀ for many tokens), written once
+// against a vector interface.
+//
+// No include guard: matmul.cpp includes this file once per instruction set, inside a namespace
+// that defines
+//   S, kW                          a vector interface from simd_impl.h and its width
+//   kPanelVecs, kPanelTokens       the register block: vectors of weight rows × tokens
+// and with the macro DUET_SIMD_TARGET set to the matching target attribute.
+//
+// Outer-product form: a panel of kPanelRows weight rows is widened to f32 and transposed once
+// (panel[k][j] = w[r0 + j][k]), then every block of kPanelTokens tokens runs over it
+// kPanelDepth columns at a time; each step loads kPanelVecs weight vectors, broadcasts one x
+// value per token straight from x's rows, and issues kPanelVecs × kPanelTokens FMAs into
+// accumulators that hold a [tokens, rows] block of y itself, so there is no horizontal sum and
+// no copy of x. The kPanelDepth columns of panel (32 KiB with AVX-512) stay in L1 while a
+// group of tokens streams past them.
+
+constexpr int64_t kPanelRows = kPanelVecs * kW;
+constexpr int64_t kPanelDepth = 128;       // columns per microkernel call: 32 KiB of panel in L1
+constexpr int64_t kPanelTokenGroup = 128;  // tokens that sweep a panel's columns together
+static_assert(kPanelDepth % (2 * kW) == 0);
+
+// Rows [j0, j0 + kW) × columns [k0, k0 + kn) of panel from w, kn <= kW: a kW × kW block
+// loaded row-wise (widened if bf16) and transposed in registers.
+template <typename W>
+DUET_SIMD_TARGET DUET_ALWAYS_INLINE void pack_block(const W* w, int64_t ldw, int64_t nr, int64_t j0,
+                                                    int64_t k0, int kn, float* panel) {
+  V r[kW];
+#pragma GCC unroll 16
+  for (int i = 0; i < kW; ++i) {
+    const W* src = w + (j0 + i) * ldw + k0;
+    r[i] = j0 + i >= nr ? S::zero() : kn == kW ? S::load(src) : S::load_part(src, kn);
+  }
+  S::transpose(r);
+  for (int i = 0; i < kn; ++i) S::store(panel + (k0 + i) * kPanelRows + j0, r[i]);
+}
+
+// The same for bf16 and 2 · kW columns: the rows are loaded as kW lanes of bf16 pairs and
+// transposed as 32-bit lanes, then each pair is widened into its two panel rows. Half the
+// shuffles of two pack_block calls, and no per-element widening shuffle.
+DUET_SIMD_TARGET DUET_ALWAYS_INLINE void pack_block_pairs(const uint16_t* w, int64_t ldw,
+                                                          int64_t nr, int64_t j0, int64_t k0,
+                                                          float* panel) {
+  V r[kW];
+#pragma GCC unroll 16
+  for (int i = 0; i < kW; ++i) {
+    r[i] = j0 + i >= nr ? S::zero() : S::load_pairs(w + (j0 + i) * ldw + k0);
+  }
+  S::transpose(r);
+#pragma GCC unroll 16
+  for (int i = 0; i < kW; ++i) {
+    S::store(panel + (k0 + 2 * i) * kPanelRows + j0, S::even(r[i]));
+    S::store(panel + (k0 + 2 * i + 1) * kPanelRows + j0, S::odd(r[i]));
+  }
+}
+
+// panel[k * kPanelRows + j] = f32(w[j * ldw + k]) for j < nr, k < kc; the rows nr.. of the
+// panel are zero.
+template <typename W>
+DUET_SIMD_TARGET void pack_panel(const W* w, int64_t ldw, int64_t nr, int64_t kc, float* panel) {
+  for (int64_t j0 = 0; j0 < kPanelRows; j0 += kW) {
+    int64_t k0 = 0;
+    if constexpr (std::is_same_v<W, uint16_t>) {
+      for (; k0 + 2 * kW <= kc; k0 += 2 * kW) pack_block_pairs(w, ldw, nr, j0, k0, panel);
+    }
+    for (; k0 < kc; k0 += kW) {
+      pack_block(w, ldw, nr, j0, k0, static_cast<int>(std::min<int64_t>(kW, kc - k0)), panel);
+    }
+  }
+}
+
+// y[t * ldy + j] (+)= Σ_k x[t][k0 + k] · panel[k * kPanelRows + j] for t < T, k < kc,
+// j < nr (the lanes at or past nr are not stored).
+template <int T>
+DUET_SIMD_TARGET void panel_block(const float* const* x, int64_t k0, int64_t kc, const float* panel,
+                                  float* y, int64_t ldy, int64_t nr, bool accumulate) {
+  V acc[T][kPanelVecs];
+  const float* xt[T];
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    xt[t] = x[t] + k0;
+#pragma GCC unroll 8
+    for (int v = 0; v < kPanelVecs; ++v) acc[t][v] = S::zero();
+  }
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k) {
+    V wv[kPanelVecs];
+#pragma GCC unroll 8
+    for (int v = 0; v < kPanelVecs; ++v) wv[v] = S::load(panel + k * kPanelRows + v * kW);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const V xv = S::set1(xt[t][k]);
+#pragma GCC unroll 8
+      for (int v = 0; v < kPanelVecs; ++v) acc[t][v] = S::fmadd(wv[v], xv, acc[t][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    float* yt = y + t * ldy;
+#pragma GCC unroll 8
+    for (int v = 0; v < kPanelVecs; ++v) {
+      const int64_t n = std::min<int64_t>(kW, nr - v * kW);
+      if (n <= 0) break;
+      if (n == kW) {
+        S::store(yt + v * kW, accumulate ? S::add(acc[t][v], S::load(yt + v * kW)) : acc[t][v]);
+      } else {
+        const int part = static_cast<int>(n);
+        const V sum = accumulate ? S::add(acc[t][v], S::load_part(yt + v * kW, part)) : acc[t][v];
+        S::store_part(yt + v * kW, sum, part);
+      }
+    }
+  }
+}
+
+using PanelFn = void (*)(const float* const*, int64_t, int64_t, const float*, float*, int64_t,
+                         int64_t, bool);
+
+template <int... I>
+constexpr std::array<PanelFn, sizeof...(I)> make_panel_table(std::integer_sequence<int, I...>) {
+  return {&panel_block<I + 1>...};
+}
+
+// The block kernel for 1 <= nt <= kPanelTokens tokens.
+inline PanelFn panel_fn(int64_t nt) {
+  static constexpr auto kTable = make_panel_table(std::make_integer_sequence<int, kPanelTokens>{});
+  return kTable[static_cast<size_t>(nt - 1)];
+}
+
+// x's rows as pointers: the gathered list itself, or (contiguous rows) a list on the calling
+// thread, valid until its next call.
+inline const float* const* row_pointers(const XRows& x, int64_t cols, int64_t n_tokens) {
+  if (x.rows) return x.rows;
+  thread_local std::vector<const float*> rows;
+  rows.resize(static_cast<size_t>(n_tokens));
+  for (int64_t t = 0; t < n_tokens; ++t) rows[static_cast<size_t>(t)] = x.base + t * cols;
+  return rows.data();
+}
+
+// y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), t < n_tokens; x[t] is the
+// row of token t (cols f32). For each panel of weight rows, all its column blocks are packed
+// once, then the tokens run over it kPanelTokenGroup at a time: a group's rows of x (512 KiB at
+// 1024 columns) and of y stay in L2 across the column blocks, and the packed panel (256 KiB)
+// beside them. Within a group the tokens are cut into the fewest blocks of at most
+// kPanelTokens, of sizes differing by at most one (a block of one token has too few
+// accumulators to hide the FMA latency). The next panel's weights are prefetched while this
+// one computes.
+template <typename W>
+DUET_SIMD_TARGET void matmul_rows_panel(const W* w, int64_t cols, const float* const* x,
+                                        int64_t n_tokens, float* y, int64_t ldy, int64_t r_begin,
+                                        int64_t r_end) {
+  thread_local std::vector<float> panel_buf;
+  float* panel = aligned_floats(panel_buf, cols * kPanelRows);  // [cols, kPanelRows] f32
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += kPanelRows) {
+    const int64_t nr = std::min(kPanelRows, r_end - r0);
+    for (int64_t k0 = 0; k0 < cols; k0 += kPanelDepth) {
+      pack_panel(w + r0 * cols + k0, cols, nr, std::min(kPanelDepth, cols - k0),
+                 panel + k0 * kPanelRows);
+    }
+    if (r0 + kPanelRows < r_end) {
+      prefetch_rows(w + (r0 + kPanelRows) * cols, cols,
+                    std::min(kPanelRows, r_end - r0 - kPanelRows), cols);
+    }
+    for (int64_t g0 = 0; g0 < n_tokens; g0 += kPanelTokenGroup) {
+      const int64_t ng = std::min(kPanelTokenGroup, n_tokens - g0);
+      const int64_t n_blocks = (ng + kPanelTokens - 1) / kPanelTokens;
+      const int64_t base = ng / n_blocks, extra = ng % n_blocks;
+      float* yg = y + g0 * ldy + (r0 - r_begin);
+      for (int64_t k0 = 0; k0 < cols; k0 += kPanelDepth) {
+        const int64_t kc = std::min(kPanelDepth, cols - k0);
+        for (int64_t b = 0, t0 = 0; b < n_blocks; ++b) {
+          const int64_t nt = base + (b < extra);
+          panel_fn(nt)(x + g0 + t0, k0, kc, panel + k0 * kPanelRows, yg + t0 * ldy, ldy, nr,
+                       k0 > 0);
+          t0 += nt;
+        }
+      }
+    }
+  }
+}
