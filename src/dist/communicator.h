@@ -39,6 +39,13 @@ class CollectiveOps {
   // Zero-size parts are fine.
   virtual void all_to_all_v(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
                             const std::vector<int64_t>& recv_bytes) = 0;
+  // all_to_all_v for a receiver that knows only a bound on what each rank sends it, in one round
+  // (no count exchange first): the part from rank s lands at recv + Σ_{r<s} recv_capacity[r], at
+  // most recv_capacity[s] bytes long, and (*recv_bytes)[s] is set to its length. A part longer
+  // than its capacity is an error.
+  virtual void all_to_all_bounded(const void* send, const std::vector<int64_t>& send_bytes,
+                                  void* recv, const std::vector<int64_t>& recv_capacity,
+                                  std::vector<int64_t>* recv_bytes) = 0;
   // recv [world_size, bytes] = every rank's `send` [bytes] in rank order.
   virtual void all_gather(const void* send, int64_t bytes, void* recv) = 0;
   // data [count] of `type` becomes the element-wise reduction over ranks, identical everywhere.

@@ -80,6 +80,34 @@ class InprocOps final : public CollectiveOps {
         });
   }
 
+  void all_to_all_bounded(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                          const std::vector<int64_t>& recv_capacity,
+                          std::vector<int64_t>* recv_bytes) override {
+    struct Post {
+      const uint8_t* send;
+      const std::vector<int64_t>* send_bytes;
+    } mine{static_cast<const uint8_t*>(send), &send_bytes};
+    recv_bytes->assign(static_cast<size_t>(world_size()), 0);
+    hub_->collective(
+        InprocHub::kData, rank_, "all_to_all_bounded", &mine,
+        [&](const std::vector<const void*>& posts) {
+          auto* dst = static_cast<uint8_t*>(recv);
+          for (int s = 0; s < world_size(); ++s) {
+            const Post& p = *static_cast<const Post*>(posts[s]);
+            const std::vector<int64_t>& sb = *p.send_bytes;
+            int64_t off = 0;
+            for (int r = 0; r < rank_; ++r) off += sb[r];
+            if (sb[rank_] > recv_capacity[s])
+              DUET_ERROR("all_to_all_bounded: rank " << s << " sends " << sb[rank_]
+                                                     << " bytes to rank " << rank_
+                                                     << ", which has room for " << recv_capacity[s]);
+            if (sb[rank_] > 0) std::memcpy(dst, p.send + off, sb[rank_]);
+            (*recv_bytes)[s] = sb[rank_];
+            dst += recv_capacity[s];
+          }
+        });
+  }
+
   void all_gather(const void* send, int64_t bytes, void* recv) override {
     struct Post {
       const void* send;

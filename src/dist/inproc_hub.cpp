@@ -32,7 +32,7 @@ void InprocHub::fail_locked(const std::string& why) {
 }
 
 void InprocHub::barrier(std::unique_lock<std::mutex>& lock, Slot& s, int rank, const char* op,
-                        const char* phase) {
+                        const char* phase, bool stop_on_abort) {
   const uint64_t my_entry = ++s.entered[rank];
   const uint64_t gen = s.generation;
   if (++s.count == world_size_) {
@@ -43,7 +43,9 @@ void InprocHub::barrier(std::unique_lock<std::mutex>& lock, Slot& s, int rank, c
   }
   const auto deadline = std::chrono::steady_clock::now() + watchdog_;
   const bool opened =
-      cv_.wait_until(lock, deadline, [&] { return s.generation != gen || !aborted_.empty(); });
+      cv_.wait_until(lock, deadline, [&] {
+        return s.generation != gen || (stop_on_abort && !aborted_.empty());
+      });
   if (s.generation != gen) return;  // opened, even if an abort raced with it
   if (!opened) {
     std::ostringstream missing;
@@ -75,14 +77,21 @@ void InprocHub::collective(
   }
   const std::vector<const void*> posts = s.posts;
   lock.unlock();
+  std::string failed;
   try {
     exchange(posts);
   } catch (const std::exception& e) {
-    abort(std::string(op) + " on rank " + std::to_string(rank) + ": " + e.what());
-    throw;
+    failed = std::string(op) + " on rank " + std::to_string(rank) + ": " + e.what();
   }
   lock.lock();
-  barrier(lock, s, rank, op, "leave");
+  if (failed.empty()) {
+    barrier(lock, s, rank, op, "leave");
+    return;
+  }
+  // The peers may still be reading this rank's buffers: they are freed only once every rank
+  // has left the exchange (or the watchdog gave up on one).
+  barrier(lock, s, rank, op, "leave", /*stop_on_abort=*/false);
+  fail_locked(failed);
 }
 
 }  // namespace duet

@@ -46,10 +46,10 @@ class InprocHub {
     uint64_t generation = 0;         // bumped when a barrier opens
   };
 
-  // Waits until every rank has entered the slot's current barrier.
-  // REQUIRES: mu_ held (through lock).
+  // Waits until every rank has entered the slot's current barrier, or (stop_on_abort) the hub
+  // is aborted. REQUIRES: mu_ held (through lock).
   void barrier(std::unique_lock<std::mutex>& lock, Slot& s, int rank, const char* op,
-               const char* phase);
+               const char* phase, bool stop_on_abort = true);
   [[noreturn]] void fail_locked(const std::string& why);  // REQUIRES: mu_ held
 
   const int world_size_;

@@ -137,8 +137,12 @@ class MpiChannel {
   // Past the watchdog time it asks the heartbeat, every few milliseconds, whether to give up:
   // not while a peer is alive and working (a long prefill there), at once when one is silent.
   void wait(MPI_Request* req_out, const char* what, int rc) {
-    MPI_Request req = *req_out;
     check_mpi(rc, what);
+    wait_all(req_out, 1, what);
+  }
+
+  // Waits for reqs[0, n), all posted already, the same way.
+  void wait_all(MPI_Request* reqs, int n, const char* what) {
     const Clock::time_point t0 = Clock::now();
     Clock::time_point next_verdict = t0 + watchdog_;
     auto nap = std::chrono::microseconds(2);
@@ -150,7 +154,7 @@ class MpiChannel {
     } leave{heartbeat_};
     for (;;) {
       int done = 0;
-      check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
+      check_mpi(MPI_Testall(n, reqs, &done, statuses(n)), what);
       if (done) {
         leave.finished = true;
         return;
@@ -173,7 +177,16 @@ class MpiChannel {
     }
   }
 
+  // The status of request i of the last wait_all (MPI_Get_count reads it).
+  const MPI_Status& status(int i) const { return statuses_[static_cast<size_t>(i)]; }
+
  private:
+  MPI_Status* statuses(int n) {
+    statuses_.resize(static_cast<size_t>(n));
+    return statuses_.data();
+  }
+
+  std::vector<MPI_Status> statuses_;
   std::chrono::milliseconds watchdog_;
   MpiHeartbeat& heartbeat_;
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -242,6 +255,39 @@ class MpiOps final : public CollectiveOps {
                             MPI_BYTE, ch_.comm(), &req));
   }
 
+  // Point to point on the data communicator: one receive of up to the capacity from every rank
+  // and one send to every rank (empty ones included, so each receive has its message), all
+  // posted at once; the lengths come from the statuses.
+  void all_to_all_bounded(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                          const std::vector<int64_t>& recv_capacity,
+                          std::vector<int64_t>* recv_bytes) override {
+    constexpr int kTag = 11;
+    const int n = ch_.size();
+    reqs_.assign(static_cast<size_t>(2 * n), MPI_REQUEST_NULL);  // receives, then sends
+    int64_t so = 0, ro = 0;
+    for (int r = 0; r < n; ++r) {
+      check_mpi(MPI_Irecv(static_cast<uint8_t*>(recv) + ro,
+                          to_int(recv_capacity[r], "all_to_all_bounded"), MPI_BYTE, r, kTag,
+                          ch_.comm(), &reqs_[r]),
+                "all_to_all_bounded (receive)");
+      ro += recv_capacity[r];
+    }
+    for (int r = 0; r < n; ++r) {
+      check_mpi(MPI_Isend(static_cast<const uint8_t*>(send) + so,
+                          to_int(send_bytes[r], "all_to_all_bounded"), MPI_BYTE, r, kTag,
+                          ch_.comm(), &reqs_[n + r]),
+                "all_to_all_bounded (send)");
+      so += send_bytes[r];
+    }
+    ch_.wait_all(reqs_.data(), 2 * n, "all_to_all_bounded");
+    recv_bytes->assign(static_cast<size_t>(n), 0);
+    for (int r = 0; r < n; ++r) {
+      int count = 0;
+      MPI_Get_count(&ch_.status(r), MPI_BYTE, &count);
+      (*recv_bytes)[r] = count;
+    }
+  }
+
   void all_gather(const void* send, int64_t bytes, void* recv) override {
     const int b = to_int(bytes, "all_gather");
     MPI_Request req = MPI_REQUEST_NULL;
@@ -260,6 +306,7 @@ class MpiOps final : public CollectiveOps {
  private:
   MpiChannel ch_;
   std::vector<int> sc_, sd_, rc_, rd_;  // [world_size] counts and displacements, reused
+  std::vector<MPI_Request> reqs_;      // all_to_all_bounded's requests, reused
 };
 
 RankInfo rank_info() {

@@ -53,6 +53,7 @@ EpDispatcher::EpDispatcher(Communicator& comm, const ExpertPlacement& placement,
   recv_bytes_.assign(n, 0);
   send_first_.assign(n + 1, 0);
   recv_first_.assign(n + 1, 0);
+  recv_base_.assign(n, 0);
   fill_.assign(static_cast<size_t>(placement.n_local()), 0);
   batch_.first_expert = placement.begin(rank_);
   batch_.n_local_expert = placement.n_local();
@@ -65,6 +66,7 @@ void EpDispatcher::plan_step(int64_t max_tokens_per_rank) {
                       ? All2AllBackend::kLowLatency
                       : All2AllBackend::kHighThroughput;
   step_tokens_ = fits ? std::max<int64_t>(max_tokens_per_rank, 1) : opt_.max_tokens_per_rank;
+  planned_tokens_ = std::max<int64_t>(max_tokens_per_rank, 1);
 }
 
 void EpDispatcher::expect(Phase want, const char* call) const {
@@ -150,9 +152,20 @@ void EpDispatcher::ht_dispatch_send() {
       if (last_token[r] != t) last_token[r] = t, ++send_rows_[r];
     }
   }
-  // The counts travel while the records are packed.
-  const std::vector<int64_t> eight(static_cast<size_t>(n_rank_), 8);
-  counts_pending_ = comm_.start_all_to_all_v(send_rows_.data(), eight, recv_rows_.data(), eight);
+  // A planned step bounds what each rank can send here (a record per token), so when that fits
+  // kMaxBoundedBytes the records go in one round, into room for the bound; otherwise the counts
+  // go first, travelling while the records are packed. The choice depends on the plan alone, so
+  // every rank makes the same one.
+  const int64_t bound = planned_tokens_ * W * 4;
+  ht_bounded_ = planned_tokens_ > 0 && (n_rank_ - 1) * bound <= kMaxBoundedBytes;
+  if (ht_bounded_) {
+    DUET_CHECK(tokens_.n_tokens <= planned_tokens_, "high_throughput: " << tokens_.n_tokens
+                                                    << " tokens in a step planned for "
+                                                    << planned_tokens_);
+  } else {
+    const std::vector<int64_t> eight(static_cast<size_t>(n_rank_), 8);
+    counts_pending_ = comm_.start_all_to_all_v(send_rows_.data(), eight, recv_rows_.data(), eight);
+  }
 
   for (int r = 0; r < n_rank_; ++r) send_first_[r + 1] = send_first_[r] + send_rows_[r];
   const int64_t n_sent = send_first_[n_rank_], n_self = send_rows_[rank_];
@@ -187,6 +200,20 @@ void EpDispatcher::ht_dispatch_send() {
   }
   dispatch_bytes_ = n_sent * W * 4;
   wire_bytes(send_rows_, W, &send_bytes_);
+  if (ht_bounded_) {
+    std::vector<int64_t> capacity(static_cast<size_t>(n_rank_), bound);
+    capacity[rank_] = 0;
+    recv_.resize(static_cast<size_t>((n_rank_ - 1) * bound / 4));
+    pending_ = comm_.start("ep_dispatch(high_throughput, bounded)",
+                           [this, W, capacity = std::move(capacity)](CollectiveOps& ops) {
+                             ops.all_to_all_bounded(send_.data(), send_bytes_, recv_.data(),
+                                                    capacity, &recv_bytes_);
+                             for (int s = 0; s < n_rank_; ++s) {
+                               recv_rows_[s] = s == rank_ ? send_rows_[s] : recv_bytes_[s] / 4 / W;
+                             }
+                           });
+    return;
+  }
   // Runs after the count exchange on the communication thread, which wrote recv_rows_.
   pending_ = comm_.start("ep_dispatch(high_throughput)", [this, W](CollectiveOps& ops) {
     wire_bytes(recv_rows_, W, &recv_bytes_);
@@ -200,8 +227,7 @@ void EpDispatcher::ht_dispatch_send() {
 const float* EpDispatcher::ht_head(int s, int64_t i) const {
   const int64_t K = tokens_.n_expert_used, W = 2 * K + tokens_.n_embd;
   if (s == rank_) return self_head_.data() + i * 2 * K;
-  const int64_t n_self = recv_rows_[rank_];
-  return recv_.data() + (recv_first_[s] + i - (s < rank_ ? 0 : n_self)) * W;
+  return recv_.data() + recv_base_[s] + i * W;
 }
 
 const float* EpDispatcher::ht_row(int s, int64_t i) const {
@@ -220,6 +246,14 @@ void EpDispatcher::ht_dispatch_recv() {
   DUET_CHECK(recv_rows_[rank_] == send_rows_[rank_],
              "own records " << recv_rows_[rank_] << " vs " << send_rows_[rank_]);
   const int64_t n_rec = recv_first_[n_rank_], n_self = recv_rows_[rank_];
+  // Where each source's records start in recv_: back to back, or each in its bounded room.
+  const int64_t W = 2 * K + D;
+  for (int s = 0, pos = 0; s < n_rank_; ++s) {
+    if (s == rank_) continue;
+    recv_base_[s] = ht_bounded_ ? pos * planned_tokens_ * W
+                                : (recv_first_[s] - (s < rank_ ? 0 : n_self)) * W;
+    ++pos;
+  }
   batch_.offsets.assign(static_cast<size_t>(L + 1), 0);
   for (int s = 0; s < n_rank_; ++s) {
     for (int64_t i = 0; i < recv_rows_[s]; ++i) {

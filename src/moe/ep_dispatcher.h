@@ -4,9 +4,12 @@
 // One instance holds one micro-batch's buffers (two micro-batches: two instances).
 //
 // Two algorithms (`--all2all-backend`, after DeepEP's two kernel families):
-//  - high_throughput: exchange the row counts first, then send each token once per destination
-//    rank with the list of its experts there (deduplicated); the destination reduces the
-//    token's experts' outputs with their weights and sends back one row per token.
+//  - high_throughput: send each token once per destination rank with the list of its experts
+//    there (deduplicated); the destination's experts reduce the token's outputs with their
+//    weights into one row, which goes back. The row counts are exchanged first, unless the
+//    step's plan (plan_step) bounds them: then the records travel in one round of point-to-point
+//    messages into room for that bound (while it stays under kMaxBoundedBytes per rank), which
+//    saves a round trip per dispatch in decode.
 //  - low_latency: one round without a count exchange into fixed-capacity buffers: per
 //    destination rank, room for min(K, n_local) rows per token of the step's capacity (told by
 //    plan_step, else max_tokens_per_rank), rows grouped by expert behind a header of per-expert
@@ -59,6 +62,8 @@ class EpDispatcher final : public Dispatcher {
   All2AllBackend backend() const { return opt_.backend; }
   // The algorithm the current step uses.
   All2AllBackend step_backend() const { return step_backend_; }
+  // Whether the last high_throughput dispatch went in one round (no count exchange).
+  bool last_dispatch_bounded() const { return ht_bounded_; }
   // Payload bytes this rank routed in the last dispatch and combine (benchmarks), its own
   // share included although that never enters the transport.
   int64_t last_dispatch_bytes() const { return dispatch_bytes_; }
@@ -103,6 +108,10 @@ class EpDispatcher final : public Dispatcher {
   Phase phase_ = Phase::kIdle;
   All2AllBackend step_backend_;
   int64_t step_tokens_;  // low_latency: the step's capacity in tokens per rank
+  int64_t planned_tokens_ = 0;  // the plan's most tokens on a rank; 0 before any plan
+  bool ht_bounded_ = false;     // high_throughput without the count exchange (this dispatch)
+  // The most receive buffer the one-round high_throughput may set aside (for the plan's bound).
+  static constexpr int64_t kMaxBoundedBytes = int64_t{32} << 20;
   double wait_seconds_ = 0;
   RoutedTokens tokens_;
   ExpertBatch batch_;
@@ -127,6 +136,7 @@ class EpDispatcher final : public Dispatcher {
   // (received) in rank order, the rank's own records included; the wire buffers leave them out.
   std::vector<int64_t> send_first_;  // [n_rank + 1] first sent record of each destination
   std::vector<int64_t> recv_first_;  // [n_rank + 1] first received record of each source
+  std::vector<int64_t> recv_base_;   // [n_rank] word offset of each source's records in recv_
   std::vector<int32_t> sent_token_;  // [sent records] token of each record
   std::vector<float> self_head_;     // [own records, 2K] headers of the records to this rank
   std::vector<float> self_out_;      // [own records, D] the experts' reduced rows for them

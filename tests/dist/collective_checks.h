@@ -49,6 +49,33 @@ inline void check_all_to_all_v_zero(DistContext& ctx) {
   ctx.comm().all_to_all_v(nullptr, zero, nullptr, zero);
 }
 
+// The same parts as check_all_to_all_v, received into room for 3 values from each rank (more
+// than any sends) with no count told: each part lands at its room's start, its length is
+// reported, and the rest of the room is untouched.
+inline void check_all_to_all_bounded(DistContext& ctx) {
+  const int n = ctx.world_size(), me = ctx.rank();
+  std::vector<int32_t> send;
+  std::vector<int64_t> send_bytes, room(static_cast<size_t>(n), 12);
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < n_vals(me, r); ++i) send.push_back(val(me, r, i));
+    send_bytes.push_back(n_vals(me, r) * 4);
+  }
+  std::vector<int32_t> recv(static_cast<size_t>(3 * n), -1);
+  std::vector<int64_t> got;
+  ctx.comm()
+      .start("bounded", [&](CollectiveOps& ops) {
+        ops.all_to_all_bounded(send.data(), send_bytes, recv.data(), room, &got);
+      })
+      .wait();
+  ASSERT_EQ(got.size(), static_cast<size_t>(n));
+  for (int s = 0; s < n; ++s) {
+    EXPECT_EQ(got[s], n_vals(s, me) * 4) << "from rank " << s;
+    for (int64_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(recv[s * 3 + i], i < n_vals(s, me) ? val(s, me, i) : -1) << "from rank " << s;
+    }
+  }
+}
+
 inline void check_all_gather(DistContext& ctx) {
   const int n = ctx.world_size();
   std::vector<float> mine = {float(ctx.rank()), float(ctx.rank()) + 0.5f};
@@ -122,6 +149,7 @@ inline void check_every_collective(DistContext& ctx) {
   check_all_to_all_v(ctx, false);
   check_all_to_all_v(ctx, true);
   check_all_to_all_v_zero(ctx);
+  check_all_to_all_bounded(ctx);
   check_all_gather(ctx);
   check_all_reduce(ctx);
   check_in_flight(ctx);

@@ -25,6 +25,9 @@ TEST_P(InprocCollectives, AllToAllV) {
 TEST_P(InprocCollectives, AllToAllVAllZero) {
   run_ranks(GetParam(), test::check_all_to_all_v_zero);
 }
+TEST_P(InprocCollectives, AllToAllBounded) {
+  run_ranks(GetParam(), test::check_all_to_all_bounded);
+}
 TEST_P(InprocCollectives, AllGather) {
   run_ranks(GetParam(), test::check_all_gather);
 }
@@ -104,6 +107,20 @@ TEST(InprocWatchdog, MismatchedCollectivesFail) {
       ctx.comm().all_reduce(&v, 1, ElemType::kI64, ReduceOp::kSum);
   });
   for (const std::string& e : errors) EXPECT_NE(e.find("mismatch"), std::string::npos) << e;
+}
+
+TEST(InprocWatchdog, BoundedPartLargerThanItsRoomFails) {
+  std::vector<std::string> errors = run_ranks_collect(2, [](DistContext& ctx) {
+    const std::vector<int32_t> send = {1, 2, 3, 4};
+    std::vector<int32_t> recv(2);
+    std::vector<int64_t> got;
+    ctx.comm()
+        .start("bounded", [&](CollectiveOps& ops) {
+          ops.all_to_all_bounded(send.data(), {0, 8}, recv.data(), {4, 0}, &got);
+        })
+        .wait();
+  });
+  EXPECT_NE(errors[1].find("has room for 4"), std::string::npos) << errors[1];
 }
 
 // After a failed collective every later one on that rank fails too (the ranks are out of step).

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <random>
 
@@ -57,16 +58,24 @@ struct Case {
   All2AllBackend backend;
 };
 
-// Every rank's EP output equals what LocalDispatcher gives for its tokens.
+// Every rank's EP output equals what LocalDispatcher gives for its tokens, in steps without a
+// plan and in steps planned as the engines plan them (the most tokens of any rank), where
+// high_throughput goes in one round.
 void expect_same_as_local(const Case& c, int64_t D, int64_t K,
                           const std::function<int64_t(int rank)>& n_tokens, const Pick& pick) {
+  int64_t most = 0;
+  for (int rank = 0; rank < c.world; ++rank) most = std::max(most, n_tokens(rank));
   run_ranks(c.world, [&](DistContext& ctx) {
     const Routing r = make_routing(ctx.rank(), n_tokens(ctx.rank()), D, K, pick);
     LocalDispatcher local(c.n_expert);
     const std::vector<float> want = run_one(local, r);
     EpDispatcher ep(ctx.comm(), place_experts(c.n_expert, c.world), {c.backend, 16});
-    for (int rep = 0; rep < 2; ++rep) {  // buffers are reused across steps
+    for (int rep = 0; rep < 4; ++rep) {  // buffers are reused across steps
+      const bool planned = rep >= 2;
+      if (planned) ep.plan_step(most);
       const std::vector<float> got = run_one(ep, r);
+      if (c.backend == All2AllBackend::kHighThroughput)
+        EXPECT_EQ(ep.last_dispatch_bounded(), planned);
       ASSERT_EQ(got.size(), want.size());
       for (size_t i = 0; i < got.size(); ++i)
         ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::abs(want[i]))) << "rank " << ctx.rank();
