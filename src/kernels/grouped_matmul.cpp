@@ -105,7 +105,8 @@ int64_t scatter_cols_per_task(int64_t n_out, int n_threads) {
 
 }  // namespace
 
-void matmul_grouped_scatter(ThreadPool& pool, const std::vector<ScatterGroup>& groups) {
+void matmul_grouped_scatter(ThreadPool& pool, const std::vector<ScatterGroup>& groups,
+                            const std::vector<float*>& clear) {
   int64_t n_out = -1, n_rows = 0;
   for (const ScatterGroup& g : groups) {
     check_group("matmul_grouped_scatter", g.w, g.x, g.n_tokens, g.n_tokens ? g.out[0] : nullptr);
@@ -122,9 +123,7 @@ void matmul_grouped_scatter(ThreadPool& pool, const std::vector<ScatterGroup>& g
     thread_local std::vector<float> part;  // [n_tokens, nc] one group's block of results
     for (int64_t b = begin; b < end; ++b) {
       const int64_t c0 = b * cols, nc = std::min(cols, n_out - c0);
-      for (const ScatterGroup& g : groups) {
-        for (int64_t i = 0; i < g.n_tokens; ++i) std::fill_n(g.out[i] + c0, nc, 0.0f);
-      }
+      for (float* o : clear) std::fill_n(o + c0, nc, 0.0f);
       for (const ScatterGroup& g : groups) {
         if (g.n_tokens == 0) continue;
         part.resize(static_cast<size_t>(g.n_tokens * nc));

@@ -51,10 +51,12 @@ struct ScatterGroup {
   const float* weight = nullptr;    // [n_tokens]
 };
 
-// out row o = Σ weight[i] · (x[i] · wᵀ) over every row i of every group naming o (in group order,
-// then row order); each named output row is overwritten. Every group's w has the same rows; no
-// output row may overlap another or any x. Tasks are blocks of output columns, each running all
-// groups, so every weight row is read once and no two tasks write the same floats.
-void matmul_grouped_scatter(ThreadPool& pool, const std::vector<ScatterGroup>& groups);
+// out row o += Σ weight[i] · (x[i] · wᵀ) over every row i of every group naming o (in group
+// order, then row order), after the rows listed in `clear` (w.rows f32 each) are zeroed. Every
+// group's w has the same rows; no output row may overlap another or any x. Tasks are blocks of
+// output columns, each running all groups, so every weight row is read once and no two tasks
+// write the same floats.
+void matmul_grouped_scatter(ThreadPool& pool, const std::vector<ScatterGroup>& groups,
+                            const std::vector<float*>& clear = {});
 
 }  // namespace duet

@@ -76,6 +76,7 @@ void dispatch_send(ForwardState& s, const FfnWeights& w, int64_t D) {
   rt.n_tokens = s.n_tokens();
   rt.n_embd = D;
   rt.n_expert_used = w.route.n_expert_used;
+  rt.out = s.x.data();
   s.dispatcher->dispatch_send(rt);
 }
 
@@ -114,7 +115,7 @@ void append_ffn_ops(std::vector<Operation>& ops, int64_t il, const FfnWeights& w
                  }});
   ops.push_back({L + "yield", nullptr});
   ops.push_back({L + "combine_recv", [wp](ForwardState& s) {
-                   s.dispatcher->combine_recv(s.x.data());
+                   s.dispatcher->combine_recv();
                    if (wp->has_shared) {
                      add_inplace(s.shared_out.data(), static_cast<int64_t>(s.shared_out.size()),
                                  s.x.data());

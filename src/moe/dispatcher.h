@@ -20,13 +20,18 @@ struct RoutedTokens {
   int64_t n_tokens = 0;
   int64_t n_embd = 0;
   int64_t n_expert_used = 0;
+  // [n_tokens, n_embd] f32 (the residual stream): by the time combine_recv returns, out[t] has
+  // grown by Σ_k topk_weights[t, k] · expert_k(x[t]). Experts on this rank may add into it
+  // directly while they run, so nothing else may touch it until combine_recv returns.
+  float* out = nullptr;
 };
 
 // The rows this rank's experts must process, grouped by local expert, and where their outputs
 // go. No row is copied to group it: each row's input is read where it already is (the caller's
 // hidden states, the dispatcher's receive buffer). The experts reduce their outputs themselves:
-// an output row receives Σ weight · expert(input) over the rows naming it, so a token whose
-// experts share a rank comes back as one weighted row and no unreduced output is ever written.
+// an output row grows by Σ weight · expert(input) over the rows naming it, so a token whose
+// experts share a rank comes back as one weighted row, and a token of this rank's own gets its
+// local experts' sum added straight into the caller's output.
 struct ExpertBatch {
   int64_t first_expert = 0;       // global id of local expert 0
   int64_t n_local_expert = 0;
@@ -34,8 +39,8 @@ struct ExpertBatch {
   std::vector<int64_t> offsets;   // [n_local_expert + 1]: rows of local expert e are
                                   // [offsets[e], offsets[e + 1])
   std::vector<const float*> x;    // [n_rows] each row's input, n_embd f32
-  std::vector<float*> out;        // [n_rows] each row's output row, n_embd f32; every output
-                                  // row named is overwritten with its sum
+  std::vector<float*> out;        // [n_rows] each row's output row, n_embd f32, added to
+  std::vector<float*> clear;      // output rows whose contents are stale: zeroed before adding
   std::vector<float> weight;      // [n_rows] each row's weight in its output row's sum
   int64_t n_rows() const { return offsets.empty() ? 0 : offsets.back(); }
   // Sizes x, out and weight for the rows `offsets` counts.
@@ -56,9 +61,8 @@ class Dispatcher {
   // Send half of combine: the batch's output rows are filled; send them back to their tokens'
   // owners.
   virtual void combine_send() = 0;
-  // Receive half: out[t] += Σ_k topk_weights[t, k] · y(t, k) for every token t of the
-  // micro-batch. out: [n_tokens, n_embd] f32.
-  virtual void combine_recv(float* out) = 0;
+  // Receive half: completes tokens.out (see RoutedTokens::out).
+  virtual void combine_recv() = 0;
   // Seconds the receive halves have waited for transfers so far (0 where nothing travels).
   virtual double wait_seconds() const { return 0; }
   // The shape of the group's next step, which every rank learns from the step's sync before

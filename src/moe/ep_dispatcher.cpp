@@ -96,6 +96,7 @@ void EpDispatcher::dispatch_send(const RoutedTokens& tokens) {
     DUET_CHECK(e >= 0 && e < placement_.n_expert,
                "expert id " << e << " of " << placement_.n_expert);
   }
+  DUET_CHECK(tokens.out || tokens.n_tokens == 0, "EpDispatcher: no output rows");
   tokens_ = tokens;
   batch_.n_embd = tokens.n_embd;
   if (step_backend_ == All2AllBackend::kHighThroughput)
@@ -125,13 +126,13 @@ void EpDispatcher::combine_send() {
   phase_ = Phase::kCombining;
 }
 
-void EpDispatcher::combine_recv(float* out) {
+void EpDispatcher::combine_recv() {
   expect(Phase::kCombining, "combine_recv");
   wait_pending();
   if (step_backend_ == All2AllBackend::kHighThroughput)
-    ht_combine_recv(out);
+    ht_combine_recv();
   else
-    ll_combine_recv(out);
+    ll_combine_recv();
   phase_ = Phase::kIdle;
 }
 
@@ -238,7 +239,8 @@ const float* EpDispatcher::ht_row(int s, int64_t i) const {
 // The batch: a row per (record, listed expert), grouped by local expert in arrival order (by
 // source rank, then record), reading the record's row where it arrived (or, for the rank's own
 // records, in the caller's hidden states). The rows of one record share its output row: in
-// back_, the combine's send buffer, or in self_out_ for the own records.
+// back_, the combine's send buffer (cleared first), or, for the own records, the token's row of
+// the caller's output, which the experts add to directly.
 void EpDispatcher::ht_dispatch_recv() {
   const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
   const int64_t L = placement_.n_local();
@@ -269,14 +271,15 @@ void EpDispatcher::ht_dispatch_recv() {
   std::copy(batch_.offsets.begin(), batch_.offsets.end() - 1, fill_.begin());
   batch_.resize_rows();
   back_.resize(static_cast<size_t>((n_rec - n_self) * D));
-  self_out_.resize(static_cast<size_t>(n_self * D));
+  batch_.clear.clear();
   for (int s = 0; s < n_rank_; ++s) {
     for (int64_t i = 0; i < recv_rows_[s]; ++i) {
       const float* head = ht_head(s, i);
       const float* row = ht_row(s, i);
       const int64_t g = recv_first_[s] + i;
-      float* out = s == rank_ ? self_out_.data() + i * D
+      float* out = s == rank_ ? tokens_.out + sent_token_[send_first_[s] + i] * D
                               : back_.data() + (s < rank_ ? g : g - n_self) * D;
+      if (s != rank_) batch_.clear.push_back(out);
       for (int64_t j = 0; j < K && get_i32(head + j) >= 0; ++j) {
         const int64_t r = fill_[get_i32(head + j)]++;
         batch_.x[r] = row;
@@ -297,23 +300,22 @@ void EpDispatcher::ht_combine_send() {
   pending_ = comm_.start_all_to_all_v(back_.data(), send_bytes_, ret_.data(), recv_bytes_);
 }
 
-// out[t] += each of t's records' row, in destination rank order, token by token so that each
-// output row is read and written once. Each destination's records are in token order.
-void EpDispatcher::ht_combine_recv(float* out) {
+// out[t] += each of t's records' row from the other ranks, in rank order, token by token so
+// that each output row is read and written once (the experts here added theirs already). Each
+// destination's records are in token order.
+void EpDispatcher::ht_combine_recv() {
   const int64_t D = tokens_.n_embd;
   const int64_t n_self = send_rows_[rank_];
   scratch_.resize(static_cast<size_t>(n_rank_));
   int64_t* next = scratch_.data();  // [n_rank] the next record from each destination
   std::copy(send_first_.begin(), send_first_.end() - 1, next);
   for (int64_t t = 0; t < tokens_.n_tokens; ++t) {
-    float* o = out + t * D;
+    float* o = tokens_.out + t * D;
     for (int r = 0; r < n_rank_; ++r) {
       const int64_t g = next[r];
-      if (g == send_first_[r + 1] || sent_token_[g] != t) continue;
+      if (r == rank_ || g == send_first_[r + 1] || sent_token_[g] != t) continue;
       ++next[r];
-      const float* row = r == rank_ ? self_out_.data() + (g - send_first_[r]) * D
-                                    : ret_.data() + (r < rank_ ? g : g - n_self) * D;
-      add_inplace(row, D, o);
+      add_inplace(ret_.data() + (r < rank_ ? g : g - n_self) * D, D, o);
     }
   }
 }

@@ -53,7 +53,7 @@ class EpDispatcher final : public Dispatcher {
   void dispatch_send(const RoutedTokens& tokens) override;
   ExpertBatch& dispatch_recv() override;
   void combine_send() override;
-  void combine_recv(float* out) override;
+  void combine_recv() override;
 
   // Also sizes low_latency's buffers for the step: max_tokens_per_rank rows per token slot
   // instead of the configured capacity (every rank plans the same value).
@@ -76,11 +76,11 @@ class EpDispatcher final : public Dispatcher {
   void ht_dispatch_send();
   void ht_dispatch_recv();
   void ht_combine_send();
-  void ht_combine_recv(float* out);
+  void ht_combine_recv();
   void ll_dispatch_send();
   void ll_dispatch_recv();
   void ll_combine_send();
-  void ll_combine_recv(float* out);
+  void ll_combine_recv();
 
   // high_throughput: the header (K ids, K weights) of record i from source s, and its row.
   // REQUIRES: the dispatch's transfer has been waited for.
@@ -139,7 +139,6 @@ class EpDispatcher final : public Dispatcher {
   std::vector<int64_t> recv_base_;   // [n_rank] word offset of each source's records in recv_
   std::vector<int32_t> sent_token_;  // [sent records] token of each record
   std::vector<float> self_head_;     // [own records, 2K] headers of the records to this rank
-  std::vector<float> self_out_;      // [own records, D] the experts' reduced rows for them
   std::vector<int64_t> scratch_;     // cursors of a send half's packing pass
   std::vector<int64_t> fill_;        // [n_local] next batch row of each local expert
   // low_latency bookkeeping.

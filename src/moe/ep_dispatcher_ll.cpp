@@ -114,6 +114,7 @@ void EpDispatcher::ll_dispatch_recv() {
   }
   for (int64_t l = 0; l < L; ++l) batch_.offsets[l + 1] += batch_.offsets[l];
   batch_.resize_rows();
+  batch_.clear.clear();
   back_.resize(recv_.size());
   ret_.resize(recv_.size());
   int64_t row = 0;
@@ -125,6 +126,7 @@ void EpDispatcher::ll_dispatch_recv() {
       for (int64_t j = 0, n = get_count(block(s) + l); j < n; ++j, ++row) {
         batch_.x[row] = in + j * D;
         batch_.out[row] = out + j * D;
+        batch_.clear.push_back(out + j * D);
         batch_.weight[row] = 1.0f;
       }
     }
@@ -138,11 +140,12 @@ void EpDispatcher::ll_combine_send() {
 }
 
 // The weights are applied here, in k order, exactly as the single-rank dispatcher does.
-void EpDispatcher::ll_combine_recv(float* out) {
+void EpDispatcher::ll_combine_recv() {
   const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
   for (int64_t t = 0; t < tokens_.n_tokens; ++t) {
     for (int64_t k = 0; k < K; ++k) {
-      axpy(tokens_.topk_weights[t * K + k], ret_.data() + slot_of_[t * K + k], D, out + t * D);
+      axpy(tokens_.topk_weights[t * K + k], ret_.data() + slot_of_[t * K + k], D,
+           tokens_.out + t * D);
     }
   }
 }

@@ -57,7 +57,7 @@ uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, E
     bytes += mlp_bytes(w);
   }
   gated_matmul_grouped(pool, scratch.gated);
-  matmul_grouped_scatter(pool, scratch.scatter);
+  matmul_grouped_scatter(pool, scratch.scatter, batch.clear);
   return bytes;
 }
 

@@ -30,9 +30,9 @@ struct MlpScratch {
 void mlp_forward(ThreadPool& pool, const MlpWeights& w, const float* x, int64_t n_tokens,
                  MlpScratch& scratch, float* y);
 
-// Runs each local expert on its rows of the batch, read in place, and writes the batch's output
-// rows: each the weighted sum of its rows' expert outputs (the reduction fused into the down
-// projection). Each projection of each expert is one product over all of the expert's rows, so
+// Runs each local expert on its rows of the batch, read in place, and adds to the batch's output
+// rows the weighted sum of their rows' expert outputs (the reduction fused into the down
+// projection), after zeroing batch.clear. Each projection of each expert is one product over all of the expert's rows, so
 // its weights are read once; all experts' gate/up products share one pool job and all down
 // products another. experts[e] is local expert e. Returns the bytes of expert weights it read
 // (the experts that had rows).

@@ -8,7 +8,7 @@
 namespace duet {
 
 void LocalDispatcher::dispatch_send(const RoutedTokens& tokens) {
-  tokens_ = tokens;
+  DUET_CHECK(tokens.out || tokens.n_tokens == 0, "LocalDispatcher: no output rows");
   const int64_t n_pairs = tokens.n_tokens * tokens.n_expert_used;
   batch_.first_expert = 0;
   batch_.n_local_expert = n_expert_;
@@ -23,17 +23,14 @@ void LocalDispatcher::dispatch_send(const RoutedTokens& tokens) {
   for (int64_t e = 0; e < n_expert_; ++e) batch_.offsets[e + 1] += batch_.offsets[e];
   std::vector<int64_t> fill(batch_.offsets.begin(), batch_.offsets.end() - 1);
   batch_.resize_rows();
-  reduced_.resize(static_cast<size_t>(tokens.n_tokens * tokens.n_embd));
+  batch_.clear.clear();
   for (int64_t i = 0; i < n_pairs; ++i) {
     const int64_t row = fill[tokens.topk_ids[i]]++, t = i / tokens.n_expert_used;
     batch_.x[row] = tokens.x + t * tokens.n_embd;
-    batch_.out[row] = reduced_.data() + t * tokens.n_embd;
+    batch_.out[row] = tokens.out + t * tokens.n_embd;
     batch_.weight[row] = tokens.topk_weights[i];
   }
 }
 
-void LocalDispatcher::combine_recv(float* out) {
-  if (tokens_.n_expert_used > 0) add_inplace(reduced_.data(), tokens_.n_tokens * tokens_.n_embd, out);
-}
 
 }  // namespace duet

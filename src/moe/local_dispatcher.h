@@ -1,6 +1,6 @@
 // The single-rank dispatcher: every expert is local, so dispatch groups the (token, expert) pairs
-// by expert, pointing each row at its token's hidden state and at its token's output row, which
-// the experts fill with the weighted sum; combine adds those rows to the caller's output.
+// by expert, pointing each row at its token's hidden state and at its token's row of the
+// caller's output, which the experts add their weighted outputs to; combine has nothing to do.
 #pragma once
 
 #include "moe/dispatcher.h"
@@ -14,13 +14,11 @@ class LocalDispatcher final : public Dispatcher {
   void dispatch_send(const RoutedTokens& tokens) override;
   ExpertBatch& dispatch_recv() override { return batch_; }
   void combine_send() override {}
-  void combine_recv(float* out) override;
+  void combine_recv() override {}
 
  private:
   int64_t n_expert_;
-  RoutedTokens tokens_;
   ExpertBatch batch_;
-  std::vector<float> reduced_;  // [n_tokens, n_embd] Σ_k weight · expert output of each token
 };
 
 }  // namespace duet

@@ -62,7 +62,7 @@ class HookedDispatcher final : public Dispatcher {
   }
   ExpertBatch& dispatch_recv() override { return inner_.dispatch_recv(); }
   void combine_send() override { inner_.combine_send(); }
-  void combine_recv(float* out) override { inner_.combine_recv(out); }
+  void combine_recv() override { inner_.combine_recv(); }
   double wait_seconds() const override { return inner_.wait_seconds(); }
   void plan_step(int64_t max_tokens_per_rank) override { inner_.plan_step(max_tokens_per_rank); }
 

@@ -136,7 +136,7 @@ class StallingDispatcher final : public Dispatcher {
   }
   ExpertBatch& dispatch_recv() override { return inner_.dispatch_recv(); }
   void combine_send() override { inner_.combine_send(); }
-  void combine_recv(float* out) override { inner_.combine_recv(out); }
+  void combine_recv() override { inner_.combine_recv(); }
 
  private:
   EpDispatcher& inner_;

@@ -158,10 +158,11 @@ TEST(GroupedMatmulTest, GatheredRowsMatchContiguousCopy) {
 }
 
 // Experts' down projections with the weighted sum over a token's experts fused in: tokens route to
-// several groups, the output rows start as garbage and end as Σ weight · (x · wᵀ); rows that no
-// group names are left alone. Group sizes from 0 to 17 and one on the tiled path; output widths
-// below, at and above a task's column block.
-TEST(GroupedMatmulTest, ScatterSumsWeightedProductsIntoOutputRows) {
+// several groups; the even tokens' rows start as garbage and are cleared, the odd ones' hold 1.5
+// and are added to, so each ends as (0 or 1.5) + Σ weight · (x · wᵀ); rows that no group names
+// are left alone. Group sizes from 0 to 17 and one on the tiled path; output widths below, at and
+// above a task's column block.
+TEST(GroupedMatmulTest, ScatterAddsWeightedProductsToOutputRows) {
   ThreadPool pool(3);
   std::mt19937 rng(9);
   for (int64_t n_out : {5, 64, 200}) {
@@ -186,8 +187,16 @@ TEST(GroupedMatmulTest, ScatterSumsWeightedProductsIntoOutputRows) {
       const int64_t n = static_cast<int64_t>(wts[g].size());
       groups.push_back({ws[g].m, xs[g].data(), n, outs[g].data(), wts[g].data()});
     }
-    matmul_grouped_scatter(pool, groups);
+    std::vector<float*> clear;
+    for (int64_t t = 0; t < n_tok; ++t) {
+      if (t % 2 == 0)
+        clear.push_back(out.data() + t * n_out);
+      else
+        std::fill_n(out.data() + t * n_out, n_out, 1.5f);
+    }
+    matmul_grouped_scatter(pool, groups, clear);
     std::vector<double> want(static_cast<size_t>(n_tok * n_out), 0.0), scale(want.size(), 0.0);
+    for (int64_t t = 1; t < n_tok; t += 2) std::fill_n(want.begin() + t * n_out, n_out, 1.5);
     std::vector<bool> named(static_cast<size_t>(n_tok), false);
     size_t row = 0;
     for (size_t g = 0; g < ws.size(); ++g) {
@@ -206,8 +215,9 @@ TEST(GroupedMatmulTest, ScatterSumsWeightedProductsIntoOutputRows) {
     for (int64_t t = 0; t <= n_tok; ++t) {
       for (int64_t c = 0; c < n_out; ++c) {
         const float got = out[t * n_out + c];
-        if (t == n_tok || !named[t]) {
-          ASSERT_EQ(got, kGuard) << "n_out " << n_out << ": unnamed row " << t << " written";
+        if (t == n_tok || (!named[t] && t % 2 == 1)) {
+          ASSERT_EQ(got, t == n_tok ? kGuard : 1.5f)
+              << "n_out " << n_out << ": unnamed row " << t << " written";
         } else {
           ASSERT_NEAR(got, want[t * n_out + c], 2 * kRelTol * scale[t * n_out + c] + 1e-30)
               << "n_out " << n_out << " token " << t << " column " << c;

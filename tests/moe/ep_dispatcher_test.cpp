@@ -45,10 +45,10 @@ void run_experts_fake(ExpertBatch& b) {
 
 std::vector<float> run_one(Dispatcher& d, const Routing& r) {
   std::vector<float> out(static_cast<size_t>(r.n_tokens * r.n_embd), 0.5f);
-  d.dispatch_send({r.x.data(), r.ids.data(), r.w.data(), r.n_tokens, r.n_embd, r.k});
+  d.dispatch_send({r.x.data(), r.ids.data(), r.w.data(), r.n_tokens, r.n_embd, r.k, out.data()});
   run_experts_fake(d.dispatch_recv());
   d.combine_send();
-  d.combine_recv(out.data());
+  d.combine_recv();
   return out;
 }
 
@@ -167,14 +167,14 @@ TEST(EpDispatcher, TwoMicroBatchesInterleaved) {
     for (All2AllBackend be : {All2AllBackend::kHighThroughput, All2AllBackend::kLowLatency}) {
       EpDispatcher da(ctx.comm(), p, {be, 8}), db(ctx.comm(), p, {be, 8});
       std::vector<float> out_a(want_a.size(), 0.5f), out_b(want_b.size(), 0.5f);
-      da.dispatch_send({a.x.data(), a.ids.data(), a.w.data(), 5, 8, 2});
-      db.dispatch_send({b.x.data(), b.ids.data(), b.w.data(), 3, 8, 2});
+      da.dispatch_send({a.x.data(), a.ids.data(), a.w.data(), 5, 8, 2, out_a.data()});
+      db.dispatch_send({b.x.data(), b.ids.data(), b.w.data(), 3, 8, 2, out_b.data()});
       run_experts_fake(da.dispatch_recv());
       da.combine_send();
       run_experts_fake(db.dispatch_recv());
       db.combine_send();
-      db.combine_recv(out_b.data());
-      da.combine_recv(out_a.data());
+      db.combine_recv();
+      da.combine_recv();
       for (size_t i = 0; i < want_a.size(); ++i) EXPECT_NEAR(out_a[i], want_a[i], 1e-5f);
       for (size_t i = 0; i < want_b.size(); ++i) EXPECT_NEAR(out_b[i], want_b[i], 1e-5f);
     }
