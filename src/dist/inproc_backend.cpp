@@ -59,53 +59,15 @@ class InprocOps final : public CollectiveOps {
 
   void all_to_all_v(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
                     const std::vector<int64_t>& recv_bytes) override {
-    struct Post {
-      const uint8_t* send;
-      const std::vector<int64_t>* send_bytes;
-    } mine{static_cast<const uint8_t*>(send), &send_bytes};
-    hub_->collective(
-        InprocHub::kData, rank_, "all_to_all_v", &mine, [&](const std::vector<const void*>& posts) {
-          auto* dst = static_cast<uint8_t*>(recv);
-          for (int s = 0; s < world_size(); ++s) {
-            const Post& p = *static_cast<const Post*>(posts[s]);
-            const std::vector<int64_t>& sb = *p.send_bytes;
-            int64_t off = 0;
-            for (int r = 0; r < rank_; ++r) off += sb[r];
-            if (sb[rank_] != recv_bytes[s])
-              DUET_ERROR("all_to_all_v: rank " << s << " sends " << sb[rank_] << " bytes to rank "
-                                               << rank_ << ", which expects " << recv_bytes[s]);
-            if (sb[rank_] > 0) std::memcpy(dst, p.send + off, sb[rank_]);
-            dst += sb[rank_];
-          }
-        });
+    exchange_parts("all_to_all_v", send, send_bytes, recv, recv_bytes, /*exact=*/true, nullptr);
   }
 
   void all_to_all_bounded(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
                           const std::vector<int64_t>& recv_capacity,
                           std::vector<int64_t>* recv_bytes) override {
-    struct Post {
-      const uint8_t* send;
-      const std::vector<int64_t>* send_bytes;
-    } mine{static_cast<const uint8_t*>(send), &send_bytes};
     recv_bytes->assign(static_cast<size_t>(world_size()), 0);
-    hub_->collective(
-        InprocHub::kData, rank_, "all_to_all_bounded", &mine,
-        [&](const std::vector<const void*>& posts) {
-          auto* dst = static_cast<uint8_t*>(recv);
-          for (int s = 0; s < world_size(); ++s) {
-            const Post& p = *static_cast<const Post*>(posts[s]);
-            const std::vector<int64_t>& sb = *p.send_bytes;
-            int64_t off = 0;
-            for (int r = 0; r < rank_; ++r) off += sb[r];
-            if (sb[rank_] > recv_capacity[s])
-              DUET_ERROR("all_to_all_bounded: rank " << s << " sends " << sb[rank_]
-                                                     << " bytes to rank " << rank_
-                                                     << ", which has room for " << recv_capacity[s]);
-            if (sb[rank_] > 0) std::memcpy(dst, p.send + off, sb[rank_]);
-            (*recv_bytes)[s] = sb[rank_];
-            dst += recv_capacity[s];
-          }
-        });
+    exchange_parts("all_to_all_bounded", send, send_bytes, recv, recv_capacity, /*exact=*/false,
+                   recv_bytes);
   }
 
   void all_gather(const void* send, int64_t bytes, void* recv) override {
@@ -156,6 +118,34 @@ class InprocOps final : public CollectiveOps {
   }
 
  private:
+  // Both all-to-alls: the part each rank s sends here is copied to recv past the rooms of the
+  // ranks before s; it must fill its room exactly (exact) or fit in it, and its length goes to
+  // (*got)[s] when got is given.
+  void exchange_parts(const char* op, const void* send, const std::vector<int64_t>& send_bytes,
+                      void* recv, const std::vector<int64_t>& room, bool exact,
+                      std::vector<int64_t>* got) {
+    struct Post {
+      const uint8_t* send;
+      const std::vector<int64_t>* send_bytes;
+    } mine{static_cast<const uint8_t*>(send), &send_bytes};
+    hub_->collective(InprocHub::kData, rank_, op, &mine, [&](const std::vector<const void*>& posts) {
+      auto* dst = static_cast<uint8_t*>(recv);
+      for (int s = 0; s < world_size(); ++s) {
+        const Post& p = *static_cast<const Post*>(posts[s]);
+        const std::vector<int64_t>& sb = *p.send_bytes;
+        int64_t off = 0;
+        for (int r = 0; r < rank_; ++r) off += sb[r];
+        const int64_t n = sb[rank_];
+        if (exact ? n != room[s] : n > room[s])
+          DUET_ERROR(op << ": rank " << s << " sends " << n << " bytes to rank " << rank_ << ", "
+                        << (exact ? "which expects " : "which has room for ") << room[s]);
+        if (n > 0) std::memcpy(dst, p.send + off, n);
+        if (got) (*got)[s] = n;
+        dst += room[s];
+      }
+    });
+  }
+
   // Reduces in rank order, so every rank computes bit-identical sums.
   template <typename T>
   static void reduce(const T* in, T* acc, int64_t n, ReduceOp op, bool first) {
