@@ -19,9 +19,23 @@ int64_t n_positions(const std::vector<KvSpan>& spans) {
 
 void check_shape(const AttendShape& a, int64_t n_ctx) {
   DUET_CHECK(a.n_q >= 1 && a.k_dim >= 1 && a.v_dim >= 1 && a.ldq >= a.k_dim && a.ldo >= a.v_dim &&
-                 n_ctx >= 1,
+                 a.n_t >= 1 && n_ctx >= a.n_t,
              "attend: n_q " << a.n_q << " k_dim " << a.k_dim << " v_dim " << a.v_dim << " ldq "
-                            << a.ldq << " ldo " << a.ldo << " positions " << n_ctx);
+                            << a.ldq << " ldo " << a.ldo << " n_t " << a.n_t << " positions "
+                            << n_ctx);
+}
+
+// Positions that query row r (= position i · n_q + head) sees.
+int64_t visible(const AttendShape& a, int64_t n_ctx, int64_t r) {
+  return n_ctx - a.n_t + 1 + r / a.n_q;
+}
+
+const float* q_row(const AttendShape& a, const float* q, int64_t r) {
+  return q + r / a.n_q * a.ldq_t + r % a.n_q * a.ldq;
+}
+
+float* out_row(const AttendShape& a, float* out, int64_t r) {
+  return out + r / a.n_q * a.ldo_t + r % a.n_q * a.ldo;
 }
 
 }  // namespace
@@ -30,26 +44,28 @@ void attend_scalar(const AttendShape& a, const float* q, const std::vector<KvSpa
                    float* out, std::vector<float>& scores) {
   const int64_t n_ctx = n_positions(spans);
   check_shape(a, n_ctx);
-  scores.resize(static_cast<size_t>(a.n_q * n_ctx));
-  for (int64_t h = 0; h < a.n_q; ++h) {
-    const float* qh = q + h * a.ldq;
-    float* s = scores.data() + h * n_ctx;
+  scores.resize(static_cast<size_t>(a.n_t * a.n_q * n_ctx));
+  for (int64_t r = 0; r < a.n_t * a.n_q; ++r) {
+    const float* qr = q_row(a, q, r);
+    const int64_t n = visible(a, n_ctx, r);
+    float* s = scores.data() + r * n_ctx;
     int64_t j = 0;
     for (const KvSpan& sp : spans) {
-      for (int64_t i = 0; i < sp.n; ++i, ++j) {
-        s[j] = ops_impl::scalar::dot(qh, sp.k + i * sp.k_stride, a.k_dim) * a.scale;
+      for (int64_t i = 0; i < sp.n && j < n; ++i, ++j) {
+        s[j] = ops_impl::scalar::dot(qr, sp.k + i * sp.k_stride, a.k_dim) * a.scale;
       }
     }
-    ops_impl::scalar::softmax(s, n_ctx);
+    ops_impl::scalar::softmax(s, n);
     std::vector<double> acc(static_cast<size_t>(a.v_dim), 0.0);
     j = 0;
     for (const KvSpan& sp : spans) {
-      for (int64_t i = 0; i < sp.n; ++i, ++j) {
+      for (int64_t i = 0; i < sp.n && j < n; ++i, ++j) {
         const float* vj = sp.v + i * sp.v_stride;
         for (int64_t d = 0; d < a.v_dim; ++d) acc[d] += double(s[j]) * double(vj[d]);
       }
     }
-    for (int64_t d = 0; d < a.v_dim; ++d) out[h * a.ldo + d] = static_cast<float>(acc[d]);
+    float* o = out_row(a, out, r);
+    for (int64_t d = 0; d < a.v_dim; ++d) o[d] = static_cast<float>(acc[d]);
   }
 }
 
@@ -62,10 +78,19 @@ namespace {
 
 using S = simd::Avx512;
 constexpr int64_t kW = S::kWidth;
-constexpr int kMaxHeads = 4;   // query heads per pass over the keys (accumulators per position)
-constexpr int kValueVecs = 4;  // value vectors per pass: kMaxHeads × 4 accumulators
-constexpr int kPosBlock = 4;   // positions per pass over a query: kMaxHeads × 4 accumulators
-constexpr int64_t kAhead = 16;  // positions prefetched ahead, into L2
+constexpr int kMaxRows = 4;    // query rows per pass over the keys (accumulators per position)
+constexpr int kValueVecs = 4;  // value vectors per pass: kMaxRows × 4 accumulators
+constexpr int kPosBlock = 4;   // positions per pass over a query: kMaxRows × 4 accumulators
+constexpr int64_t kValueBlock = 64;  // positions whose value slices (16 KB) serve every row
+constexpr int64_t kAhead = 16;       // positions prefetched ahead, into L2
+
+// Where each query row (position i · n_q + head) reads its query and writes its scores and
+// output: [n_t * n_q] pointers each.
+struct RowPtrs {
+  std::vector<const float*> q;
+  std::vector<float*> s;
+  std::vector<float*> o;
+};
 
 DUET_TARGET_AVX512 inline __mmask16 lanes(int64_t n) {
   return n >= kW ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : S::first(static_cast<int>(n));
@@ -76,12 +101,12 @@ DUET_TARGET_AVX512 inline void prefetch_row(const float* row, int64_t n) {
     _mm_prefetch(reinterpret_cast<const char*>(row + d), _MM_HINT_T1);
 }
 
-// acc[jj][g] += q[g, d : d + n) · k_jj[d : d + n) for J positions and G heads; n == kW unless
+// acc[jj][g] += q[g][d : d + n) · k_jj[d : d + n) for J positions and G rows; n == kW unless
 // kPart (then m masks the n lanes).
 template <int G, int J, bool kPart>
-DUET_TARGET_AVX512 DUET_ALWAYS_INLINE void scores_step(__m512 (&acc)[J][G], const float* q,
-                                                       int64_t ldq, const float* k,
-                                                       int64_t k_stride, int64_t d, __mmask16 m) {
+DUET_TARGET_AVX512 DUET_ALWAYS_INLINE void scores_step(__m512 (&acc)[J][G], const float* const* q,
+                                                       const float* k, int64_t k_stride, int64_t d,
+                                                       __mmask16 m) {
   __m512 kv[J];
 #pragma GCC unroll 4
   for (int jj = 0; jj < J; ++jj) {
@@ -90,18 +115,17 @@ DUET_TARGET_AVX512 DUET_ALWAYS_INLINE void scores_step(__m512 (&acc)[J][G], cons
   }
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
-    const __m512 qv =
-        kPart ? _mm512_maskz_loadu_ps(m, q + g * ldq + d) : _mm512_loadu_ps(q + g * ldq + d);
+    const __m512 qv = kPart ? _mm512_maskz_loadu_ps(m, q[g] + d) : _mm512_loadu_ps(q[g] + d);
 #pragma GCC unroll 4
     for (int jj = 0; jj < J; ++jj) acc[jj][g] = _mm512_fmadd_ps(qv, kv[jj], acc[jj][g]);
   }
 }
 
-// s[g * lds + jj] = scale · q[g] · k_jj for J positions from k and G heads. Each key vector is
-// loaded once for the G heads, each query vector once for the J positions.
+// s[g][j + jj] = scale · q[g] · k_jj for J positions from k and G rows. Each key vector is
+// loaded once for the G rows, each query vector once for the J positions.
 template <int G, int J>
-DUET_TARGET_AVX512 void scores_block(const float* q, int64_t ldq, int64_t k_dim, const float* k,
-                                     int64_t k_stride, float scale, float* s, int64_t lds) {
+DUET_TARGET_AVX512 void scores_block(const float* const* q, float* const* s, int64_t j,
+                                     int64_t k_dim, const float* k, int64_t k_stride, float scale) {
   __m512 acc[J][G];
 #pragma GCC unroll 4
   for (int jj = 0; jj < J; ++jj) {
@@ -109,44 +133,68 @@ DUET_TARGET_AVX512 void scores_block(const float* q, int64_t ldq, int64_t k_dim,
     for (int g = 0; g < G; ++g) acc[jj][g] = S::zero();
   }
   int64_t d = 0;
-  for (; d + kW <= k_dim; d += kW) scores_step<G, J, false>(acc, q, ldq, k, k_stride, d, 0);
-  if (d < k_dim) scores_step<G, J, true>(acc, q, ldq, k, k_stride, d, lanes(k_dim - d));
+  for (; d + kW <= k_dim; d += kW) scores_step<G, J, false>(acc, q, k, k_stride, d, 0);
+  if (d < k_dim) scores_step<G, J, true>(acc, q, k, k_stride, d, lanes(k_dim - d));
+    // One reduction tree for every G (each lane's sum is independent of the others): a row's
+    // scores do not depend on which rows it was grouped with.
 #pragma GCC unroll 4
   for (int jj = 0; jj < J; ++jj) {
-    if constexpr (G == 4) {
-      alignas(16) float v[4];
-      _mm_store_ps(v, _mm_mul_ps(S::hsum4(acc[jj][0], acc[jj][1], acc[jj][2], acc[jj][3]),
-                                 _mm_set1_ps(scale)));
-      for (int g = 0; g < 4; ++g) s[g * lds + jj] = v[g];
-    } else {
-      for (int g = 0; g < G; ++g) s[g * lds + jj] = S::hsum(acc[jj][g]) * scale;
-    }
+    const __m512 z = S::zero();
+    alignas(16) float v[4];
+    _mm_store_ps(v, _mm_mul_ps(S::hsum4(acc[jj][0], G > 1 ? acc[jj][G > 1 ? 1 : 0] : z,
+                                        G > 2 ? acc[jj][G > 2 ? 2 : 0] : z,
+                                        G > 3 ? acc[jj][G > 3 ? 3 : 0] : z),
+                               _mm_set1_ps(scale)));
+    for (int g = 0; g < G; ++g) s[g][j + jj] = v[g];
   }
 }
 
-// s[g * lds + j] = scale · q[g] · k_j for the span's positions j and G heads, kPosBlock at a
-// time.
-template <int G>
-DUET_TARGET_AVX512 void span_scores(const float* q, int64_t ldq, int64_t k_dim, const KvSpan& sp,
-                                    float scale, float* s, int64_t lds) {
+// scores_block<·, J> for every row, kMaxRows at a time: the J keys stay in L1 across the rows.
+template <int J>
+DUET_TARGET_AVX512 void scores_rows(const RowPtrs& rows, int64_t n_rows, int64_t j, int64_t k_dim,
+                                    const float* k, int64_t k_stride, float scale) {
+  int64_t r = 0;
+  for (; r + kMaxRows <= n_rows; r += kMaxRows) {
+    scores_block<kMaxRows, J>(&rows.q[r], &rows.s[r], j, k_dim, k, k_stride, scale);
+  }
+  switch (n_rows - r) {
+    case 1:
+      scores_block<1, J>(&rows.q[r], &rows.s[r], j, k_dim, k, k_stride, scale);
+      break;
+    case 2:
+      scores_block<2, J>(&rows.q[r], &rows.s[r], j, k_dim, k, k_stride, scale);
+      break;
+    case 3:
+      scores_block<3, J>(&rows.q[r], &rows.s[r], j, k_dim, k, k_stride, scale);
+      break;
+    default:
+      break;
+  }
+}
+
+// s[r][j0 + j] = scale · q[r] · k_j for the span's positions j and every row, kPosBlock
+// positions at a time.
+DUET_TARGET_AVX512 void span_scores(const RowPtrs& rows, int64_t n_rows, int64_t k_dim,
+                                    const KvSpan& sp, int64_t j0, float scale) {
   int64_t j = 0;
   for (; j + kPosBlock <= sp.n; j += kPosBlock) {
     const float* kj = sp.k + j * sp.k_stride;
     for (int64_t i = kAhead; i < kAhead + kPosBlock && j + i < sp.n; ++i) {
       prefetch_row(kj + i * sp.k_stride, k_dim);
     }
-    scores_block<G, kPosBlock>(q, ldq, k_dim, kj, sp.k_stride, scale, s + j, lds);
+    scores_rows<kPosBlock>(rows, n_rows, j0 + j, k_dim, kj, sp.k_stride, scale);
   }
   for (; j < sp.n; ++j) {
-    scores_block<G, 1>(q, ldq, k_dim, sp.k + j * sp.k_stride, 0, scale, s + j, lds);
+    scores_rows<1>(rows, n_rows, j0 + j, k_dim, sp.k + j * sp.k_stride, 0, scale);
   }
 }
 
-// out[g * ldo + d0 + :kValueVecs·kW] += Σ_j p[g * ldp + j] · v_j[d0 + ...] over the span, for
-// g < G; lanes at or past v_dim are neither read nor written.
+// o[g][d0 + :kValueVecs·kW] += Σ_j p[g][j0 + j] · v_j[d0 + ...] over the span's positions
+// [jb, je), for g < G; lanes at or past v_dim are neither read nor written.
 template <int G>
-DUET_TARGET_AVX512 void span_values(const float* p, int64_t ldp, const KvSpan& sp, int64_t d0,
-                                    int64_t v_dim, float* out, int64_t ldo) {
+DUET_TARGET_AVX512 void values_block(float* const* p, float* const* o, const KvSpan& sp, int64_t j0,
+                                     int64_t jb, int64_t je, int64_t d0, int64_t v_dim,
+                                     bool prefetch) {
   __mmask16 m[kValueVecs];
 #pragma GCC unroll 4
   for (int c = 0; c < kValueVecs; ++c) m[c] = lanes(v_dim - d0 - c * kW);
@@ -155,19 +203,19 @@ DUET_TARGET_AVX512 void span_values(const float* p, int64_t ldp, const KvSpan& s
   for (int g = 0; g < G; ++g) {
 #pragma GCC unroll 4
     for (int c = 0; c < kValueVecs; ++c) {
-      acc[g][c] = _mm512_maskz_loadu_ps(m[c], out + g * ldo + d0 + c * kW);
+      acc[g][c] = _mm512_maskz_loadu_ps(m[c], o[g] + d0 + c * kW);
     }
   }
   const int64_t span_dim = std::min<int64_t>(kValueVecs * kW, v_dim - d0);
-  for (int64_t j = 0; j < sp.n; ++j) {
+  for (int64_t j = jb; j < je; ++j) {
     const float* vj = sp.v + j * sp.v_stride + d0;
-    if (j + kAhead < sp.n) prefetch_row(vj + kAhead * sp.v_stride, span_dim);
+    if (prefetch && j + kAhead < sp.n) prefetch_row(vj + kAhead * sp.v_stride, span_dim);
     __m512 vv[kValueVecs];
 #pragma GCC unroll 4
     for (int c = 0; c < kValueVecs; ++c) vv[c] = _mm512_maskz_loadu_ps(m[c], vj + c * kW);
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
-      const __m512 pg = _mm512_set1_ps(p[g * ldp + j]);
+      const __m512 pg = _mm512_set1_ps(p[g][j0 + j]);
 #pragma GCC unroll 4
       for (int c = 0; c < kValueVecs; ++c) acc[g][c] = _mm512_fmadd_ps(pg, vv[c], acc[g][c]);
     }
@@ -176,30 +224,34 @@ DUET_TARGET_AVX512 void span_values(const float* p, int64_t ldp, const KvSpan& s
   for (int g = 0; g < G; ++g) {
 #pragma GCC unroll 4
     for (int c = 0; c < kValueVecs; ++c) {
-      _mm512_mask_storeu_ps(out + g * ldo + d0 + c * kW, m[c], acc[g][c]);
+      _mm512_mask_storeu_ps(o[g] + d0 + c * kW, m[c], acc[g][c]);
     }
   }
 }
 
-// attend() for G query heads.
-template <int G>
-DUET_TARGET_AVX512 void attend_heads(const AttendShape& a, const float* q,
-                                     const std::vector<KvSpan>& spans, int64_t n_ctx, float* s,
-                                     float* out) {
-  int64_t j0 = 0;
-  for (const KvSpan& sp : spans) {
-    span_scores<G>(q, a.ldq, a.k_dim, sp, a.scale, s + j0, n_ctx);
-    j0 += sp.n;
-  }
-  for (int g = 0; g < G; ++g) ops_impl::avx512::softmax(s + g * n_ctx, n_ctx);
-  for (int64_t d0 = 0; d0 < a.v_dim; d0 += kValueVecs * kW) {
-    for (int g = 0; g < G; ++g) {
-      std::fill_n(out + g * a.ldo + d0, std::min<int64_t>(kValueVecs * kW, a.v_dim - d0), 0.0f);
+// values_block for every row over the span, kValueBlock positions at a time so that their value
+// slices stay in L1 across the rows.
+DUET_TARGET_AVX512 void span_values(const RowPtrs& rows, int64_t n_rows, const KvSpan& sp,
+                                    int64_t j0, int64_t d0, int64_t v_dim) {
+  for (int64_t jb = 0; jb < sp.n; jb += kValueBlock) {
+    const int64_t je = std::min(sp.n, jb + kValueBlock);
+    int64_t r = 0;
+    for (; r + kMaxRows <= n_rows; r += kMaxRows) {
+      values_block<kMaxRows>(&rows.s[r], &rows.o[r], sp, j0, jb, je, d0, v_dim, r == 0);
     }
-    j0 = 0;
-    for (const KvSpan& sp : spans) {
-      span_values<G>(s + j0, n_ctx, sp, d0, a.v_dim, out, a.ldo);
-      j0 += sp.n;
+    const bool first = r == 0;
+    switch (n_rows - r) {
+      case 1:
+        values_block<1>(&rows.s[r], &rows.o[r], sp, j0, jb, je, d0, v_dim, first);
+        break;
+      case 2:
+        values_block<2>(&rows.s[r], &rows.o[r], sp, j0, jb, je, d0, v_dim, first);
+        break;
+      case 3:
+        values_block<3>(&rows.s[r], &rows.o[r], sp, j0, jb, je, d0, v_dim, first);
+        break;
+      default:
+        break;
     }
   }
 }
@@ -209,24 +261,36 @@ DUET_TARGET_AVX512 void attend_avx512(const AttendShape& a, const float* q,
                                       std::vector<float>& scores) {
   const int64_t n_ctx = n_positions(spans);
   check_shape(a, n_ctx);
-  scores.resize(static_cast<size_t>(a.n_q * n_ctx));
-  for (int64_t h = 0; h < a.n_q; h += kMaxHeads) {
-    const float* qh = q + h * a.ldq;
-    float* s = scores.data() + h * n_ctx;
-    float* oh = out + h * a.ldo;
-    switch (std::min<int64_t>(kMaxHeads, a.n_q - h)) {
-      case 1:
-        attend_heads<1>(a, qh, spans, n_ctx, s, oh);
-        break;
-      case 2:
-        attend_heads<2>(a, qh, spans, n_ctx, s, oh);
-        break;
-      case 3:
-        attend_heads<3>(a, qh, spans, n_ctx, s, oh);
-        break;
-      default:
-        attend_heads<4>(a, qh, spans, n_ctx, s, oh);
-        break;
+  const int64_t n_rows = a.n_t * a.n_q;
+  scores.resize(static_cast<size_t>(n_rows * n_ctx));
+  thread_local RowPtrs rows;
+  rows.q.resize(static_cast<size_t>(n_rows));
+  rows.s.resize(static_cast<size_t>(n_rows));
+  rows.o.resize(static_cast<size_t>(n_rows));
+  for (int64_t r = 0; r < n_rows; ++r) {
+    rows.q[r] = q_row(a, q, r);
+    rows.s[r] = scores.data() + r * n_ctx;
+    rows.o[r] = out_row(a, out, r);
+  }
+  int64_t j0 = 0;
+  for (const KvSpan& sp : spans) {
+    span_scores(rows, n_rows, a.k_dim, sp, j0, a.scale);
+    j0 += sp.n;
+  }
+  // Keys a row must not see get probability 0: its output gains exactly 0 · v from them.
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const int64_t n = visible(a, n_ctx, r);
+    ops_impl::avx512::softmax(rows.s[r], n);
+    std::fill(rows.s[r] + n, rows.s[r] + n_ctx, 0.0f);
+  }
+  for (int64_t d0 = 0; d0 < a.v_dim; d0 += kValueVecs * kW) {
+    for (int64_t r = 0; r < n_rows; ++r) {
+      std::fill_n(rows.o[r] + d0, std::min<int64_t>(kValueVecs * kW, a.v_dim - d0), 0.0f);
+    }
+    j0 = 0;
+    for (const KvSpan& sp : spans) {
+      span_values(rows, n_rows, sp, j0, d0, a.v_dim);
+      j0 += sp.n;
     }
   }
 }

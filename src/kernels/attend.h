@@ -23,12 +23,20 @@ struct AttendShape {
   int64_t ldq = 0;     // floats between the query heads' rows (>= k_dim)
   int64_t ldo = 0;     // floats between the output heads' rows (>= v_dim)
   float scale = 1.0f;  // applied to q · k before the softmax
+  // Causal prefill: n_t query positions, the spans' last n_t positions in order; position i of
+  // them (0-based) sees only the first n_ctx - n_t + 1 + i positions. Its n_q heads' rows start
+  // at q + i * ldq_t and out + i * ldo_t. They share every K/V row read (fewer passes over them).
+  int64_t n_t = 1;
+  int64_t ldq_t = 0;  // floats between consecutive positions' query heads (unused when n_t == 1)
+  int64_t ldo_t = 0;  // floats between consecutive positions' outputs (unused when n_t == 1)
 };
 
-// out[h * ldo + :v_dim] = Σ_j p[h, j] · v_j with p[h, :] = softmax_j(scale · q[h * ldq + :k_dim] ·
-// k_j) over the positions j of all spans in order, for h < n_q. At least one position; q, out
-// f32; out must not overlap q or the KV rows. `scores` is scratch ([n_q, n_ctx] f32), reused
-// across calls to avoid allocating. AVX-512 when the CPU has it, else the scalar version.
+// out[i * ldo_t + h * ldo + :v_dim] = Σ_j p[i, h, j] · v_j with p[i, h, :] =
+// softmax_j(scale · q[i * ldq_t + h * ldq + :k_dim] · k_j) over the positions j < n_ctx - n_t + 1
+// + i of all spans in order, for i < n_t, h < n_q. At least n_t positions; q, out f32; out must
+// not overlap q or the KV rows. `scores` is scratch ([n_t * n_q, n_ctx] f32), reused across calls
+// to avoid allocating. AVX-512 when the CPU has it, else the scalar version. A position's output
+// is the same, bit for bit, whether computed alone or in a block of n_t.
 void attend(const AttendShape& shape, const float* q, const std::vector<KvSpan>& spans, float* out,
             std::vector<float>& scores);
 

@@ -12,6 +12,23 @@ namespace {
 // attention runs on the calling thread: waking a worker costs more than the work.
 constexpr int64_t kMinParallelKvRows = 2048;
 
+// Query positions attended together (sharing each K/V row read): × the group's heads, 32 query
+// rows of head_dim 128 stay in L1 beside the keys they meet.
+constexpr int64_t kTokenBlock = 8;
+
+// The first tokens of runs of at most kTokenBlock tokens of one sequence at consecutive
+// positions, then n_tokens: [n_blocks + 1].
+std::vector<int64_t> token_blocks(const ForwardInput& in) {
+  std::vector<int64_t> first;
+  for (int64_t t = 0; t < in.n_tokens(); ++t) {
+    const bool joins = !first.empty() && t - first.back() < kTokenBlock &&
+                       in.span_of[t] == in.span_of[t - 1] && in.pos[t] == in.pos[t - 1] + 1;
+    if (!joins) first.push_back(t);
+  }
+  first.push_back(in.n_tokens());
+  return first;
+}
+
 }  // namespace
 
 void kv_spans(KvStore& kv, int32_t seq_id, int64_t il, int64_t n_ctx, int64_t k_offset,
@@ -29,20 +46,26 @@ void attention_gqa(ThreadPool& pool, const ForwardInput& in, KvStore& kv, int64_
                    const GqaShape& shape, const float* q, float* out) {
   const int64_t hd = shape.head_dim;
   const int64_t group = shape.n_head / shape.n_head_kv;
-  const AttendShape a{group, hd, hd, hd, hd, shape.scale};
-  const int64_t n_tasks = in.n_tokens() * shape.n_head_kv;
+  const int64_t q_w = shape.n_head * hd;  // floats of one token's query heads
+  const std::vector<int64_t> blocks = token_blocks(in);
+  const int64_t n_tasks = static_cast<int64_t>(blocks.size() - 1) * shape.n_head_kv;
   int64_t kv_rows = 0;  // positions attended to × KV heads: the work
   for (int64_t t = 0; t < in.n_tokens(); ++t) kv_rows += (in.pos[t] + 1) * shape.n_head_kv;
   pool.parallel_for(
       n_tasks,
       [&](int64_t begin, int64_t end) {
         thread_local std::vector<KvSpan> spans;
-        thread_local std::vector<float> scores;  // [group, n_ctx]
+        thread_local std::vector<float> scores;  // [n_t * group, n_ctx]
         for (int64_t task = begin; task < end; ++task) {
-          const int64_t t = task / shape.n_head_kv, kvh = task % shape.n_head_kv;
-          const SeqSpan& span = in.spans[in.span_of[t]];
-          kv_spans(kv, span.seq_id, il, in.pos[t] + 1, kvh * hd, kvh * hd, spans);
-          const int64_t head = t * shape.n_head + kvh * group;  // the group's first query head
+          const int64_t b = task / shape.n_head_kv, kvh = task % shape.n_head_kv;
+          const int64_t t0 = blocks[b], t1 = blocks[b + 1];
+          const SeqSpan& span = in.spans[in.span_of[t0]];
+          kv_spans(kv, span.seq_id, il, in.pos[t1 - 1] + 1, kvh * hd, kvh * hd, spans);
+          AttendShape a{group, hd, hd, hd, hd, shape.scale};
+          a.n_t = t1 - t0;
+          a.ldq_t = q_w;
+          a.ldo_t = q_w;
+          const int64_t head = t0 * shape.n_head + kvh * group;  // the group's first query head
           attend(a, q + head * hd, spans, out + head * hd, scores);
         }
       },

@@ -126,6 +126,96 @@ TEST(AttendTest, MatchesNaiveOnEdgeShapes) {
   }
 }
 
+// Causal blocks of n_t query positions (the last n_t of the context, each seeing the positions up
+// to its own): row counts n_t · n_q around the kernel's block of 4, one position, a block as long
+// as the context (the first position sees one key), GQA groups, the MLA shape, paged runs. Each
+// position must match the textbook version, and the SIMD result must equal, bit for bit, attend
+// called on that position alone.
+TEST(AttendTest, CausalBlockMatchesPerPosition) {
+  std::mt19937 rng(77);
+  struct Dims {
+    int64_t k_dim, v_dim;
+    bool v_is_k;
+  };
+  const std::vector<Dims> dims = {
+      {7, 9, false}, {33, 17, false}, {128, 128, false}, {72, 64, true}, {576, 512, true}};
+  const std::vector<std::vector<int64_t>> span_sets = {{1 << 20}, {16}, {1, 3}};
+  for (const Dims& dm : dims) {
+    for (int64_t n_q : {1, 3, 4}) {
+      for (int64_t n_t : {1, 2, 3, 5, 8}) {
+        for (int64_t n_ctx : {n_t, n_t + 1, int64_t{70}}) {
+          for (const std::vector<int64_t>& lens : span_sets) {
+            const int64_t stride = std::max(dm.k_dim, dm.v_dim) + 5;
+            Cache c = make_cache(rng, n_ctx, stride, lens, dm.v_is_k);
+            AttendShape a{n_q,          dm.k_dim,
+                          dm.v_dim,     dm.k_dim + 3,
+                          dm.v_dim + 2, static_cast<float>(1.0 / std::sqrt(double(dm.k_dim)))};
+            a.n_t = n_t;
+            a.ldq_t = n_q * a.ldq + 1;
+            a.ldo_t = n_q * a.ldo + 3;
+            std::normal_distribution<float> normal(0.0f, 1.0f);
+            std::vector<float> q(static_cast<size_t>(n_t * a.ldq_t));
+            for (float& v : q) v = normal(rng);
+            const std::string what = "k_dim " + std::to_string(dm.k_dim) + " n_q " +
+                                     std::to_string(n_q) + " n_t " + std::to_string(n_t) +
+                                     " n_ctx " + std::to_string(n_ctx) + " spans " +
+                                     std::to_string(c.spans.size());
+            for (bool simd : {true, false}) {
+              const float kGuard = 777.0f;
+              std::vector<float> out(static_cast<size_t>(n_t * a.ldo_t), kGuard), scores;
+              if (simd) {
+                attend(a, q.data(), c.spans, out.data(), scores);
+              } else {
+                attend_scalar(a, q.data(), c.spans, out.data(), scores);
+              }
+              for (int64_t i = 0; i < n_t; ++i) {
+                const int64_t n_i = n_ctx - n_t + 1 + i;  // positions token i sees
+                AttendShape one = a;
+                one.n_t = 1;
+                std::vector<double> want, scale;
+                naive(one, q.data() + i * a.ldq_t, c, n_i, dm.v_is_k, want, scale);
+                std::vector<float> alone(static_cast<size_t>(n_q * a.ldo), kGuard);
+                std::vector<KvSpan> prefix;
+                for (int64_t j = 0; j < n_i;) {
+                  KvSpan sp = c.spans[prefix.size()];
+                  sp.n = std::min(sp.n, n_i - j);
+                  prefix.push_back(sp);
+                  j += sp.n;
+                }
+                if (simd) attend(one, q.data() + i * a.ldq_t, prefix, alone.data(), scores);
+                for (int64_t d = 0; d < a.ldo_t; ++d) {
+                  const float got = out[i * a.ldo_t + d];
+                  const int64_t h = d / a.ldo, lane = d % a.ldo;
+                  if (h >= n_q || lane >= a.v_dim) {
+                    ASSERT_EQ(got, kGuard) << what << ": wrote token " << i << " float " << d;
+                    continue;
+                  }
+                  const size_t w = static_cast<size_t>(h * a.v_dim + lane);
+                  ASSERT_NEAR(got, want[w], 2e-5 * scale[w] + 1e-30)
+                      << what << (simd ? " simd" : " scalar") << " token " << i << " head " << h
+                      << " lane " << lane;
+                  if (simd) {
+                    ASSERT_EQ(got, alone[h * a.ldo + lane]) << what << " token " << i;
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttendTest, RejectsMoreQueryPositionsThanContext) {
+  std::vector<float> k(4), q(8), out(8), scores;
+  AttendShape a{1, 4, 4, 4, 4, 1.0f};
+  a.n_t = 2;
+  a.ldq_t = 4;
+  a.ldo_t = 4;
+  EXPECT_THROW(attend(a, q.data(), {{k.data(), k.data(), 4, 4, 1}}, out.data(), scores), Error);
+}
+
 TEST(AttendTest, OnePositionReturnsItsValue) {
   std::vector<float> k = {1, 2}, v = {3, -4, 5};
   std::vector<float> q = {0.5f, -1, 2, 2};  // two heads
