@@ -39,12 +39,14 @@ class CollectiveOps {
   // Zero-size parts are fine.
   virtual void all_to_all_v(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
                             const std::vector<int64_t>& recv_bytes) = 0;
-  // all_to_all_v for a receiver that knows only a bound on what each rank sends it, in one round
-  // (no count exchange first): the part from rank s lands at recv + Σ_{r<s} recv_capacity[r], at
-  // most recv_capacity[s] bytes long, and (*recv_bytes)[s] is set to its length. A part longer
-  // than its capacity is an error.
+  // all_to_all_v between fixed-size rooms, for a receiver that knows only a bound on what each
+  // rank sends it, in one round (no count exchange first). The part for rank r is the first
+  // send_bytes[r] bytes of its room at send + Σ_{r'<r} send_room[r']; the part from rank s lands
+  // at recv + Σ_{r<s} recv_capacity[r], at most recv_capacity[s] bytes long, and (*recv_bytes)[s]
+  // is set to its length. A part longer than its room there is an error.
   virtual void all_to_all_bounded(const void* send, const std::vector<int64_t>& send_bytes,
-                                  void* recv, const std::vector<int64_t>& recv_capacity,
+                                  const std::vector<int64_t>& send_room, void* recv,
+                                  const std::vector<int64_t>& recv_capacity,
                                   std::vector<int64_t>* recv_bytes) = 0;
   // recv [world_size, bytes] = every rank's `send` [bytes] in rank order.
   virtual void all_gather(const void* send, int64_t bytes, void* recv) = 0;

@@ -59,15 +59,17 @@ class InprocOps final : public CollectiveOps {
 
   void all_to_all_v(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
                     const std::vector<int64_t>& recv_bytes) override {
-    exchange_parts("all_to_all_v", send, send_bytes, recv, recv_bytes, /*exact=*/true, nullptr);
+    exchange_parts("all_to_all_v", send, send_bytes, send_bytes, recv, recv_bytes,
+                   /*exact=*/true, nullptr);
   }
 
-  void all_to_all_bounded(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+  void all_to_all_bounded(const void* send, const std::vector<int64_t>& send_bytes,
+                          const std::vector<int64_t>& send_room, void* recv,
                           const std::vector<int64_t>& recv_capacity,
                           std::vector<int64_t>* recv_bytes) override {
     recv_bytes->assign(static_cast<size_t>(world_size()), 0);
-    exchange_parts("all_to_all_bounded", send, send_bytes, recv, recv_capacity, /*exact=*/false,
-                   recv_bytes);
+    exchange_parts("all_to_all_bounded", send, send_bytes, send_room, recv, recv_capacity,
+                   /*exact=*/false, recv_bytes);
   }
 
   void all_gather(const void* send, int64_t bytes, void* recv) override {
@@ -118,23 +120,24 @@ class InprocOps final : public CollectiveOps {
   }
 
  private:
-  // Both all-to-alls: the part each rank s sends here is copied to recv past the rooms of the
-  // ranks before s; it must fill its room exactly (exact) or fit in it, and its length goes to
-  // (*got)[s] when got is given.
+  // Both all-to-alls: the part each rank s sends here (at the start of its send room for this
+  // rank) is copied to recv past the rooms of the ranks before s; it must fill its room here
+  // exactly (exact) or fit in it, and its length goes to (*got)[s] when got is given.
   void exchange_parts(const char* op, const void* send, const std::vector<int64_t>& send_bytes,
-                      void* recv, const std::vector<int64_t>& room, bool exact,
-                      std::vector<int64_t>* got) {
+                      const std::vector<int64_t>& send_room, void* recv,
+                      const std::vector<int64_t>& room, bool exact, std::vector<int64_t>* got) {
     struct Post {
       const uint8_t* send;
       const std::vector<int64_t>* send_bytes;
-    } mine{static_cast<const uint8_t*>(send), &send_bytes};
+      const std::vector<int64_t>* send_room;
+    } mine{static_cast<const uint8_t*>(send), &send_bytes, &send_room};
     hub_->collective(InprocHub::kData, rank_, op, &mine, [&](const std::vector<const void*>& posts) {
       auto* dst = static_cast<uint8_t*>(recv);
       for (int s = 0; s < world_size(); ++s) {
         const Post& p = *static_cast<const Post*>(posts[s]);
         const std::vector<int64_t>& sb = *p.send_bytes;
         int64_t off = 0;
-        for (int r = 0; r < rank_; ++r) off += sb[r];
+        for (int r = 0; r < rank_; ++r) off += (*p.send_room)[r];
         const int64_t n = sb[rank_];
         if (exact ? n != room[s] : n > room[s])
           DUET_ERROR(op << ": rank " << s << " sends " << n << " bytes to rank " << rank_ << ", "

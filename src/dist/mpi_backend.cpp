@@ -258,7 +258,8 @@ class MpiOps final : public CollectiveOps {
   // Point to point on the data communicator: one receive of up to the capacity from every rank
   // and one send to every rank (empty ones included, so each receive has its message), all
   // posted at once; the lengths come from the statuses.
-  void all_to_all_bounded(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+  void all_to_all_bounded(const void* send, const std::vector<int64_t>& send_bytes,
+                          const std::vector<int64_t>& send_room, void* recv,
                           const std::vector<int64_t>& recv_capacity,
                           std::vector<int64_t>* recv_bytes) override {
     constexpr int kTag = 11;
@@ -277,7 +278,7 @@ class MpiOps final : public CollectiveOps {
                           to_int(send_bytes[r], "all_to_all_bounded"), MPI_BYTE, r, kTag,
                           ch_.comm(), &reqs_[n + r]),
                 "all_to_all_bounded (send)");
-      so += send_bytes[r];
+      so += send_room[r];
     }
     ch_.wait_all(reqs_.data(), 2 * n, "all_to_all_bounded");
     recv_bytes->assign(static_cast<size_t>(n), 0);

@@ -207,8 +207,8 @@ void EpDispatcher::ht_dispatch_send() {
     recv_.resize(static_cast<size_t>((n_rank_ - 1) * bound / 4));
     pending_ = comm_.start("ep_dispatch(high_throughput, bounded)",
                            [this, W, capacity = std::move(capacity)](CollectiveOps& ops) {
-                             ops.all_to_all_bounded(send_.data(), send_bytes_, recv_.data(),
-                                                    capacity, &recv_bytes_);
+                             ops.all_to_all_bounded(send_.data(), send_bytes_, send_bytes_,
+                                                    recv_.data(), capacity, &recv_bytes_);
                              for (int s = 0; s < n_rank_; ++s) {
                                recv_rows_[s] = s == rank_ ? send_rows_[s] : recv_bytes_[s] / 4 / W;
                              }

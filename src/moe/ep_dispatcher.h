@@ -81,6 +81,10 @@ class EpDispatcher final : public Dispatcher {
   void ll_dispatch_recv();
   void ll_combine_send();
   void ll_combine_recv();
+  // Starts low_latency's one round: bytes[r] from the start of rank r's buffer of bw words in
+  // send (buffers in ll order), into recv's buffers of bw words; recv_bytes_ gets the lengths.
+  void ll_transfer(const char* what, const float* send, const std::vector<int64_t>& bytes,
+                   float* recv, int64_t bw);
 
   // high_throughput: the header (K ids, K weights) of record i from source s, and its row.
   // REQUIRES: the dispatch's transfer has been waited for.
@@ -144,6 +148,8 @@ class EpDispatcher final : public Dispatcher {
   // low_latency bookkeeping.
   std::vector<int64_t> slot_of_;  // [n_tokens, K] word offset of (t, k)'s row in ret_
   std::vector<int64_t> blk_row_;  // [n_rank, n_local] first row of (source, expert) in its buffer
+  std::vector<int64_t> back_bytes_;  // [n_rank] the combine's part for each rank
+  int64_t ll_own_bytes_ = 0;         // the used start of the own buffer
 };
 
 }  // namespace duet

@@ -4,8 +4,11 @@
 // l's rows after expert l - 1's. C is the step's capacity in tokens: a token sends at most
 // min(K, L) rows to one rank (its K experts are distinct), so no rank can overflow what every
 // rank expects. The same layout carries the outputs back, so a (token, k) pair's output sits at
-// the word offset its input had. The buffers of the other ranks lie back to back in rank order
-// (what all_to_all_v moves); the rank's own buffer comes last and is read in place, never sent.
+// the word offset its input had. The buffers of the other ranks lie back to back in rank order;
+// the rank's own buffer comes last and is read in place, never sent. Only the used start of a
+// buffer (the counts and the rows placed) travels, in one round of point-to-point messages whose
+// receiver learns the length from the message, as DeepEP's low-latency kernels write only the
+// slots they fill.
 #include <algorithm>
 #include <cstring>
 
@@ -62,6 +65,7 @@ void EpDispatcher::ll_dispatch_send() {
     const int32_t e = tokens_.topk_ids[i];
     ++count[placement_.owner(e) * L + (e - placement_.begin(placement_.owner(e)))];
   }
+  dispatch_bytes_ = 0;
   for (int r = 0; r < n_rank_; ++r) {
     int64_t rows = 0;
     for (int64_t l = 0; l < L; ++l) {
@@ -71,6 +75,11 @@ void EpDispatcher::ll_dispatch_send() {
     }
     DUET_CHECK(rows <= lay.R, "low_latency: " << rows << " rows for rank " << r << ", room for "
                                               << lay.R << " (a token lists an expert twice?)");
+    // Only the used start of the buffer travels: the counts and the rows placed.
+    const int64_t used = (L + rows * D) * 4;
+    send_bytes_[r] = r == rank_ ? 0 : used;
+    if (r == rank_) ll_own_bytes_ = used;
+    dispatch_bytes_ += used;
   }
   slot_of_.resize(static_cast<size_t>(tokens_.n_tokens * K));
   for (int64_t t = 0; t < tokens_.n_tokens; ++t) {
@@ -83,10 +92,18 @@ void EpDispatcher::ll_dispatch_send() {
       slot_of_[t * K + k] = off;
     }
   }
-  dispatch_bytes_ = static_cast<int64_t>(words) * 4;
-  const std::vector<int64_t> ones(static_cast<size_t>(n_rank_), 1);
-  wire_bytes(ones, lay.BW, &send_bytes_);
-  pending_ = comm_.start_all_to_all_v(send_.data(), send_bytes_, recv_.data(), send_bytes_);
+  ll_transfer("ep_dispatch(low_latency)", send_.data(), send_bytes_, recv_.data(), lay.BW);
+}
+
+// One round between the fixed buffers (the own one, last, stays out): each part is the used
+// start of its buffer, and the receiver learns its length from the message.
+void EpDispatcher::ll_transfer(const char* what, const float* send,
+                               const std::vector<int64_t>& bytes, float* recv, int64_t bw) {
+  std::vector<int64_t> room(static_cast<size_t>(n_rank_), bw * 4);
+  room[rank_] = 0;
+  pending_ = comm_.start(what, [this, send, bytes, recv, room = std::move(room)](CollectiveOps& ops) {
+    ops.all_to_all_bounded(send, bytes, room, recv, room, &recv_bytes_);
+  });
 }
 
 // Expert l's rows: those from source 0, then source 1, ..., read where they arrived. Each row's
@@ -133,10 +150,16 @@ void EpDispatcher::ll_dispatch_recv() {
   }
 }
 
-// The experts wrote the outputs in the layout their inputs came in: they go back as they are.
+// The experts wrote the outputs in the layout their inputs came in: they go back as they are,
+// as much of each buffer as came from its rank.
 void EpDispatcher::ll_combine_send() {
-  combine_bytes_ = static_cast<int64_t>(back_.size()) * 4;
-  pending_ = comm_.start_all_to_all_v(back_.data(), send_bytes_, ret_.data(), send_bytes_);
+  const LlLayout lay =
+      ll_layout(placement_.n_local(), tokens_.n_expert_used, tokens_.n_embd, step_tokens_);
+  back_bytes_ = recv_bytes_;
+  combine_bytes_ = 0;
+  for (int64_t b : back_bytes_) combine_bytes_ += b;
+  combine_bytes_ += ll_own_bytes_;
+  ll_transfer("ep_combine(low_latency)", back_.data(), back_bytes_, ret_.data(), lay.BW);
 }
 
 // The weights are applied here, in k order, exactly as the single-rank dispatcher does.

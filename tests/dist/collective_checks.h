@@ -49,22 +49,22 @@ inline void check_all_to_all_v_zero(DistContext& ctx) {
   ctx.comm().all_to_all_v(nullptr, zero, nullptr, zero);
 }
 
-// The same parts as check_all_to_all_v, received into room for 3 values from each rank (more
-// than any sends) with no count told: each part lands at its room's start, its length is
-// reported, and the rest of the room is untouched.
+// The same parts as check_all_to_all_v, each sent from the start of a room of 3 values (the rest
+// junk) and received into room for 3 values from each rank with no count told: each part lands
+// at its room's start, its length is reported, and the rest of the room is untouched.
 inline void check_all_to_all_bounded(DistContext& ctx) {
   const int n = ctx.world_size(), me = ctx.rank();
-  std::vector<int32_t> send;
+  std::vector<int32_t> send(static_cast<size_t>(3 * n), 99);
   std::vector<int64_t> send_bytes, room(static_cast<size_t>(n), 12);
   for (int r = 0; r < n; ++r) {
-    for (int64_t i = 0; i < n_vals(me, r); ++i) send.push_back(val(me, r, i));
+    for (int64_t i = 0; i < n_vals(me, r); ++i) send[r * 3 + i] = val(me, r, i);
     send_bytes.push_back(n_vals(me, r) * 4);
   }
   std::vector<int32_t> recv(static_cast<size_t>(3 * n), -1);
   std::vector<int64_t> got;
   ctx.comm()
       .start("bounded", [&](CollectiveOps& ops) {
-        ops.all_to_all_bounded(send.data(), send_bytes, recv.data(), room, &got);
+        ops.all_to_all_bounded(send.data(), send_bytes, room, recv.data(), room, &got);
       })
       .wait();
   ASSERT_EQ(got.size(), static_cast<size_t>(n));

@@ -116,7 +116,7 @@ TEST(InprocWatchdog, BoundedPartLargerThanItsRoomFails) {
     std::vector<int64_t> got;
     ctx.comm()
         .start("bounded", [&](CollectiveOps& ops) {
-          ops.all_to_all_bounded(send.data(), {0, 8}, recv.data(), {4, 0}, &got);
+          ops.all_to_all_bounded(send.data(), {0, 8}, {0, 8}, recv.data(), {4, 0}, &got);
         })
         .wait();
   });

@@ -214,21 +214,23 @@ TEST(EpDispatcher, LowLatencyPlansLargeStepsAsHighThroughput) {
   });
 }
 
-// low_latency's buffer for a rank holds min(K, n_local) rows per token of the step's capacity
-// (the planned step's, else max_tokens_per_rank) behind n_local row counts.
-TEST(EpDispatcher, LowLatencySizesItsBuffersForThePlannedStep) {
+// low_latency's buffer for a rank has room for min(K, n_local) rows per token of the step's
+// capacity (the planned step's, else max_tokens_per_rank) behind n_local row counts, but only the
+// counts and the rows placed travel: 3 tokens × 2 experts of 8 on 2 ranks, D = 4, send
+// 2 × 4 count words + 6 rows of 4 words, whatever the capacity.
+TEST(EpDispatcher, LowLatencySendsOnlyTheRowsItPlaced) {
   run_ranks(2, [](DistContext& ctx) {
     const Routing r = make_routing(ctx.rank(), 3, 4, 2, random_distinct(8));
     LocalDispatcher local(8);
     const std::vector<float> want = run_one(local, r);
     EpDispatcher ep(ctx.comm(), place_experts(8, 2), {All2AllBackend::kLowLatency, 16});
-    run_one(ep, r);
-    EXPECT_EQ(ep.last_dispatch_bytes(), 2 * (4 + 2 * 16 * 4) * 4);
-    ep.plan_step(3);
-    const std::vector<float> got = run_one(ep, r);
-    EXPECT_EQ(ep.last_dispatch_bytes(), 2 * (4 + 2 * 3 * 4) * 4);
-    for (size_t i = 0; i < got.size(); ++i)
-      ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::abs(want[i])));
+    for (const int64_t plan : {0, 3}) {
+      if (plan) ep.plan_step(plan);
+      const std::vector<float> got = run_one(ep, r);
+      EXPECT_EQ(ep.last_dispatch_bytes(), (2 * 4 + 6 * 4) * 4) << "plan " << plan;
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::abs(want[i])));
+    }
   });
 }
 
