@@ -71,6 +71,20 @@ void naive(const AttendShape& a, const float* q, const Cache& c, int64_t n_ctx, 
 // (values = the first v_dim floats of the keys), runs of 1, 3 and 16 positions (paged blocks)
 // or one run (the contiguous cache), against the textbook version; both attend and
 // attend_scalar.
+constexpr float kGuard = 777.0f;
+
+// attend (simd) or attend_scalar into a fresh output of n floats that starts as kGuard.
+std::vector<float> run_attend(bool simd, const AttendShape& a, const float* q,
+                              const std::vector<KvSpan>& spans, int64_t n) {
+  std::vector<float> out(static_cast<size_t>(n), kGuard), scores;
+  if (simd) {
+    attend(a, q, spans, out.data(), scores);
+  } else {
+    attend_scalar(a, q, spans, out.data(), scores);
+  }
+  return out;
+}
+
 TEST(AttendTest, MatchesNaiveOnEdgeShapes) {
   std::mt19937 rng(2024);
   struct Dims {
@@ -100,13 +114,7 @@ TEST(AttendTest, MatchesNaiveOnEdgeShapes) {
                                    " n_ctx " + std::to_string(n_ctx) + " spans " +
                                    std::to_string(c.spans.size());
           for (bool simd : {true, false}) {
-            const float kGuard = 777.0f;
-            std::vector<float> out(static_cast<size_t>(n_q * a.ldo), kGuard), scores;
-            if (simd) {
-              attend(a, q.data(), c.spans, out.data(), scores);
-            } else {
-              attend_scalar(a, q.data(), c.spans, out.data(), scores);
-            }
+            const std::vector<float> out = run_attend(simd, a, q.data(), c.spans, n_q * a.ldo);
             for (int64_t h = 0; h < n_q; ++h) {
               for (int64_t d = 0; d < a.ldo; ++d) {
                 const float got = out[h * a.ldo + d];
@@ -161,20 +169,15 @@ TEST(AttendTest, CausalBlockMatchesPerPosition) {
                                      " n_ctx " + std::to_string(n_ctx) + " spans " +
                                      std::to_string(c.spans.size());
             for (bool simd : {true, false}) {
-              const float kGuard = 777.0f;
-              std::vector<float> out(static_cast<size_t>(n_t * a.ldo_t), kGuard), scores;
-              if (simd) {
-                attend(a, q.data(), c.spans, out.data(), scores);
-              } else {
-                attend_scalar(a, q.data(), c.spans, out.data(), scores);
-              }
+              const std::vector<float> out =
+                  run_attend(simd, a, q.data(), c.spans, n_t * a.ldo_t);
               for (int64_t i = 0; i < n_t; ++i) {
                 const int64_t n_i = n_ctx - n_t + 1 + i;  // positions token i sees
                 AttendShape one = a;
                 one.n_t = 1;
                 std::vector<double> want, scale;
                 naive(one, q.data() + i * a.ldq_t, c, n_i, dm.v_is_k, want, scale);
-                std::vector<float> alone(static_cast<size_t>(n_q * a.ldo), kGuard);
+                std::vector<float> alone(static_cast<size_t>(n_q * a.ldo), kGuard), scores;
                 std::vector<KvSpan> prefix;
                 for (int64_t j = 0; j < n_i;) {
                   KvSpan sp = c.spans[prefix.size()];
