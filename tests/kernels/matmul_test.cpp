@@ -219,6 +219,25 @@ TEST(MatmulTest, ManyRowsAllPathsAndPublicEntry) {
   }
 }
 
+// Expects got [n_tokens, ldy] to hold rows [r_begin, r_end) of want [n_tokens, rows] (within
+// kRelTol of scale) in its first r_end - r_begin columns, and the guard value past them.
+void expect_row_range(const std::vector<float>& got, const std::vector<float>& want,
+                      const std::vector<float>& scale, int64_t n_tokens, int64_t rows, int64_t ldy,
+                      int64_t r_begin, int64_t r_end, const std::string& what) {
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t j = 0; j < ldy; ++j) {
+      const float g = got[static_cast<size_t>(t * ldy + j)];
+      if (j >= r_end - r_begin) {
+        ASSERT_EQ(g, kGuard) << what << ": wrote token " << t << " column " << j;
+        continue;
+      }
+      const size_t k = static_cast<size_t>(t * rows + r_begin + j);
+      ASSERT_NEAR(g, want[k], kRelTol * scale[k] + std::numeric_limits<float>::min())
+          << what << " token " << t << " row " << r_begin + j;
+    }
+  }
+}
+
 // Every token count from 1 to 17 (the rows a routed expert gets in a decode batch: register
 // blocks of every size, ragged token blocks) on both paths, through matmul_rows_with on a range
 // of rows written at a row stride wider than the range; nothing else may be written.
@@ -243,18 +262,7 @@ TEST(MatmulTest, EveryTokenCountOnARowRange) {
           std::vector<float> got(static_cast<size_t>(n_tokens * ldy), kGuard);
           matmul_impl::matmul_rows_with(isa, path, w.view(), x.data(), n_tokens, got.data(), ldy,
                                         r_begin, r_end);
-          for (int64_t t = 0; t < n_tokens; ++t) {
-            for (int64_t j = 0; j < ldy; ++j) {
-              const float g = got[static_cast<size_t>(t * ldy + j)];
-              if (j >= r_end - r_begin) {
-                ASSERT_EQ(g, kGuard) << what << ": wrote token " << t << " column " << j;
-                continue;
-              }
-              const size_t k = static_cast<size_t>(t * rows + r_begin + j);
-              ASSERT_NEAR(g, want[k], kRelTol * scale[k] + std::numeric_limits<float>::min())
-                  << what << " token " << t << " row " << r_begin + j;
-            }
-          }
+          expect_row_range(got, want, scale, n_tokens, rows, ldy, r_begin, r_end, what);
         }
       }
     }
@@ -284,18 +292,7 @@ TEST(MatmulTest, TiledPanelEdges) {
           std::vector<float> got(static_cast<size_t>(n_tokens * ldy), kGuard);
           matmul_impl::matmul_rows_with(isa, Path::kTiled, w.view(), x.data(), n_tokens, got.data(),
                                         ldy, r_begin, r_end);
-          for (int64_t t = 0; t < n_tokens; ++t) {
-            for (int64_t j = 0; j < ldy; ++j) {
-              const float g = got[static_cast<size_t>(t * ldy + j)];
-              if (j >= r_end - r_begin) {
-                ASSERT_EQ(g, kGuard) << what << ": wrote token " << t << " column " << j;
-                continue;
-              }
-              const size_t k = static_cast<size_t>(t * rows + r_begin + j);
-              ASSERT_NEAR(g, want[k], kRelTol * scale[k] + std::numeric_limits<float>::min())
-                  << what << " token " << t << " row " << r_begin + j;
-            }
-          }
+          expect_row_range(got, want, scale, n_tokens, rows, ldy, r_begin, r_end, what);
         }
       }
     }
