@@ -151,6 +151,7 @@ void BM_MatmulBf16Path(benchmark::State& state) {
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * static_cast<double>(rows * cols * n_tokens) * 1e-9,
                          benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(simd::isa_name(simd::best_isa()));
 }
 
 BENCHMARK(BM_MatmulBf16Path)

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "kernels/grouped_matmul_impl.h"
 #include "kernels/matmul_impl.h"
 #include "kernels/ops.h"
 #include "kernels/simd_impl.h"
@@ -46,54 +47,22 @@ void check_group(const char* op, const Matrix& w, const XRows& x, int64_t n_toke
   DUET_CHECK(w.rows == 0 || w.cols == 0 || w.data, op << ": null weights");
 }
 
-}  // namespace
-
-void matmul_grouped(ThreadPool& pool, const std::vector<MatmulGroup>& groups) {
-  for (const MatmulGroup& g : groups) check_group("matmul_grouped", g.w, g.x, g.n_tokens, g.y);
-  const simd::Isa isa = simd::best_isa();
-  const std::vector<Task>& tasks =
-      make_tasks(groups, [](const MatmulGroup& g) { return g.w.rows; });
-  pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const Task& t = tasks[i];
-      const MatmulGroup& g = groups[t.g];
-      matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, g.w, g.x, g.n_tokens,
-                                    g.y + t.r_begin, g.w.rows, t.r_begin, t.r_end);
-    }
-  });
-}
-
-void gated_matmul_grouped(ThreadPool& pool, const std::vector<GatedGroup>& groups) {
-  for (const GatedGroup& g : groups) {
-    check_group("gated_matmul_grouped", g.gate, g.x, g.n_tokens, g.y);
-    check_group("gated_matmul_grouped", g.up, g.x, g.n_tokens, g.y);
-    DUET_CHECK(g.gate.rows == g.up.rows && g.gate.cols == g.up.cols,
-               "gated_matmul_grouped: gate [" << g.gate.rows << ", " << g.gate.cols << "] up ["
-                                              << g.up.rows << ", " << g.up.cols << "]");
+// Each group's x as the kernels of isa read it (matmul_impl::direct_x: rounded to bf16, or
+// copied into aligned rows), made once here rather than by each of the group's tasks. The copies
+// live on the calling thread until its next call.
+template <typename G, typename WeightOf>
+std::vector<XRows> direct_xs(simd::Isa isa, const std::vector<G>& groups, WeightOf weight_of) {
+  thread_local std::vector<matmul_impl::XBuffer> bufs;
+  if (bufs.size() < groups.size()) bufs.resize(groups.size());
+  std::vector<XRows> xs;
+  xs.reserve(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const Matrix& w = weight_of(groups[g]);
+    xs.push_back(
+        matmul_impl::direct_x(isa, w.dtype, groups[g].x, w.cols, groups[g].n_tokens, bufs[g]));
   }
-  const simd::Isa isa = simd::best_isa();
-  const std::vector<Task>& tasks =
-      make_tasks(groups, [](const GatedGroup& g) { return g.gate.rows; });
-  pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> up;  // [n_tokens, kTaskRows] the task's up rows
-    for (int64_t i = begin; i < end; ++i) {
-      const Task& t = tasks[i];
-      const GatedGroup& g = groups[t.g];
-      const int64_t n_ff = g.gate.rows, nr = t.r_end - t.r_begin;
-      up.resize(static_cast<size_t>(g.n_tokens * kTaskRows));
-      float* y = g.y + t.r_begin;  // [n_tokens, nr] at row stride n_ff
-      matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, g.gate, g.x, g.n_tokens, y, n_ff,
-                                    t.r_begin, t.r_end);
-      matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, g.up, g.x, g.n_tokens, up.data(),
-                                    kTaskRows, t.r_begin, t.r_end);
-      for (int64_t tok = 0; tok < g.n_tokens; ++tok) {
-        silu_mul(y + tok * n_ff, up.data() + tok * kTaskRows, nr, y + tok * n_ff);
-      }
-    }
-  });
+  return xs;
 }
-
-namespace {
 
 // Output columns per matmul_grouped_scatter task: kTaskRows (a whole prefill panel of weight
 // rows), unless that would leave a thread fewer than two tasks; never less than 16.
@@ -105,8 +74,60 @@ int64_t scatter_cols_per_task(int64_t n_out, int n_threads) {
 
 }  // namespace
 
-void matmul_grouped_scatter(ThreadPool& pool, const std::vector<ScatterGroup>& groups,
-                            const std::vector<float*>& clear) {
+namespace grouped_impl {
+
+void matmul_grouped_with(simd::Isa isa, ThreadPool& pool, const std::vector<MatmulGroup>& groups) {
+  for (const MatmulGroup& g : groups) check_group("matmul_grouped", g.w, g.x, g.n_tokens, g.y);
+  const std::vector<Task>& tasks =
+      make_tasks(groups, [](const MatmulGroup& g) { return g.w.rows; });
+  const std::vector<XRows> xs =
+      direct_xs(isa, groups, [](const MatmulGroup& g) -> const Matrix& { return g.w; });
+  pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Task& t = tasks[i];
+      const MatmulGroup& g = groups[t.g];
+      matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, g.w, xs[t.g], g.n_tokens,
+                                    g.y + t.r_begin, g.w.rows, t.r_begin, t.r_end);
+    }
+  });
+}
+
+void gated_matmul_grouped_with(simd::Isa isa, ThreadPool& pool,
+                               const std::vector<GatedGroup>& groups) {
+  for (const GatedGroup& g : groups) {
+    check_group("gated_matmul_grouped", g.gate, g.x, g.n_tokens, g.y);
+    check_group("gated_matmul_grouped", g.up, g.x, g.n_tokens, g.y);
+    DUET_CHECK(g.gate.rows == g.up.rows && g.gate.cols == g.up.cols && g.gate.dtype == g.up.dtype,
+               "gated_matmul_grouped: gate ["
+                   << g.gate.rows << ", " << g.gate.cols << "] " << dtype_name(g.gate.dtype)
+                   << " up [" << g.up.rows << ", " << g.up.cols << "] " << dtype_name(g.up.dtype));
+  }
+  const std::vector<Task>& tasks =
+      make_tasks(groups, [](const GatedGroup& g) { return g.gate.rows; });
+  const std::vector<XRows> xs =
+      direct_xs(isa, groups, [](const GatedGroup& g) -> const Matrix& { return g.gate; });
+  pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> up;  // [n_tokens, kTaskRows] the task's up rows
+    for (int64_t i = begin; i < end; ++i) {
+      const Task& t = tasks[i];
+      const GatedGroup& g = groups[t.g];
+      const int64_t n_ff = g.gate.rows, nr = t.r_end - t.r_begin;
+      up.resize(static_cast<size_t>(g.n_tokens * kTaskRows));
+      float* y = g.y + t.r_begin;  // [n_tokens, nr] at row stride n_ff
+      matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, g.gate, xs[t.g], g.n_tokens, y,
+                                    n_ff, t.r_begin, t.r_end);
+      matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, g.up, xs[t.g], g.n_tokens,
+                                    up.data(), kTaskRows, t.r_begin, t.r_end);
+      for (int64_t tok = 0; tok < g.n_tokens; ++tok) {
+        silu_mul(y + tok * n_ff, up.data() + tok * kTaskRows, nr, y + tok * n_ff);
+      }
+    }
+  });
+}
+
+void matmul_grouped_scatter_with(simd::Isa isa, ThreadPool& pool,
+                                 const std::vector<ScatterGroup>& groups,
+                                 const std::vector<float*>& clear) {
   int64_t n_out = -1, n_rows = 0;
   for (const ScatterGroup& g : groups) {
     check_group("matmul_grouped_scatter", g.w, g.x, g.n_tokens, g.n_tokens ? g.out[0] : nullptr);
@@ -117,8 +138,9 @@ void matmul_grouped_scatter(ThreadPool& pool, const std::vector<ScatterGroup>& g
     n_rows += g.n_tokens;
   }
   if (n_rows == 0 || n_out <= 0) return;
-  const simd::Isa isa = simd::best_isa();
   const int64_t cols = scatter_cols_per_task(n_out, pool.n_threads());
+  const std::vector<XRows> xs =
+      direct_xs(isa, groups, [](const ScatterGroup& g) -> const Matrix& { return g.w; });
   pool.parallel_for((n_out + cols - 1) / cols, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> part;  // [n_tokens, nc] one group's block of results
     for (int64_t b = begin; b < end; ++b) {
@@ -127,14 +149,29 @@ void matmul_grouped_scatter(ThreadPool& pool, const std::vector<ScatterGroup>& g
       for (const ScatterGroup& g : groups) {
         if (g.n_tokens == 0) continue;
         part.resize(static_cast<size_t>(g.n_tokens * nc));
-        matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, g.w, g.x, g.n_tokens,
-                                      part.data(), nc, c0, c0 + nc);
+        matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, g.w, xs[&g - groups.data()],
+                                      g.n_tokens, part.data(), nc, c0, c0 + nc);
         for (int64_t i = 0; i < g.n_tokens; ++i) {
           axpy(g.weight[i], part.data() + i * nc, nc, g.out[i] + c0);
         }
       }
     }
   });
+}
+
+}  // namespace grouped_impl
+
+void matmul_grouped(ThreadPool& pool, const std::vector<MatmulGroup>& groups) {
+  grouped_impl::matmul_grouped_with(simd::best_isa(), pool, groups);
+}
+
+void gated_matmul_grouped(ThreadPool& pool, const std::vector<GatedGroup>& groups) {
+  grouped_impl::gated_matmul_grouped_with(simd::best_isa(), pool, groups);
+}
+
+void matmul_grouped_scatter(ThreadPool& pool, const std::vector<ScatterGroup>& groups,
+                            const std::vector<float*>& clear) {
+  grouped_impl::matmul_grouped_scatter_with(simd::best_isa(), pool, groups, clear);
 }
 
 }  // namespace duet

@@ -116,7 +116,7 @@ void scalar_matmul_xw_range(const Matrix& w, const float* x, int64_t n_tokens, f
   }
 }
 
-void check_args(const char* op, const Matrix& w, const float* x, int64_t n_tokens, const float* y) {
+void check_args(const char* op, const Matrix& w, const void* x, int64_t n_tokens, const float* y) {
   DUET_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kBF16,
              op << ": weight dtype " << dtype_name(w.dtype) << " is not supported");
   DUET_CHECK(w.rows >= 0 && w.cols >= 0 && n_tokens >= 0,
@@ -126,6 +126,12 @@ void check_args(const char* op, const Matrix& w, const float* x, int64_t n_token
   DUET_CHECK(n_tokens == 0 || x != y, op << ": y aliases x");
 }
 
+const void* first_row(const XRows& x) {
+  if (x.rows) return *x.rows;
+  if (x.bf16) return x.bf16;
+  return x.base;
+}
+
 void check_isa(simd::Isa isa) {
   DUET_CHECK(simd::isa_supported(isa),
              "matmul: instruction set " << simd::isa_name(isa) << " not supported by this CPU");
@@ -133,10 +139,32 @@ void check_isa(simd::Isa isa) {
 
 using RowsFn = void (*)(const Matrix&, XRows, int64_t, float*, int64_t, int64_t, int64_t, bool);
 
+// On an instruction set that multiplies bf16 pairs: bf16 weights on x rounded to bf16
+// (matmul_bf16.cpp), f32 weights on the AVX-512 kernels.
+template <simd::Isa kIsa>
+void dpbf16_matmul_rows(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
+                        int64_t r_begin, int64_t r_end, bool tiled) {
+  if (w.dtype == DType::kBF16) {
+    matmul_impl::matmul_rows_dpbf16(kIsa, w, x, n_tokens, y, ldy, r_begin, r_end, tiled);
+  } else {
+    avx512::matmul_rows(w, x, n_tokens, y, ldy, r_begin, r_end, tiled);
+  }
+}
+
 RowsFn rows_fn_for(simd::Isa isa) {
-  return isa == simd::Isa::kAvx512 ? &avx512::matmul_rows
-         : isa == simd::Isa::kAvx2 ? &avx2::matmul_rows
-                                   : &scalar_matmul_rows;
+  switch (isa) {
+    case simd::Isa::kAvx512Bf16:
+      return &dpbf16_matmul_rows<simd::Isa::kAvx512Bf16>;
+    case simd::Isa::kAvx512Bf16Emulated:
+      return &dpbf16_matmul_rows<simd::Isa::kAvx512Bf16Emulated>;
+    case simd::Isa::kAvx512:
+      return &avx512::matmul_rows;
+    case simd::Isa::kAvx2:
+      return &avx2::matmul_rows;
+    case simd::Isa::kScalar:
+      break;
+  }
+  return &scalar_matmul_rows;
 }
 
 bool use_tiled(matmul_impl::Path path, const Matrix& w, int64_t n_tokens) {
@@ -147,6 +175,18 @@ bool use_tiled(matmul_impl::Path path, const Matrix& w, int64_t n_tokens) {
 }  // namespace
 
 namespace matmul_impl {
+
+XRows direct_x(simd::Isa isa, DType dtype, XRows x, int64_t cols, int64_t n_tokens, XBuffer& buf) {
+  if (rounds_x(isa, dtype)) return n_tokens > 0 ? round_x(x, cols, n_tokens, buf.bf16) : x;
+  if (n_tokens < 2 || n_tokens >= tiled_min_tokens(dtype) || aligned_rows(x, cols)) return x;
+  const int64_t ld = padded_ld(cols);
+  float* packed = aligned_floats(buf.f32, n_tokens * ld);  // [n_tokens, ld] f32
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const float* row = x.row(t, cols);
+    std::copy(row, row + cols, packed + t * ld);
+  }
+  return XRows(packed, ld);
+}
 
 void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w, const float* x,
                  int64_t n_tokens, float* y) {
@@ -163,18 +203,25 @@ void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w, co
     rows_fn(w, x, n_tokens, y, w.rows, 0, w.rows, tiled);
     return;
   }
+  thread_local XBuffer x_buf;
+  const XRows xr = tiled && !rounds_x(isa, w.dtype)
+                       ? XRows(x)
+                       : direct_x(isa, w.dtype, x, w.cols, n_tokens, x_buf);
   pool.parallel_for(
       w.rows,
       [&](int64_t begin, int64_t end) {
-        rows_fn(w, x, n_tokens, y + begin, w.rows, begin, end, tiled);
+        rows_fn(w, xr, n_tokens, y + begin, w.rows, begin, end, tiled);
       },
       tiled ? kTiledChunk : kDirectChunk);
 }
 
 void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, XRows x, int64_t n_tokens,
                       float* y, int64_t ldy, int64_t r_begin, int64_t r_end) {
-  check_args("matmul_rows", w, x.rows ? *x.rows : x.base, n_tokens, y);
+  check_args("matmul_rows", w, first_row(x), n_tokens, y);
   check_isa(isa);
+  DUET_CHECK(!x.bf16 || rounds_x(isa, w.dtype), "matmul_rows: x rounded to bf16 for "
+                                                    << simd::isa_name(isa) << " and "
+                                                    << dtype_name(w.dtype) << " weights");
   DUET_CHECK(
       0 <= r_begin && r_begin <= r_end && r_end <= w.rows && ldy >= r_end - r_begin,
       "matmul_rows: rows [" << r_begin << ", " << r_end << ") of " << w.rows << ", ldy " << ldy);
@@ -195,9 +242,9 @@ void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const floa
     std::fill(y, y + n_tokens * w.cols, 0.0f);
     return;
   }
-  auto cols_fn = isa == simd::Isa::kAvx512 ? &avx512::matmul_xw_range
-                 : isa == simd::Isa::kAvx2 ? &avx2::matmul_xw_range
-                                           : &scalar_matmul_xw_range;
+  auto cols_fn = isa == simd::Isa::kAvx2     ? &avx2::matmul_xw_range
+                 : isa == simd::Isa::kScalar ? &scalar_matmul_xw_range
+                                             : &avx512::matmul_xw_range;
   pool.parallel_for(
       w.cols, [&](int64_t begin, int64_t end) { cols_fn(w, x, n_tokens, y, begin, end); },
       kXwChunk);

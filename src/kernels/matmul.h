@@ -1,5 +1,7 @@
 // Matrix products of f32 activations with weight matrices (bf16 or f32), accumulating in f32.
-// The SIMD path (AVX-512, AVX2, scalar) is chosen once at run time from the CPU's features.
+// The SIMD path (AVX-512 BF16, AVX-512, AVX2, scalar) is chosen once at run time from the CPU's
+// features. With AVX-512 BF16, products with bf16 weights round x to bf16 first (to nearest
+// even) and multiply bf16 pairs with vdpbf16ps, as llama.cpp and oneDNN do on such CPUs.
 #pragma once
 
 #include <cstdint>
@@ -15,12 +17,28 @@ namespace duet {
 struct XRows {
   XRows(const float* contiguous) : base(contiguous) {}  // NOLINT(google-explicit-constructor)
   explicit XRows(const float* const* gathered) : rows(gathered) {}
+  // Contiguous rows row_stride floats apart (at least the product's cols).
+  XRows(const float* contiguous, int64_t row_stride) : base(contiguous), ld(row_stride) {}
+  // x rounded to bf16 for kernels that multiply bf16 pairs, as matmul_impl::round_x makes it:
+  // rows row_stride elements apart, zero from the product's cols to row_stride.
+  static XRows rounded(const uint16_t* bf16_rows, int64_t row_stride) {
+    XRows x(static_cast<const float*>(nullptr));
+    x.bf16 = bf16_rows;
+    x.ld = row_stride;
+    return x;
+  }
 
-  const float* row(int64_t t, int64_t cols) const { return rows ? rows[t] : base + t * cols; }
-  bool empty() const { return !base && !rows; }
+  // Row t of f32 rows (not of rounded ones).
+  const float* row(int64_t t, int64_t cols) const {
+    return rows ? rows[t] : base + t * (ld ? ld : cols);
+  }
+  bool empty() const { return !base && !rows && !bf16; }
 
   const float* base = nullptr;
   const float* const* rows = nullptr;
+  const uint16_t* bf16 = nullptr;  // rounded rows, or null
+  // Contiguous or rounded rows: elements from one row to the next; 0 = the product's cols.
+  int64_t ld = 0;
 };
 
 // y[n_tokens, w.rows] = x[n_tokens, w.cols] · wᵀ. x and y are contiguous f32; y must not
@@ -35,7 +53,9 @@ void matmul_xw(ThreadPool& pool, const Matrix& w, const float* x, int64_t n_toke
 void matmul_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y);
 void matmul_xw_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y);
 
-// Name of the SIMD path in use ("avx512", "avx2" or "scalar"), for logs and benchmarks.
+// Name of the SIMD path in use ("avx512bf16", "avx512", "avx2" or "scalar"), for logs and
+// benchmarks. The environment variable DUET_MATMUL_ISA, read once, picks another that the CPU
+// runs, to compare (simd::best_isa).
 const char* matmul_isa();
 
 }  // namespace duet

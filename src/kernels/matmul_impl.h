@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -27,17 +28,75 @@ inline int64_t tiled_min_tokens(DType dtype) {
   return dtype == DType::kBF16 ? 48 : 64;
 }
 
+// The first n floats of v, grown to hold them, at a 64-byte aligned address: a vector load that
+// straddles two cache lines costs two loads, which cost an earlier prefill kernel 30 %.
+inline float* aligned_floats(std::vector<float>& v, int64_t n) {
+  v.resize(static_cast<size_t>(n + 16));
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t{63});
+}
+
+// Row stride for a packed copy of rows of n floats: whole cache lines plus one, so rows a
+// register block reads together do not all fall into the same L1 sets.
+constexpr int64_t padded_ld(int64_t n) {
+  return (n + 15) / 16 * 16 + 16;
+}
+
+// Whether the direct path can read x's rows in place with several blocks of tokens: contiguous
+// rows on 64-byte boundaries, so no vector load straddles two cache lines.
+inline bool aligned_rows(const XRows& x, int64_t cols) {
+  const int64_t ld = x.ld ? x.ld : cols;
+  return !x.rows && reinterpret_cast<uintptr_t>(x.base) % 64 == 0 && ld % 16 == 0;
+}
+
+// The first n bf16 of v, grown to hold them, at a 64-byte aligned address.
+inline uint16_t* aligned_bf16(std::vector<uint16_t>& v, int64_t n) {
+  v.resize(static_cast<size_t>(n + 32));
+  return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t{63});
+}
+
+// Whether products with dtype weights on isa read x rounded to bf16: bf16 weights on an
+// instruction set that multiplies bf16 pairs.
+inline bool rounds_x(simd::Isa isa, DType dtype) {
+  return simd::has_dpbf16(isa) && dtype == DType::kBF16;
+}
+
+// x[n_tokens, cols] rounded to bf16 (to nearest even, NaN kept, as f32_to_bf16) into buf: rows
+// at a 64-byte aligned address, whole cache lines plus one apart, zero past cols. Needs AVX-512
+// (simd::isa_supported(simd::Isa::kAvx512)).
+XRows round_x(XRows x, int64_t cols, int64_t n_tokens, std::vector<uint16_t>& buf);
+
+// Where direct_x puts its copies of x.
+struct XBuffer {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+};
+
+// x as the kernels of isa best read it for a product with dtype weights of n_tokens rows:
+// - rounded to bf16 (round_x, into buf.bf16) where rounds_x(isa, dtype), for any token count and
+//   either path;
+// - else as the direct path reads it: x itself where it reads it in place (few tokens, aligned
+//   rows, or the tiled path), else a copy in aligned rows in buf.f32.
+// Products split into many tasks call this once, rather than each task copying x.
+XRows direct_x(simd::Isa isa, DType dtype, XRows x, int64_t cols, int64_t n_tokens, XBuffer& buf);
+
 // matmul() on a given instruction set (which must be supported) and path.
 void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w, const float* x,
                  int64_t n_tokens, float* y);
 
 // Part of matmul() on the calling thread: y[t * ldy + r - r_begin] = x[t] · w[r] for r in
-// [r_begin, r_end) and t < n_tokens, x's rows contiguous or gathered. The building block of
-// kernels that split several products over one pool themselves (grouped_matmul.h).
+// [r_begin, r_end) and t < n_tokens, x's rows contiguous, gathered, or rounded by direct_x for
+// this isa. The building block of kernels that split several products over one pool themselves
+// (grouped_matmul.h).
 void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, XRows x, int64_t n_tokens,
                       float* y, int64_t ldy, int64_t r_begin, int64_t r_end);
 
-// matmul_xw() on a given instruction set (which must be supported).
+// matmul_rows_with for bf16 weights on an instruction set that multiplies bf16 pairs
+// (simd::has_dpbf16(isa)), from matmul_bf16.cpp; x is rounded here unless it comes rounded.
+void matmul_rows_dpbf16(simd::Isa isa, const Matrix& w, XRows x, int64_t n_tokens, float* y,
+                        int64_t ldy, int64_t r_begin, int64_t r_end, bool tiled);
+
+// matmul_xw() on a given instruction set (which must be supported). The BF16 ones run the
+// AVX-512 kernels: MLA's absorbed attention multiplies f32 x by the weights as they are.
 void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const float* x,
                     int64_t n_tokens, float* y);
 

@@ -126,16 +126,6 @@ inline PanelFn panel_fn(int64_t nt) {
   return kTable[static_cast<size_t>(nt - 1)];
 }
 
-// x's rows as pointers: the gathered list itself, or (contiguous rows) a list on the calling
-// thread, valid until its next call.
-inline const float* const* row_pointers(const XRows& x, int64_t cols, int64_t n_tokens) {
-  if (x.rows) return x.rows;
-  thread_local std::vector<const float*> rows;
-  rows.resize(static_cast<size_t>(n_tokens));
-  for (int64_t t = 0; t < n_tokens; ++t) rows[static_cast<size_t>(t)] = x.base + t * cols;
-  return rows.data();
-}
-
 // y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), t < n_tokens; x[t] is the
 // row of token t (cols f32). For each panel of weight rows, all its column blocks are packed
 // once, then the tokens run over it kPanelTokenGroup at a time: a group's rows of x (512 KiB at

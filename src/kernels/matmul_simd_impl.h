@@ -19,7 +19,7 @@ constexpr int kW = S::kWidth;
 // acc[t][r] += w[r, kk : kk + n) · x[t, kk : kk + n); n == kW unless kPart.
 template <int R, int T, bool kPart, typename W>
 DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_step(V (&acc)[T][R], const W* w, int64_t ldw,
-                                                  const float* x, int64_t ldx, int64_t kk, int n) {
+                                                  const float* const (&x)[T], int64_t kk, int n) {
   V wv[R];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
@@ -27,7 +27,7 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_step(V (&acc)[T][R], const W* w, in
   }
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
-    V xv = kPart ? S::load_part(x + t * ldx + kk, n) : S::load(x + t * ldx + kk);
+    V xv = kPart ? S::load_part(x[t] + kk, n) : S::load(x[t] + kk);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[t][r] = S::fmadd(wv[r], xv, acc[t][r]);
   }
@@ -42,16 +42,18 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void prefetch_step(const W* pf, int64_t ldw,
     _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw + kk), _MM_HINT_T1);
 }
 
-// y[t * ldy + r] (+)= Σ_{k' < k} w[r * ldw + k'] · x[t * ldx + k'] for r < R, t < T.
+// y[t * ldy + r] (+)= Σ_{k' < k} w[r * ldw + k'] · x[t][k'] for r < R, t < T.
 // Each weight vector loaded is used for all T tokens. Unless pf is null, the same columns of the
 // R rows at pf (the next block's weights, still in memory) are prefetched along the way, so
 // memory is read while this block computes.
 template <int R, int T, typename W>
-DUET_SIMD_TARGET void dot_block(const W* w, int64_t ldw, const float* x, int64_t ldx, int64_t k,
+DUET_SIMD_TARGET void dot_block(const W* w, int64_t ldw, const float* const* xrows, int64_t k,
                                 float* y, int64_t ldy, bool accumulate, const W* pf) {
   V acc[T][R];
+  const float* x[T];
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
+    x[t] = xrows[t];
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[t][r] = S::zero();
   }
@@ -59,12 +61,12 @@ DUET_SIMD_TARGET void dot_block(const W* w, int64_t ldw, const float* x, int64_t
   if (pf) {
     for (; kk + kW <= k; kk += kW) {
       prefetch_step<R>(pf, ldw, kk);
-      dot_step<R, T, false>(acc, w, ldw, x, ldx, kk, kW);
+      dot_step<R, T, false>(acc, w, ldw, x, kk, kW);
     }
   } else {
-    for (; kk + kW <= k; kk += kW) dot_step<R, T, false>(acc, w, ldw, x, ldx, kk, kW);
+    for (; kk + kW <= k; kk += kW) dot_step<R, T, false>(acc, w, ldw, x, kk, kW);
   }
-  if (kk < k) dot_step<R, T, true>(acc, w, ldw, x, ldx, kk, static_cast<int>(k - kk));
+  if (kk < k) dot_step<R, T, true>(acc, w, ldw, x, kk, static_cast<int>(k - kk));
 #pragma GCC unroll 8
   for (int t = 0; t < T; ++t) {
     float* yt = y + t * ldy;
@@ -80,7 +82,7 @@ DUET_SIMD_TARGET void dot_block(const W* w, int64_t ldw, const float* x, int64_t
 }
 
 template <typename W>
-using DotFn = void (*)(const W*, int64_t, const float*, int64_t, int64_t, float*, int64_t, bool,
+using DotFn = void (*)(const W*, int64_t, const float* const*, int64_t, float*, int64_t, bool,
                        const W*);
 
 template <typename W, int... I>
@@ -110,18 +112,8 @@ struct TokenBlocks {
   int64_t n, base, extra;
 };
 
-// The first n floats of v, grown to hold them, at a 64-byte aligned address: a vector load that
-// straddles two cache lines costs two loads, which cost an earlier prefill kernel 30 %.
-inline float* aligned_floats(std::vector<float>& v, int64_t n) {
-  v.resize(static_cast<size_t>(n + 16));
-  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t{63});
-}
-
-// Row stride for a packed copy of rows of n floats: whole cache lines plus one, so rows a
-// register block reads together do not all fall into the same L1 sets.
-constexpr int64_t padded_ld(int64_t n) {
-  return (n + 15) / 16 * 16 + 16;
-}
+using matmul_impl::aligned_floats;
+using matmul_impl::padded_ld;
 
 // dst[i * ldd + 0 : n) = f32(src[i * lds + 0 : n)) for i < m: a weight tile widened (bf16) or
 // copied (f32), or rows of x copied, into an aligned, padded buffer.
@@ -140,13 +132,6 @@ DUET_SIMD_TARGET void pack_rows(const W* src, int64_t lds, int64_t m, int64_t n,
   }
 }
 
-// dst[i * ldd + 0 : n) = x's row t0 + i, columns [k0, k0 + n), for i < m: a slice of x, contiguous
-// or gathered, copied into an aligned, padded buffer.
-DUET_SIMD_TARGET inline void pack_x(const XRows& x, int64_t cols, int64_t t0, int64_t m, int64_t k0,
-                                    int64_t n, float* dst, int64_t ldd) {
-  for (int64_t i = 0; i < m; ++i) pack_rows(x.row(t0 + i, cols) + k0, 0, 1, n, dst + i * ldd, ldd);
-}
-
 // Prefetches (into L2) the cache lines of rows [0, m) × columns [0, n) of w.
 template <typename W>
 DUET_SIMD_TARGET void prefetch_rows(const W* w, int64_t ldw, int64_t m, int64_t n) {
@@ -158,38 +143,61 @@ DUET_SIMD_TARGET void prefetch_rows(const W* w, int64_t ldw, int64_t m, int64_t 
   }
 }
 
+// x's rows as pointers: the gathered list itself, or (contiguous rows) a list on the calling
+// thread, valid until its next call.
+inline const float* const* row_pointers(const XRows& x, int64_t cols, int64_t n_tokens) {
+  if (x.rows) return x.rows;
+  thread_local std::vector<const float*> rows;
+  rows.resize(static_cast<size_t>(n_tokens));
+  for (int64_t t = 0; t < n_tokens; ++t) rows[static_cast<size_t>(t)] = x.row(t, cols);
+  return rows.data();
+}
+
 // y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), reading weights straight
 // from w, for few tokens (decode, and the few rows a routed expert gets in a batch). A block of
 // kMmRows weight rows is read from memory once, while the next block is prefetched. For up to
-// kMmTokens tokens each weight vector is widened in registers and used by all of them; for more,
-// a bf16 block is widened once into an aligned f32 copy that every token block reads. x is
-// first copied to an aligned buffer (a vector load across two cache lines costs two).
+// kWidenInRegisterBlocks blocks of kMmTokens tokens each weight vector is widened in registers
+// by each block, from L1 after the first. For more, a bf16 block is widened once into an
+// aligned f32 copy that every token block reads. With more than one block x must be aligned
+// rows (a vector load across two cache lines costs two): unless it is (see direct_x), it is
+// copied into an aligned buffer first; a single block reads x where it is.
+// Token blocks (of kMmTokens) up to which the direct path widens bf16 weights in registers
+// rather than into an f32 copy. At 8 tokens (a batch-8 decode step's dense layers) widening into
+// a copy first left one thread reading 2048 × 1024 weights at 4.2–4.7 GB/s, in registers
+// 6.1–6.3 GB/s (BM_MatmulBf16, cold); from 3 blocks the FMAs dominate and the copy pays off.
+constexpr int64_t kWidenInRegisterBlocks = 2;
+
 template <typename W>
 DUET_SIMD_TARGET void matmul_rows_direct(const W* w, int64_t cols, XRows x, int64_t n_tokens,
                                          float* y, int64_t ldy, int64_t r_begin, int64_t r_end) {
   thread_local std::vector<float> x_buf, w_buf;
-  const int64_t ldx = padded_ld(cols);
-  float* xa = aligned_floats(x_buf, n_tokens * ldx);  // [n_tokens, ldx] f32
-  pack_x(x, cols, 0, n_tokens, 0, cols, xa, ldx);
   const TokenBlocks tb(n_tokens);
-  const bool widen_once = std::is_same_v<W, uint16_t> && tb.n > 1;
-  float* wf = widen_once ? aligned_floats(w_buf, kMmRows * ldx) : nullptr;  // [kMmRows, ldx]
+  if (tb.n > 1 && !matmul_impl::aligned_rows(x, cols)) {
+    const int64_t ldx = padded_ld(cols);
+    float* xa = aligned_floats(x_buf, n_tokens * ldx);  // [n_tokens, ldx] f32
+    for (int64_t t = 0; t < n_tokens; ++t) pack_rows(x.row(t, cols), 0, 1, cols, xa + t * ldx, ldx);
+    x = XRows(xa, ldx);
+  }
+  const float* const* xr = row_pointers(x, cols, n_tokens);
+  const bool widen_once = std::is_same_v<W, uint16_t> && tb.n > kWidenInRegisterBlocks;
+  const int64_t ldwf = padded_ld(cols);
+  float* wf = widen_once ? aligned_floats(w_buf, kMmRows * ldwf) : nullptr;  // [kMmRows, ldwf]
   for (int64_t r0 = r_begin; r0 < r_end; r0 += kMmRows) {
     const int64_t nr = std::min<int64_t>(kMmRows, r_end - r0);
     // Past r_end the next block is another thread's or past the matrix: prefetches never fault.
     const W* next = w + (r0 + kMmRows) * cols;
     if (widen_once) {
-      pack_rows(w + r0 * cols, cols, nr, cols, wf, ldx);
+      pack_rows(w + r0 * cols, cols, nr, cols, wf, ldwf);
       prefetch_rows(next, cols, std::min<int64_t>(kMmRows, r_end - r0 - kMmRows), cols);
       for (int64_t b = 0; b < tb.n; ++b) {
         const int64_t t0 = tb.begin(b);
-        dot_fn<float>(nr, tb.size(b))(wf, ldx, xa + t0 * ldx, ldx, cols,
-                                      y + t0 * ldy + (r0 - r_begin), ldy, false, nullptr);
+        dot_fn<float>(nr, tb.size(b))(wf, ldwf, xr + t0, cols, y + t0 * ldy + (r0 - r_begin),
+                                      ldy, false, nullptr);
       }
     } else {
       for (int64_t b = 0; b < tb.n; ++b) {
         const int64_t t0 = tb.begin(b);
-        dot_fn<W>(nr, tb.size(b))(w + r0 * cols, cols, xa + t0 * ldx, ldx, cols,
+        dot_fn<W>(nr, tb.size(b))(w + r0 * cols, cols, xr + t0, cols,
                                   y + t0 * ldy + (r0 - r_begin), ldy, false,
                                   b == 0 ? next : nullptr);
       }

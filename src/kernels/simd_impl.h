@@ -2,8 +2,8 @@
 // and a thin vector interface per instruction set so one kernel body serves both.
 //
 // The build uses plain -O2, so every function that uses AVX2 or AVX-512 carries a target
-// attribute (DUET_TARGET_AVX512 / DUET_TARGET_AVX2) and is only called after
-// isa_supported() said yes.
+// attribute (DUET_TARGET_AVX512BF16 / DUET_TARGET_AVX512 / DUET_TARGET_AVX2) and is only called
+// after isa_supported() said yes.
 #pragma once
 
 #include <immintrin.h>
@@ -13,10 +13,23 @@
 
 namespace duet::simd {
 
-enum class Isa { kScalar, kAvx2, kAvx512 };
+enum class Isa {
+  kScalar,
+  kAvx2,
+  kAvx512,
+  // kAvx512 and vdpbf16ps: products with bf16 weights multiply x rounded to bf16, in pairs.
+  kAvx512Bf16,
+  // For tests: kAvx512Bf16's kernels with vdpbf16ps emulated on AVX-512F, so they run (bit for
+  // bit as the instruction, short of denormals) on CPUs without it. Never chosen by best_isa().
+  kAvx512Bf16Emulated,
+};
 
 inline const char* isa_name(Isa isa) {
   switch (isa) {
+    case Isa::kAvx512Bf16:
+      return "avx512bf16";
+    case Isa::kAvx512Bf16Emulated:
+      return "avx512bf16-emulated";
     case Isa::kAvx512:
       return "avx512";
     case Isa::kAvx2:
@@ -29,6 +42,9 @@ inline const char* isa_name(Isa isa) {
 
 inline bool isa_supported(Isa isa) {
   switch (isa) {
+    case Isa::kAvx512Bf16:
+      return isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
+    case Isa::kAvx512Bf16Emulated:
     case Isa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
@@ -41,16 +57,23 @@ inline bool isa_supported(Isa isa) {
   return false;
 }
 
-// The widest instruction set this CPU runs, decided once.
-inline Isa best_isa() {
-  static const Isa isa = isa_supported(Isa::kAvx512) ? Isa::kAvx512
-                         : isa_supported(Isa::kAvx2) ? Isa::kAvx2
-                                                     : Isa::kScalar;
-  return isa;
+// Whether isa multiplies bf16 pairs (vdpbf16ps or its emulation).
+inline bool has_dpbf16(Isa isa) {
+  return isa == Isa::kAvx512Bf16 || isa == Isa::kAvx512Bf16Emulated;
 }
+
+// The instruction set the kernels use, or `requested` if that names one (as isa_name spells it,
+// not the emulation) the CPU runs: the widest it runs. Throws duet::Error on any other name.
+Isa choose_isa(const char* requested);
+
+// choose_isa(getenv("DUET_MATMUL_ISA")), decided once: the widest instruction set this CPU
+// runs, unless the variable names another to compare with.
+Isa best_isa();
 
 }  // namespace duet::simd
 
+#define DUET_TARGET_AVX512BF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx512bf16")))
 #define DUET_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 #define DUET_TARGET_AVX2 __attribute__((target("avx2,fma")))
 #define DUET_ALWAYS_INLINE inline __attribute__((always_inline))
@@ -233,6 +256,45 @@ struct Avx2 {
       r[c] = _mm256_permute2f128_ps(b[c], b[4 + c], 0x20);
       r[4 + c] = _mm256_permute2f128_ps(b[c], b[4 + c], 0x31);
     }
+  }
+};
+
+// Avx512 for kernels that multiply bf16 pairs: lane i of a vector of pairs holds bf16 elements
+// 2i (low half) and 2i + 1 (high half). Avx512Bf16 and Avx512Bf16Emulated add dpbf16.
+struct Avx512Pairs : Avx512 {
+  static constexpr int kPairWidth = 2 * kWidth;  // bf16 elements per vector
+
+  // The first n < kPairWidth bf16 as pairs; the other elements are 0 and nothing past p + n is
+  // read.
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V load_pairs_part(const uint16_t* p, int n) {
+    const auto mask = static_cast<__mmask32>((uint64_t{1} << n) - 1u);
+    return _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(mask, p));
+  }
+  // The pair p[0], p[1] in every lane.
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V set1_pair(const uint16_t* p) {
+    int32_t pair;
+    std::memcpy(&pair, p, sizeof pair);
+    return _mm512_castsi512_ps(_mm512_set1_epi32(pair));
+  }
+};
+
+// acc + a · b over bf16 pairs: lane i gains a[2i + 1] · b[2i + 1] + a[2i] · b[2i] (vdpbf16ps).
+struct Avx512Bf16 : Avx512Pairs {
+  DUET_TARGET_AVX512BF16 DUET_ALWAYS_INLINE static V dpbf16(V acc, V a, V b) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+  }
+};
+
+// The same on AVX-512F, for tests on CPUs without vdpbf16ps. Intel documents the instruction as
+// two fused multiply-adds per lane rounded to nearest even, the odd elements' product first:
+// acc += a[2i + 1] · b[2i + 1], then acc += a[2i] · b[2i]. bf16 widens to f32 exactly, so two
+// FMAs in that order give its result bit for bit, with one exception: the instruction treats
+// denormal inputs as zero and flushes denormal results (and ignores MXCSR), where these FMAs keep
+// them (MXCSR's default). Data without denormals gives the same bits.
+struct Avx512Bf16Emulated : Avx512Pairs {
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static V dpbf16(V acc, V a, V b) {
+    acc = _mm512_fmadd_ps(odd(a), odd(b), acc);
+    return _mm512_fmadd_ps(even(a), even(b), acc);
   }
 };
 

@@ -9,10 +9,18 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/grouped_matmul_impl.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_impl.h"
+#include "kernels/simd_impl.h"
 
 namespace duet {
 namespace {
+
+using grouped_impl::gated_matmul_grouped_with;
+using grouped_impl::matmul_grouped_scatter_with;
+using grouped_impl::matmul_grouped_with;
+using simd::Isa;
 
 constexpr float kRelTol = 1e-5f;
 constexpr float kGuard = 12345.0f;
@@ -39,6 +47,25 @@ std::vector<float> random_vector(std::mt19937& rng, int64_t n) {
   return v;
 }
 
+// Every instruction set this CPU runs, the emulation of AVX-512 BF16 included.
+std::vector<Isa> isas() {
+  std::vector<Isa> out;
+  for (Isa isa :
+       {Isa::kAvx512Bf16, Isa::kAvx512Bf16Emulated, Isa::kAvx512, Isa::kAvx2, Isa::kScalar}) {
+    if (simd::isa_supported(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+// x as isa's kernels multiply it by bf16 weights: rounded to bf16 where matmul_impl::rounds_x.
+std::vector<float> as_multiplied(Isa isa, const std::vector<float>& x) {
+  std::vector<float> out(x);
+  if (matmul_impl::rounds_x(isa, DType::kBF16)) {
+    for (float& v : out) v = bf16_to_f32(f32_to_bf16(v));
+  }
+  return out;
+}
+
 // Σ|w||x| per output: bounds the rounding error of any summation order.
 std::vector<float> abs_product(const Matrix& w, const float* x, int64_t n_tokens) {
   std::vector<uint16_t> wa(static_cast<const uint16_t*>(w.data),
@@ -52,79 +79,96 @@ std::vector<float> abs_product(const Matrix& w, const float* x, int64_t n_tokens
 }
 
 // Groups of every size from 0 to 17 rows (the rows a routed expert gets in a decode batch,
-// including none), odd widths, against matmul_scalar per group.
+// including none), odd widths, against matmul_scalar per group, on every instruction set.
 TEST(GroupedMatmulTest, MatchesScalarPerGroup) {
   ThreadPool pool(3);
   std::mt19937 rng(7);
-  for (int64_t cols : {1, 33, 100, 256}) {
-    for (int64_t rows : {1, 37, 130}) {
-      std::vector<Weights> ws;
-      std::vector<std::vector<float>> xs, ys;
-      std::vector<MatmulGroup> groups;
-      for (int64_t n = 0; n <= 17; ++n) {
-        ws.push_back(random_weights(rng, rows, cols));
-        xs.push_back(random_vector(rng, n * cols));
-        ys.emplace_back(static_cast<size_t>(n * rows + 8), kGuard);
-      }
-      for (int64_t n = 0; n <= 17; ++n) {
-        groups.push_back({ws[n].m, xs[n].data(), n, ys[n].data()});
-      }
-      matmul_grouped(pool, groups);
-      for (int64_t n = 0; n <= 17; ++n) {
-        std::vector<float> want(static_cast<size_t>(n * rows));
-        matmul_scalar(ws[n].m, xs[n].data(), n, want.data());
-        std::vector<float> scale = abs_product(ws[n].m, xs[n].data(), n);
-        const std::string what = "rows " + std::to_string(rows) + " cols " + std::to_string(cols) +
-                                 " n_tokens " + std::to_string(n);
-        for (size_t i = 0; i < want.size(); ++i) {
-          ASSERT_NEAR(ys[n][i], want[i], kRelTol * scale[i] + 1e-30f) << what << " at " << i;
+  for (Isa isa : isas()) {
+    for (int64_t cols : {1, 33, 100, 256}) {
+      for (int64_t rows : {1, 37, 130}) {
+        std::vector<Weights> ws;
+        std::vector<std::vector<float>> xs, ys;
+        std::vector<MatmulGroup> groups;
+        for (int64_t n = 0; n <= 17; ++n) {
+          ws.push_back(random_weights(rng, rows, cols));
+          xs.push_back(random_vector(rng, n * cols));
+          ys.emplace_back(static_cast<size_t>(n * rows + 8), kGuard);
         }
-        for (size_t i = want.size(); i < ys[n].size(); ++i) {
-          ASSERT_EQ(ys[n][i], kGuard) << what << ": wrote past the end";
+        for (int64_t n = 0; n <= 17; ++n) {
+          groups.push_back({ws[n].m, xs[n].data(), n, ys[n].data()});
+        }
+        if (isa == simd::best_isa()) {
+          matmul_grouped(pool, groups);  // the public entry
+        } else {
+          matmul_grouped_with(isa, pool, groups);
+        }
+        for (int64_t n = 0; n <= 17; ++n) {
+          const std::vector<float> x = as_multiplied(isa, xs[n]);
+          std::vector<float> want(static_cast<size_t>(n * rows));
+          matmul_scalar(ws[n].m, x.data(), n, want.data());
+          std::vector<float> scale = abs_product(ws[n].m, x.data(), n);
+          const std::string what = std::string(simd::isa_name(isa)) + " rows " +
+                                   std::to_string(rows) + " cols " + std::to_string(cols) +
+                                   " n_tokens " + std::to_string(n);
+          for (size_t i = 0; i < want.size(); ++i) {
+            ASSERT_NEAR(ys[n][i], want[i], kRelTol * scale[i] + 1e-30f) << what << " at " << i;
+          }
+          for (size_t i = want.size(); i < ys[n].size(); ++i) {
+            ASSERT_EQ(ys[n][i], kGuard) << what << ": wrote past the end";
+          }
         }
       }
     }
   }
 }
 
-// silu(x · gateᵀ) ⊙ (x · upᵀ) from the scalar products, for groups of 0..17 tokens.
+// silu(x · gateᵀ) ⊙ (x · upᵀ) from the scalar products, for groups of 0..17 tokens, on every
+// instruction set.
 TEST(GroupedMatmulTest, GatedMatchesScalarSiluMul) {
   ThreadPool pool(2);
   std::mt19937 rng(11);
-  for (int64_t n_in : {7, 64, 130}) {
-    for (int64_t n_ff : {5, 64, 200}) {
-      std::vector<Weights> gates, ups;
-      std::vector<std::vector<float>> xs, ys;
-      for (int64_t n = 0; n <= 17; ++n) {
-        gates.push_back(random_weights(rng, n_ff, n_in));
-        ups.push_back(random_weights(rng, n_ff, n_in));
-        xs.push_back(random_vector(rng, n * n_in));
-        ys.emplace_back(static_cast<size_t>(n * n_ff + 8), kGuard);
-      }
-      std::vector<GatedGroup> groups;
-      for (int64_t n = 0; n <= 17; ++n) {
-        groups.push_back({gates[n].m, ups[n].m, xs[n].data(), n, ys[n].data()});
-      }
-      gated_matmul_grouped(pool, groups);
-      for (int64_t n = 0; n <= 17; ++n) {
-        const size_t size = static_cast<size_t>(n * n_ff);
-        std::vector<float> g(size), u(size);
-        matmul_scalar(gates[n].m, xs[n].data(), n, g.data());
-        matmul_scalar(ups[n].m, xs[n].data(), n, u.data());
-        std::vector<float> gs = abs_product(gates[n].m, xs[n].data(), n);
-        std::vector<float> us = abs_product(ups[n].m, xs[n].data(), n);
-        const std::string what = "n_in " + std::to_string(n_in) + " n_ff " + std::to_string(n_ff) +
-                                 " n_tokens " + std::to_string(n);
-        for (size_t i = 0; i < size; ++i) {
-          const double silu = g[i] / (1.0 + std::exp(-double(g[i])));
-          const double want = silu * u[i];
-          // Errors of g and u (relative to their Σ|w||x|) carried through silu (slope < 1.1).
-          const double tol = 2e-5 * (1.1 * gs[i] * std::fabs(u[i]) + std::fabs(silu) * us[i]) +
-                             1e-6 * std::fabs(want) + 1e-30;
-          ASSERT_NEAR(ys[n][i], want, tol) << what << " at " << i;
+  for (Isa isa : isas()) {
+    for (int64_t n_in : {7, 64, 130}) {
+      for (int64_t n_ff : {5, 64, 200}) {
+        std::vector<Weights> gates, ups;
+        std::vector<std::vector<float>> xs, ys;
+        for (int64_t n = 0; n <= 17; ++n) {
+          gates.push_back(random_weights(rng, n_ff, n_in));
+          ups.push_back(random_weights(rng, n_ff, n_in));
+          xs.push_back(random_vector(rng, n * n_in));
+          ys.emplace_back(static_cast<size_t>(n * n_ff + 8), kGuard);
         }
-        for (size_t i = size; i < ys[n].size(); ++i) {
-          ASSERT_EQ(ys[n][i], kGuard) << what << ": wrote past the end";
+        std::vector<GatedGroup> groups;
+        for (int64_t n = 0; n <= 17; ++n) {
+          groups.push_back({gates[n].m, ups[n].m, xs[n].data(), n, ys[n].data()});
+        }
+        if (isa == simd::best_isa()) {
+          gated_matmul_grouped(pool, groups);  // the public entry
+        } else {
+          gated_matmul_grouped_with(isa, pool, groups);
+        }
+        for (int64_t n = 0; n <= 17; ++n) {
+          const size_t size = static_cast<size_t>(n * n_ff);
+          const std::vector<float> x = as_multiplied(isa, xs[n]);
+          std::vector<float> g(size), u(size);
+          matmul_scalar(gates[n].m, x.data(), n, g.data());
+          matmul_scalar(ups[n].m, x.data(), n, u.data());
+          std::vector<float> gs = abs_product(gates[n].m, x.data(), n);
+          std::vector<float> us = abs_product(ups[n].m, x.data(), n);
+          const std::string what = std::string(simd::isa_name(isa)) + " n_in " +
+                                   std::to_string(n_in) + " n_ff " + std::to_string(n_ff) +
+                                   " n_tokens " + std::to_string(n);
+          for (size_t i = 0; i < size; ++i) {
+            const double silu = g[i] / (1.0 + std::exp(-double(g[i])));
+            const double want = silu * u[i];
+            // Errors of g and u (relative to their Σ|w||x|) carried through silu (slope < 1.1).
+            const double tol = 2e-5 * (1.1 * gs[i] * std::fabs(u[i]) + std::fabs(silu) * us[i]) +
+                               1e-6 * std::fabs(want) + 1e-30;
+            ASSERT_NEAR(ys[n][i], want, tol) << what << " at " << i;
+          }
+          for (size_t i = size; i < ys[n].size(); ++i) {
+            ASSERT_EQ(ys[n][i], kGuard) << what << ": wrote past the end";
+          }
         }
       }
     }
@@ -132,7 +176,8 @@ TEST(GroupedMatmulTest, GatedMatchesScalarSiluMul) {
 }
 
 // Rows gathered in place (a routed expert's rows, scattered over a receive buffer in any order)
-// give exactly what a contiguous copy of them gives, on the direct path and the tiled one.
+// give exactly what a contiguous copy of them gives, on the direct path and the tiled one, on
+// every instruction set and through the public entries.
 TEST(GroupedMatmulTest, GatheredRowsMatchContiguousCopy) {
   ThreadPool pool(2);
   std::mt19937 rng(5);
@@ -148,12 +193,22 @@ TEST(GroupedMatmulTest, GatheredRowsMatchContiguousCopy) {
       copy.insert(copy.end(), r, r + n_in);
     }
     std::vector<float> got(static_cast<size_t>(n * n_ff)), want(got.size());
+    for (Isa isa : isas()) {
+      const std::string what = std::string(simd::isa_name(isa)) + ", " + std::to_string(n);
+      matmul_grouped_with(isa, pool, {{gate.m, XRows(rows.data()), n, got.data()}});
+      matmul_grouped_with(isa, pool, {{gate.m, copy.data(), n, want.data()}});
+      EXPECT_EQ(got, want) << "matmul, " << what << " tokens";
+      gated_matmul_grouped_with(isa, pool, {{gate.m, up.m, XRows(rows.data()), n, got.data()}});
+      gated_matmul_grouped_with(isa, pool, {{gate.m, up.m, copy.data(), n, want.data()}});
+      EXPECT_EQ(got, want) << "gated, " << what << " tokens";
+    }
     matmul_grouped(pool, {{gate.m, XRows(rows.data()), n, got.data()}});
-    matmul_grouped(pool, {{gate.m, copy.data(), n, want.data()}});
-    EXPECT_EQ(got, want) << "matmul, " << n << " tokens";
+    matmul_grouped_with(simd::best_isa(), pool, {{gate.m, copy.data(), n, want.data()}});
+    EXPECT_EQ(got, want) << "matmul_grouped(), " << n << " tokens";
     gated_matmul_grouped(pool, {{gate.m, up.m, XRows(rows.data()), n, got.data()}});
-    gated_matmul_grouped(pool, {{gate.m, up.m, copy.data(), n, want.data()}});
-    EXPECT_EQ(got, want) << "gated, " << n << " tokens";
+    gated_matmul_grouped_with(simd::best_isa(), pool,
+                              {{gate.m, up.m, copy.data(), n, want.data()}});
+    EXPECT_EQ(got, want) << "gated_matmul_grouped(), " << n << " tokens";
   }
 }
 
@@ -165,62 +220,69 @@ TEST(GroupedMatmulTest, GatheredRowsMatchContiguousCopy) {
 TEST(GroupedMatmulTest, ScatterAddsWeightedProductsToOutputRows) {
   ThreadPool pool(3);
   std::mt19937 rng(9);
-  for (int64_t n_out : {5, 64, 200}) {
-    const int64_t n_in = 37, n_tok = 40;
-    std::vector<float> out(static_cast<size_t>((n_tok + 1) * n_out), kGuard);  // last: unnamed
-    std::vector<Weights> ws;
-    std::vector<std::vector<float>> xs, wts;
-    std::vector<std::vector<float*>> outs;
-    std::vector<int64_t> tokens_of;  // [groups, rows] flattened: the token of each row
-    std::vector<ScatterGroup> groups;
-    for (int64_t n : {0, 1, 2, 5, 17, 0, 3, 60}) {
-      ws.push_back(random_weights(rng, n_out, n_in));
-      xs.push_back(random_vector(rng, n * n_in));
-      wts.push_back(random_vector(rng, n));
-      outs.emplace_back();
-      for (int64_t i = 0; i < n; ++i) {
-        tokens_of.push_back(static_cast<int64_t>(rng() % n_tok));
-        outs.back().push_back(out.data() + tokens_of.back() * n_out);
-      }
-    }
-    for (size_t g = 0; g < ws.size(); ++g) {
-      const int64_t n = static_cast<int64_t>(wts[g].size());
-      groups.push_back({ws[g].m, xs[g].data(), n, outs[g].data(), wts[g].data()});
-    }
-    std::vector<float*> clear;
-    for (int64_t t = 0; t < n_tok; ++t) {
-      if (t % 2 == 0)
-        clear.push_back(out.data() + t * n_out);
-      else
-        std::fill_n(out.data() + t * n_out, n_out, 1.5f);
-    }
-    matmul_grouped_scatter(pool, groups, clear);
-    std::vector<double> want(static_cast<size_t>(n_tok * n_out), 0.0), scale(want.size(), 0.0);
-    for (int64_t t = 1; t < n_tok; t += 2) std::fill_n(want.begin() + t * n_out, n_out, 1.5);
-    std::vector<bool> named(static_cast<size_t>(n_tok), false);
-    size_t row = 0;
-    for (size_t g = 0; g < ws.size(); ++g) {
-      const int64_t n = static_cast<int64_t>(wts[g].size());
-      std::vector<float> y(static_cast<size_t>(n * n_out));
-      matmul_scalar(ws[g].m, xs[g].data(), n, y.data());
-      std::vector<float> ys = abs_product(ws[g].m, xs[g].data(), n);
-      for (int64_t i = 0; i < n; ++i, ++row) {
-        named[tokens_of[row]] = true;
-        for (int64_t c = 0; c < n_out; ++c) {
-          want[tokens_of[row] * n_out + c] += double(wts[g][i]) * y[i * n_out + c];
-          scale[tokens_of[row] * n_out + c] += std::fabs(wts[g][i]) * ys[i * n_out + c];
+  for (Isa isa : isas()) {
+    for (int64_t n_out : {5, 64, 200}) {
+      const int64_t n_in = 37, n_tok = 40;
+      std::vector<float> out(static_cast<size_t>((n_tok + 1) * n_out), kGuard);  // last: unnamed
+      std::vector<Weights> ws;
+      std::vector<std::vector<float>> xs, wts;
+      std::vector<std::vector<float*>> outs;
+      std::vector<int64_t> tokens_of;  // [groups, rows] flattened: the token of each row
+      std::vector<ScatterGroup> groups;
+      for (int64_t n : {0, 1, 2, 5, 17, 0, 3, 60}) {
+        ws.push_back(random_weights(rng, n_out, n_in));
+        xs.push_back(random_vector(rng, n * n_in));
+        wts.push_back(random_vector(rng, n));
+        outs.emplace_back();
+        for (int64_t i = 0; i < n; ++i) {
+          tokens_of.push_back(static_cast<int64_t>(rng() % n_tok));
+          outs.back().push_back(out.data() + tokens_of.back() * n_out);
         }
       }
-    }
-    for (int64_t t = 0; t <= n_tok; ++t) {
-      for (int64_t c = 0; c < n_out; ++c) {
-        const float got = out[t * n_out + c];
-        if (t == n_tok || (!named[t] && t % 2 == 1)) {
-          ASSERT_EQ(got, t == n_tok ? kGuard : 1.5f)
-              << "n_out " << n_out << ": unnamed row " << t << " written";
-        } else {
-          ASSERT_NEAR(got, want[t * n_out + c], 2 * kRelTol * scale[t * n_out + c] + 1e-30)
-              << "n_out " << n_out << " token " << t << " column " << c;
+      for (size_t g = 0; g < ws.size(); ++g) {
+        const int64_t n = static_cast<int64_t>(wts[g].size());
+        groups.push_back({ws[g].m, xs[g].data(), n, outs[g].data(), wts[g].data()});
+      }
+      std::vector<float*> clear;
+      for (int64_t t = 0; t < n_tok; ++t) {
+        if (t % 2 == 0)
+          clear.push_back(out.data() + t * n_out);
+        else
+          std::fill_n(out.data() + t * n_out, n_out, 1.5f);
+      }
+      if (isa == simd::best_isa()) {
+        matmul_grouped_scatter(pool, groups, clear);  // the public entry
+      } else {
+        matmul_grouped_scatter_with(isa, pool, groups, clear);
+      }
+      std::vector<double> want(static_cast<size_t>(n_tok * n_out), 0.0), scale(want.size(), 0.0);
+      for (int64_t t = 1; t < n_tok; t += 2) std::fill_n(want.begin() + t * n_out, n_out, 1.5);
+      std::vector<bool> named(static_cast<size_t>(n_tok), false);
+      size_t row = 0;
+      for (size_t g = 0; g < ws.size(); ++g) {
+        const int64_t n = static_cast<int64_t>(wts[g].size());
+        const std::vector<float> x = as_multiplied(isa, xs[g]);
+        std::vector<float> y(static_cast<size_t>(n * n_out));
+        matmul_scalar(ws[g].m, x.data(), n, y.data());
+        std::vector<float> ys = abs_product(ws[g].m, x.data(), n);
+        for (int64_t i = 0; i < n; ++i, ++row) {
+          named[tokens_of[row]] = true;
+          for (int64_t c = 0; c < n_out; ++c) {
+            want[tokens_of[row] * n_out + c] += double(wts[g][i]) * y[i * n_out + c];
+            scale[tokens_of[row] * n_out + c] += std::fabs(wts[g][i]) * ys[i * n_out + c];
+          }
+        }
+      }
+      for (int64_t t = 0; t <= n_tok; ++t) {
+        for (int64_t c = 0; c < n_out; ++c) {
+          const float got = out[t * n_out + c];
+          if (t == n_tok || (!named[t] && t % 2 == 1)) {
+            ASSERT_EQ(got, t == n_tok ? kGuard : 1.5f)
+                << simd::isa_name(isa) << " n_out " << n_out << ": unnamed row " << t << " written";
+          } else {
+            ASSERT_NEAR(got, want[t * n_out + c], 2 * kRelTol * scale[t * n_out + c] + 1e-30)
+                << simd::isa_name(isa) << " n_out " << n_out << " token " << t << " column " << c;
+          }
         }
       }
     }

@@ -1,0 +1,286 @@
+// Private to matmul_bf16.cpp: the kernels of matmul (y = x · wᵀ) for bf16 weights on an
+// instruction set that multiplies bf16 pairs, written once against a vector interface.
+//
+// No include guard: matmul_bf16.cpp includes this file once per interface, inside a namespace
+// that defines
+//   S   simd::Avx512Bf16 (vdpbf16ps) or simd::Avx512Bf16Emulated (its emulation, for tests)
+// and with the macro DUET_SIMD_TARGET set to the matching target attribute.
+//
+// x comes rounded to bf16 (matmul_impl::round_x: contiguous rows, zero from cols to the row
+// stride) and every product is S::dpbf16, which adds w[2i] · x[2i] + w[2i + 1] · x[2i + 1] into
+// lane i of an f32 accumulator: nothing is widened, and there are half the multiply instructions
+// of the f32 kernels (matmul_simd_impl.h, matmul_panel_impl.h), whose structure these follow.
+// - Decode (matmul_rows_direct): dot products along k. A register block of kMmRows weight rows ×
+//   kMmTokens tokens loads 2 · kW weights per vector in place, uses each for all its tokens, and
+//   reduces its accumulators horizontally once at the end of k.
+// - Prefill (matmul_rows_panel): outer products. A panel of kPanelRows weight rows is packed once
+//   as bf16 pairs transposed as 32-bit lanes (pair p of row j in lane j of panel row p), then each
+//   step loads kPanelVecs vectors of it and broadcasts one pair of x per token into accumulators
+//   that hold a [tokens, rows] block of y.
+// Odd k and partial vectors: weights past the end of a row load as zeros (masked loads), and x is
+// zero there, so the last pair of an odd row multiplies (w, 0) by (x, 0).
+
+using V = S::V;
+constexpr int kW = S::kWidth;          // f32 accumulator lanes = bf16 pairs per vector
+constexpr int kPairW = S::kPairWidth;  // bf16 elements per vector
+constexpr int kMmRows = 4;             // 24 accumulators + 4 weight vectors + 1 x vector of 32 zmm
+constexpr int kMmTokens = 6;
+constexpr int kPanelVecs = 4;  // 24 accumulators + 4 weight vectors + 1 broadcast x
+constexpr int kPanelTokens = 6;
+constexpr int64_t kPanelRows = kPanelVecs * kW;
+// Columns per microkernel call: 128 pairs of 64 rows, the 32 KiB of panel the f32 kernel keeps
+// in L1 (not tuned: this machine lacks the instruction).
+constexpr int64_t kPanelDepth = 256;
+constexpr int64_t kPanelTokenGroup = 128;  // tokens that sweep a panel's columns together
+static_assert(kPanelDepth % kPairW == 0);
+
+// n items cut into the fewest blocks of at most max_size, of sizes differing by at most one: a
+// block of one token has too few accumulators to hide the latency of dpbf16.
+struct Blocks {
+  Blocks(int64_t n_items, int64_t max_size)
+      : n((n_items + max_size - 1) / max_size),
+        base(n ? n_items / n : 0),
+        extra(n ? n_items % n : 0) {}
+  int64_t begin(int64_t b) const { return b * base + std::min(b, extra); }
+  int64_t size(int64_t b) const { return base + (b < extra); }
+
+  int64_t n, base, extra;
+};
+
+// acc[t][r] += w[r * ldw + kk : + n) · x[t * ldx + kk : + n) for r < R, t < T; n == kPairW
+// unless kPart. x is read as whole vectors: its rows are zero past cols, up to a whole vector.
+template <int R, int T, bool kPart>
+DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_step(V (&acc)[T][R], const uint16_t* w, int64_t ldw,
+                                                  const uint16_t* x, int64_t ldx, int64_t kk,
+                                                  int n) {
+  V wv[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    wv[r] = kPart ? S::load_pairs_part(w + r * ldw + kk, n) : S::load_pairs(w + r * ldw + kk);
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    const V xv = S::load_pairs(x + t * ldx + kk);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[t][r] = S::dpbf16(acc[t][r], wv[r], xv);
+  }
+}
+
+// y[t * ldy + r] = Σ_{k' < k} w[r * ldw + k'] · x[t * ldx + k'] for r < R, t < T. Unless pf is
+// null, the same columns of the R rows at pf (the next block's weights, still in memory) are
+// prefetched into L2 along the way, one cache line per row and step.
+template <int R, int T>
+DUET_SIMD_TARGET void dot_block(const uint16_t* w, int64_t ldw, const uint16_t* x, int64_t ldx,
+                                int64_t k, float* y, int64_t ldy, const uint16_t* pf) {
+  V acc[T][R];
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[t][r] = S::zero();
+  }
+  int64_t kk = 0;
+  if (pf) {
+    for (; kk + kPairW <= k; kk += kPairW) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw + kk), _MM_HINT_T1);
+      }
+      dot_step<R, T, false>(acc, w, ldw, x, ldx, kk, kPairW);
+    }
+  } else {
+    for (; kk + kPairW <= k; kk += kPairW) dot_step<R, T, false>(acc, w, ldw, x, ldx, kk, kPairW);
+  }
+  if (kk < k) dot_step<R, T, true>(acc, w, ldw, x, ldx, kk, static_cast<int>(k - kk));
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    float* yt = y + t * ldy;
+    if constexpr (R == 4) {
+      _mm_storeu_ps(yt, S::hsum4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
+    } else {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) yt[r] = S::hsum(acc[t][r]);
+    }
+  }
+}
+
+using DotFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t,
+                       const uint16_t*);
+
+template <int... I>
+constexpr std::array<DotFn, sizeof...(I)> make_dot_table(std::integer_sequence<int, I...>) {
+  return {&dot_block<I / kMmTokens + 1, I % kMmTokens + 1>...};
+}
+
+// The block kernel for nr <= kMmRows rows and nt <= kMmTokens tokens.
+inline DotFn dot_fn(int64_t nr, int64_t nt) {
+  static constexpr auto kTable =
+      make_dot_table(std::make_integer_sequence<int, kMmRows * kMmTokens>{});
+  return kTable[static_cast<size_t>((nr - 1) * kMmTokens + (nt - 1))];
+}
+
+// y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), t < n_tokens, reading the
+// weights in place (decode, and the few rows a routed expert gets in a batch): a block of
+// kMmRows rows is read from memory once, while the next block is prefetched, and serves every
+// block of tokens from L1.
+DUET_SIMD_TARGET void matmul_rows_direct(const uint16_t* w, int64_t cols, const uint16_t* x,
+                                         int64_t ldx, int64_t n_tokens, float* y, int64_t ldy,
+                                         int64_t r_begin, int64_t r_end) {
+  const Blocks tb(n_tokens, kMmTokens);
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += kMmRows) {
+    const int64_t nr = std::min<int64_t>(kMmRows, r_end - r0);
+    // Past r_end the next block is another thread's or past the matrix: prefetches never fault.
+    const uint16_t* next = w + (r0 + kMmRows) * cols;
+    for (int64_t b = 0; b < tb.n; ++b) {
+      const int64_t t0 = tb.begin(b);
+      dot_fn(nr, tb.size(b))(w + r0 * cols, cols, x + t0 * ldx, ldx, cols,
+                             y + t0 * ldy + (r0 - r_begin), ldy, b == 0 ? next : nullptr);
+    }
+  }
+}
+
+// Pairs [k0 / 2, k0 / 2 + (kn + 1) / 2) of panel rows × lanes [j0, j0 + kW) from columns
+// [k0, k0 + kn) of w, kn == kPairW unless kPart: kW weight rows loaded as lanes of pairs (zero
+// past kn, and rows at or past nr zero) and transposed as 32-bit lanes. (Two functions, so that
+// whole blocks keep r in registers: a store loop of variable length puts it on the stack.)
+template <bool kPart>
+DUET_SIMD_TARGET DUET_ALWAYS_INLINE void pack_pairs(const uint16_t* w, int64_t ldw, int64_t nr,
+                                                    int64_t j0, int64_t k0, int kn, float* panel) {
+  V r[kW];
+#pragma GCC unroll 16
+  for (int i = 0; i < kW; ++i) {
+    const uint16_t* src = w + (j0 + i) * ldw + k0;
+    r[i] = j0 + i >= nr ? S::zero() : kPart ? S::load_pairs_part(src, kn) : S::load_pairs(src);
+  }
+  S::transpose(r);
+  const int n_pairs = kPart ? (kn + 1) / 2 : kW;
+#pragma GCC unroll 16
+  for (int p = 0; p < n_pairs; ++p) S::store(panel + (k0 / 2 + p) * kPanelRows + j0, r[p]);
+}
+
+// Lane j of panel row p = the bf16 pair w[j * ldw + 2p], w[j * ldw + 2p + 1] (as the low and high
+// half of 32 bits) for j < kPanelRows, p < (kc + 1) / 2; zero for j >= nr and columns >= kc.
+DUET_SIMD_TARGET void pack_panel(const uint16_t* w, int64_t ldw, int64_t nr, int64_t kc,
+                                 float* panel) {
+  for (int64_t j0 = 0; j0 < kPanelRows; j0 += kW) {
+    int64_t k0 = 0;
+    for (; k0 + kPairW <= kc; k0 += kPairW) pack_pairs<false>(w, ldw, nr, j0, k0, kPairW, panel);
+    if (k0 < kc) pack_pairs<true>(w, ldw, nr, j0, k0, static_cast<int>(kc - k0), panel);
+  }
+}
+
+// y[t * ldy + j] (+)= Σ_{k < kc} x[t * ldx + k0 + k] · w[j][k0 + k] for t < T, j < nr (the lanes
+// at or past nr are not stored), from the panel of columns [k0, k0 + kc). An odd kc reads one x
+// past k0 + kc, which is zero (the end of the row).
+template <int T>
+DUET_SIMD_TARGET void panel_block(const uint16_t* x, int64_t ldx, int64_t k0, int64_t kc,
+                                  const float* panel, float* y, int64_t ldy, int64_t nr,
+                                  bool accumulate) {
+  V acc[T][kPanelVecs];
+  const uint16_t* xt[T];
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    xt[t] = x + t * ldx + k0;
+#pragma GCC unroll 8
+    for (int v = 0; v < kPanelVecs; ++v) acc[t][v] = S::zero();
+  }
+  const int64_t n_pairs = (kc + 1) / 2;
+#pragma GCC unroll 2
+  for (int64_t p = 0; p < n_pairs; ++p) {
+    V wv[kPanelVecs];
+#pragma GCC unroll 8
+    for (int v = 0; v < kPanelVecs; ++v) wv[v] = S::load(panel + p * kPanelRows + v * kW);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; ++t) {
+      const V xv = S::set1_pair(xt[t] + 2 * p);
+#pragma GCC unroll 8
+      for (int v = 0; v < kPanelVecs; ++v) acc[t][v] = S::dpbf16(acc[t][v], wv[v], xv);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < T; ++t) {
+    float* yt = y + t * ldy;
+#pragma GCC unroll 8
+    for (int v = 0; v < kPanelVecs; ++v) {
+      const int64_t n = std::min<int64_t>(kW, nr - v * kW);
+      if (n <= 0) break;
+      if (n == kW) {
+        S::store(yt + v * kW, accumulate ? S::add(acc[t][v], S::load(yt + v * kW)) : acc[t][v]);
+      } else {
+        const int part = static_cast<int>(n);
+        const V sum = accumulate ? S::add(acc[t][v], S::load_part(yt + v * kW, part)) : acc[t][v];
+        S::store_part(yt + v * kW, sum, part);
+      }
+    }
+  }
+}
+
+using PanelFn = void (*)(const uint16_t*, int64_t, int64_t, int64_t, const float*, float*, int64_t,
+                         int64_t, bool);
+
+template <int... I>
+constexpr std::array<PanelFn, sizeof...(I)> make_panel_table(std::integer_sequence<int, I...>) {
+  return {&panel_block<I + 1>...};
+}
+
+// The block kernel for 1 <= nt <= kPanelTokens tokens.
+inline PanelFn panel_fn(int64_t nt) {
+  static constexpr auto kTable = make_panel_table(std::make_integer_sequence<int, kPanelTokens>{});
+  return kTable[static_cast<size_t>(nt - 1)];
+}
+
+// Prefetches (into L2) the cache lines of rows [0, m) × columns [0, n) of w.
+DUET_SIMD_TARGET void prefetch_rows(const uint16_t* w, int64_t ldw, int64_t m, int64_t n) {
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t kk = 0; kk < n; kk += 32) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + i * ldw + kk), _MM_HINT_T1);
+    }
+  }
+}
+
+// y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), t < n_tokens (prefill). For
+// each panel of weight rows, all its column blocks are packed once, then the tokens run over it
+// kPanelTokenGroup at a time, so a group's rows of x and y stay in L2 across the column blocks;
+// within a group, blocks of at most kPanelTokens tokens. The next panel's weights are prefetched
+// while this one computes.
+DUET_SIMD_TARGET void matmul_rows_panel(const uint16_t* w, int64_t cols, const uint16_t* x,
+                                        int64_t ldx, int64_t n_tokens, float* y, int64_t ldy,
+                                        int64_t r_begin, int64_t r_end) {
+  thread_local std::vector<float> panel_buf;
+  // [(cols + 1) / 2, kPanelRows] bf16 pairs
+  float* panel = matmul_impl::aligned_floats(panel_buf, (cols + 1) / 2 * kPanelRows);
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += kPanelRows) {
+    const int64_t nr = std::min(kPanelRows, r_end - r0);
+    for (int64_t k0 = 0; k0 < cols; k0 += kPanelDepth) {
+      pack_panel(w + r0 * cols + k0, cols, nr, std::min(kPanelDepth, cols - k0),
+                 panel + k0 / 2 * kPanelRows);
+    }
+    if (r0 + kPanelRows < r_end) {
+      prefetch_rows(w + (r0 + kPanelRows) * cols, cols,
+                    std::min(kPanelRows, r_end - r0 - kPanelRows), cols);
+    }
+    for (int64_t g0 = 0; g0 < n_tokens; g0 += kPanelTokenGroup) {
+      const Blocks tb(std::min(kPanelTokenGroup, n_tokens - g0), kPanelTokens);
+      float* yg = y + g0 * ldy + (r0 - r_begin);
+      for (int64_t k0 = 0; k0 < cols; k0 += kPanelDepth) {
+        const int64_t kc = std::min(kPanelDepth, cols - k0);
+        for (int64_t b = 0; b < tb.n; ++b) {
+          const int64_t t0 = tb.begin(b);
+          panel_fn(tb.size(b))(x + (g0 + t0) * ldx, ldx, k0, kc, panel + k0 / 2 * kPanelRows,
+                               yg + t0 * ldy, ldy, nr, k0 > 0);
+        }
+      }
+    }
+  }
+}
+
+// y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end); w is bf16 with w.cols > 0 and
+// x rounded (XRows::rounded), both checked by the caller.
+DUET_SIMD_TARGET void matmul_rows(const Matrix& w, const XRows& x, int64_t n_tokens, float* y,
+                                  int64_t ldy, int64_t r_begin, int64_t r_end, bool tiled) {
+  const auto* wp = static_cast<const uint16_t*>(w.data);
+  if (tiled) {
+    matmul_rows_panel(wp, w.cols, x.bf16, x.ld, n_tokens, y, ldy, r_begin, r_end);
+  } else {
+    matmul_rows_direct(wp, w.cols, x.bf16, x.ld, n_tokens, y, ldy, r_begin, r_end);
+  }
+}
