@@ -8,9 +8,11 @@
 
 #include "cli/commands.h"
 #include "cli/dist_options.h"
+#include "cli/kv_cache_option.h"
 #include "core/thread_pool.h"
 #include "engine/dp_generator.h"
 #include "engine/generator.h"
+#include "engine/kv_dtype.h"
 #include "kernels/bandwidth.h"
 #include "kernels/matmul.h"
 #include "kernels/peak_flops.h"
@@ -27,6 +29,8 @@ struct LatencyOptions {
   int64_t gen_len = 64;
   int threads = 0;
   uint64_t seed = 0;
+  std::string kv_cache_dtype = "auto";
+  KvCacheDtype kv_dtype = KvCacheDtype::kAuto;  // parsed from kv_cache_dtype
   DistOptions dist;
 };
 
@@ -48,7 +52,7 @@ void run_latency_ep(const LatencyOptions& o, DistContext& ctx) {
   ThreadPool pool(rank_threads(o.threads, o.dist, &ctx));
   RankModel rm = load_rank_model(o.model_dir, o.dist, &ctx);
   const ModelConfig& c = rm.model->config();
-  DpGenerator gen(*rm.model, pool, *rm.dispatcher, ctx.coord());
+  DpGenerator gen(*rm.model, pool, *rm.dispatcher, ctx.coord(), o.kv_dtype);
   const std::vector<GenerateRequest> reqs = make_requests(o, c.n_vocab, ctx.rank());
   gen.generate(reqs);  // warm-up
   DpStats st;
@@ -60,10 +64,10 @@ void run_latency_ep(const LatencyOptions& o, DistContext& ctx) {
   if (ctx.rank() != 0) return;
   std::printf(
       "model %s (%s), expert parallel over %d ranks (%s, %s), per rank: batch %lld, "
-      "prompt %lld, gen %lld, matmul %s\n",
+      "prompt %lld, gen %lld, matmul %s, KV cache %s\n",
       o.model_dir.c_str(), arch_name(c.arch), ctx.world_size(), o.dist.backend.c_str(),
       o.dist.all2all.c_str(), (long long)o.batch, (long long)o.prompt_len, (long long)o.gen_len,
-      matmul_isa());
+      matmul_isa(), kv_dtype_name(resolve_kv_dtype(o.kv_dtype, *rm.model)));
   double total_tps = 0;
   for (int r = 0; r < ctx.world_size(); ++r) {
     const int64_t* v = &all[static_cast<size_t>(r) * 6];
@@ -84,7 +88,7 @@ void run_latency_single(const LatencyOptions& o) {
   ThreadPool pool(o.threads > 0 ? o.threads : available_cores());
   std::unique_ptr<Model> model = Model::load(o.model_dir);
   const ModelConfig& c = model->config();
-  Generator gen(*model, pool);
+  Generator gen(*model, pool, o.kv_dtype);
   const std::vector<GenerateRequest> reqs = make_requests(o, c.n_vocab);
 
   // The limits are the best of a measurement before and one after the run: on a shared machine
@@ -128,9 +132,10 @@ void run_latency_single(const LatencyOptions& o) {
   const double achieved = steps > 0 ? bytes_per_step / step_s : 0.0;
   const double limit_tps = bytes_per_step > 0 ? bw / bytes_per_step * o.batch : 0.0;
 
-  std::printf("model %s (%s), batch %lld, prompt %lld, gen %lld, %d threads, matmul %s\n",
-              o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
-              (long long)o.gen_len, pool.n_threads(), matmul_isa());
+  std::printf(
+      "model %s (%s), batch %lld, prompt %lld, gen %lld, %d threads, matmul %s, KV cache %s\n",
+      o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
+      (long long)o.gen_len, pool.n_threads(), matmul_isa(), kv_dtype_name(gen.kv_cache().dtype()));
   std::printf("prefill: %8.1f tok/s  %7.1f GFLOP/s  (%.3f s for %lld tokens)\n", prefill_tps,
               prefill_gflops, st.prefill_seconds, (long long)st.prompt_tokens);
   std::printf("prefill measured FMA peak %.1f GFLOP/s; ratio %.2f\n", peak_gflops,
@@ -170,8 +175,12 @@ void add_bench_latency(CLI::App& bench) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
   cmd->add_option("--seed", o->seed, "Seed of the random prompts");
+  add_kv_cache_dtype_option(cmd, o->kv_cache_dtype);
   add_dist_options(cmd, o->dist);
-  cmd->callback([o] { run_latency(*o); });
+  cmd->callback([o] {
+    o->kv_dtype = parse_kv_cache_dtype(o->kv_cache_dtype);
+    run_latency(*o);
+  });
 }
 
 }  // namespace duet

@@ -6,10 +6,12 @@
 
 #include "cli/commands.h"
 #include "cli/dist_options.h"
+#include "cli/kv_cache_option.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/dp_generator.h"
 #include "engine/generator.h"
+#include "engine/kv_dtype.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 
@@ -29,6 +31,8 @@ struct GenerateOptions {
   std::string dump_logits;
   int threads = 0;
   bool ignore_eos = false;
+  std::string kv_cache_dtype = "auto";
+  KvCacheDtype kv_dtype = KvCacheDtype::kAuto;  // parsed from kv_cache_dtype
   DistOptions dist;
 };
 
@@ -95,11 +99,11 @@ void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
   GenerateStats st;
   GenerateResult r;
   if (!ctx) {
-    Generator gen(*model, pool);
+    Generator gen(*model, pool, o.kv_dtype);
     r = gen.generate({req}, &st)[0];
   } else {
     if (req.prompt_logits) DUET_ERROR("--dump-logits is not supported with several ranks");
-    DpGenerator gen(*model, pool, *rm.dispatcher, ctx->coord());
+    DpGenerator gen(*model, pool, *rm.dispatcher, ctx->coord(), o.kv_dtype);
     std::vector<GenerateRequest> mine;
     if (ctx->rank() == 0) mine.push_back(req);
     DpStats ds;
@@ -122,11 +126,11 @@ void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
   const int64_t decoded = st.generated_tokens > 0 ? st.generated_tokens - 1 : 0;
   std::fprintf(stderr,
                "prompt: %lld tokens, %.1f tok/s | generation: %lld tokens, %.1f tok/s | "
-               "finish: %s | %d threads\n",
+               "finish: %s | %d threads | KV cache %s\n",
                static_cast<long long>(st.prompt_tokens), st.prompt_tokens / st.prefill_seconds,
                static_cast<long long>(st.generated_tokens),
                st.decode_seconds > 0 ? decoded / st.decode_seconds : 0.0, r.finish_reason.c_str(),
-               pool.n_threads());
+               pool.n_threads(), kv_dtype_name(resolve_kv_dtype(o.kv_dtype, *model)));
   if (!o.dump_logits.empty()) write_logits(o.dump_logits, req.prompt, r, c.n_vocab);
 }
 
@@ -154,10 +158,12 @@ void add_generate_command(CLI::App& app) {
                   "Write {tokens, logits per prompt position, generated} as JSON");
   cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the end-of-sequence token");
+  add_kv_cache_dtype_option(cmd, o->kv_cache_dtype);
   add_dist_options(cmd, o->dist);
   cmd->callback([o, text, ids] {
     if (text->count() == 0 && ids->count() == 0)
       throw Error("generate needs --prompt TEXT or --prompt-ids IDS");
+    o->kv_dtype = parse_kv_cache_dtype(o->kv_cache_dtype);
     run_generate(*o);
   });
 }

@@ -13,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "cli/dist_options.h"
+#include "cli/kv_cache_option.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/llm_engine.h"
@@ -86,11 +87,11 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
     server.stop();
   });
   std::printf(
-      "duet serve: %s on http://%s:%d (%d ranks, %d compute threads each, %lld KV "
+      "duet serve: %s on http://%s:%d (%d ranks, %d compute threads each, %lld %s KV "
       "blocks of %lld)\n",
       so.model_name.c_str(), o.host.c_str(), port, ctx ? ctx->world_size() : 1, pool.n_threads(),
       static_cast<long long>(engine.metrics().snapshot().kv_blocks_total),
-      static_cast<long long>(o.engine.block_size));
+      kv_dtype_name(engine.kv_dtype()), static_cast<long long>(o.engine.block_size));
   std::fflush(stdout);
   server.listen();
   // listen() also returns when the socket fails; wake the waiter so it can be joined.
@@ -116,6 +117,7 @@ void run_serve(const ServeOptions& o) {
 void add_serve_command(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
   auto kv_gib = std::make_shared<double>(2.0);
+  auto kv_dtype = std::make_shared<std::string>("auto");
   CLI::App* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
   cmd->add_option("model_dir", o->model_dir, "Hugging Face model directory")->required();
   cmd->add_option("--host", o->host, "Address to listen on (default 127.0.0.1)");
@@ -130,14 +132,16 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--kv-cache-memory", *kv_gib, "KV cache size in GiB (default 2)");
   cmd->add_option("--block-size", o->engine.block_size, "Positions per KV block (default 16)")
       ->check(CLI::Range(1, 1024));
+  add_kv_cache_dtype_option(cmd, *kv_dtype);
   cmd->add_option("--served-model-name", o->served_model_name,
                   "Model name in the API (default: MODEL_DIR as given)");
   cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
   cmd->add_option("--http-threads", o->http_threads,
                   "Connections served at once (default max(128, 4 x max-num-seqs))");
   add_dist_options(cmd, o->dist);
-  cmd->callback([o, kv_gib] {
+  cmd->callback([o, kv_gib, kv_dtype] {
     o->engine.kv_cache_gib = *kv_gib;
+    o->engine.kv_cache_dtype = parse_kv_cache_dtype(*kv_dtype);
     run_serve(*o);
   });
 }

@@ -5,7 +5,8 @@
 namespace duet {
 
 uint64_t BlockPool::bytes_per_block(const BlockPoolShape& s) {
-  return static_cast<uint64_t>(s.block_size * s.n_layer * (s.k_width + s.v_width)) * sizeof(float);
+  return static_cast<uint64_t>(s.block_size * s.n_layer * (s.k_width + s.v_width)) *
+         dtype_size(s.dtype);
 }
 
 int64_t BlockPool::blocks_in(const BlockPoolShape& s, uint64_t bytes) {
@@ -17,15 +18,20 @@ int64_t BlockPool::blocks_in(const BlockPoolShape& s, uint64_t bytes) {
 }
 
 BlockPool::BlockPool(const BlockPoolShape& shape, int64_t n_blocks)
-    : shape_(shape), n_blocks_(n_blocks) {
+    : shape_(shape),
+      n_blocks_(n_blocks),
+      k_row_(shape.k_width * static_cast<int64_t>(dtype_size(shape.dtype))),
+      v_row_(shape.v_width * static_cast<int64_t>(dtype_size(shape.dtype))) {
   DUET_CHECK(n_blocks > 0 && n_blocks < (int64_t{1} << 31), "n_blocks " << n_blocks);
   DUET_CHECK(shape.block_size > 0 && shape.n_layer > 0 && shape.k_width > 0 && shape.v_width >= 0,
              "block_size " << shape.block_size << " n_layer " << shape.n_layer << " widths "
                            << shape.k_width << "/" << shape.v_width);
+  DUET_CHECK(shape.dtype == DType::kF32 || shape.dtype == DType::kBF16,
+             "KV blocks of dtype " << dtype_name(shape.dtype));
   const int64_t rows = n_blocks * shape.n_layer * shape.block_size;
-  k_ = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(rows * shape.k_width));
+  k_ = std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(rows * k_row_));
   if (shape.v_width > 0)
-    v_ = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(rows * shape.v_width));
+    v_ = std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(rows * v_row_));
   free_.reserve(static_cast<size_t>(n_blocks));
   for (int64_t b = n_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
   in_use_.assign(static_cast<size_t>(n_blocks), 0);

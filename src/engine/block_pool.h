@@ -3,17 +3,21 @@
 // list, so sequences of any length share one preallocated arena without copying.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
+
+#include "core/dtype.h"
 
 namespace duet {
 
 struct BlockPoolShape {
   int64_t n_layer = 0;
-  int64_t k_width = 0;  // f32 values per position per layer in the k rows
-  int64_t v_width = 0;  // ... in the v rows (0 for MLA, whose latent lives in k)
-  int64_t block_size = 16;  // positions per block
+  int64_t k_width = 0;        // elements per position per layer in the k rows
+  int64_t v_width = 0;        // ... in the v rows (0 for MLA, whose latent lives in k)
+  int64_t block_size = 16;    // positions per block
+  DType dtype = DType::kF32;  // of the elements: kF32 or kBF16 (half the bytes per block)
 };
 
 class BlockPool {
@@ -22,7 +26,7 @@ class BlockPool {
   // touches cost no memory.
   BlockPool(const BlockPoolShape& shape, int64_t n_blocks);
 
-  // How many blocks fit in `bytes`.
+  // How many blocks fit in `bytes` (a bf16 pool holds twice an f32 pool's blocks).
   static int64_t blocks_in(const BlockPoolShape& shape, uint64_t bytes);
   static uint64_t bytes_per_block(const BlockPoolShape& shape);
 
@@ -35,22 +39,27 @@ class BlockPool {
   int64_t n_used() const { return n_blocks_ - n_free(); }
   const BlockPoolShape& shape() const { return shape_; }
 
-  // [k_width] f32 row of layer il at offset `off` (< block_size) inside `block`.
-  float* k(int32_t block, int64_t il, int64_t off) {
-    return k_.get() + ((block * shape_.n_layer + il) * shape_.block_size + off) * shape_.k_width;
+  // [k_width] row (of shape().dtype) of layer il at offset `off` (< block_size) inside `block`.
+  void* k(int32_t block, int64_t il, int64_t off) {
+    return k_.get() + row(block, il, off) * k_row_;
   }
-  // [v_width] f32 row; nullptr when v_width is 0 (MLA), which no caller reads.
-  float* v(int32_t block, int64_t il, int64_t off) {
-    return v_.get() + ((block * shape_.n_layer + il) * shape_.block_size + off) * shape_.v_width;
+  // [v_width] row; nullptr when v_width is 0 (MLA), which no caller reads.
+  void* v(int32_t block, int64_t il, int64_t off) {
+    return v_.get() + row(block, il, off) * v_row_;
   }
 
  private:
+  int64_t row(int32_t block, int64_t il, int64_t off) const {
+    return (block * shape_.n_layer + il) * shape_.block_size + off;
+  }
+
   BlockPoolShape shape_;
   int64_t n_blocks_;
-  std::unique_ptr<float[]> k_;  // [n_blocks, n_layer, block_size, k_width]
-  std::unique_ptr<float[]> v_;  // [n_blocks, n_layer, block_size, v_width]
-  std::vector<int32_t> free_;   // stack of free block ids; lowest ids handed out first
-  std::vector<uint8_t> in_use_; // [n_blocks] catches double frees
+  int64_t k_row_, v_row_;           // bytes of a k / v row
+  std::unique_ptr<std::byte[]> k_;  // [n_blocks, n_layer, block_size, k_width] shape_.dtype
+  std::unique_ptr<std::byte[]> v_;  // [n_blocks, n_layer, block_size, v_width] shape_.dtype
+  std::vector<int32_t> free_;       // stack of free block ids; lowest ids handed out first
+  std::vector<uint8_t> in_use_;     // [n_blocks] catches double frees
 };
 
 }  // namespace duet

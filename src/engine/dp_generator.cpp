@@ -25,11 +25,12 @@ std::string check_request(const GenerateRequest& r, const ModelConfig& c) {
 }  // namespace
 
 DpGenerator::DpGenerator(const Model& model, ThreadPool& pool, Dispatcher& dispatcher,
-                         Coordinator& coord)
+                         Coordinator& coord, KvCacheDtype kv_dtype)
     : model_(model),
       dispatcher_(dispatcher),
       coord_(coord),
-      kv_(model.config().n_layer, model.kv_k_width(), model.kv_v_width()),
+      kv_(model.config().n_layer, model.kv_k_width(), model.kv_v_width(),
+          resolve_kv_dtype(kv_dtype, model)),
       runner_(model, pool, &dispatcher),
       dummy_seq_(kv_.add_sequence()) {
   const int32_t tok = 0;

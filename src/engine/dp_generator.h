@@ -13,6 +13,7 @@
 #include "dist/coordinator.h"
 #include "engine/generator.h"
 #include "engine/kv_cache.h"
+#include "engine/kv_dtype.h"
 #include "engine/model_runner.h"
 #include "model/model.h"
 #include "moe/dispatcher.h"
@@ -42,8 +43,10 @@ struct DpStats {
 
 class DpGenerator {
  public:
-  // All four must outlive the generator. Every rank of the group makes one.
-  DpGenerator(const Model& model, ThreadPool& pool, Dispatcher& dispatcher, Coordinator& coord);
+  // All four must outlive the generator. Every rank of the group makes one, with the same
+  // kv_dtype (the KV cache's rows, as Generator).
+  DpGenerator(const Model& model, ThreadPool& pool, Dispatcher& dispatcher, Coordinator& coord,
+              KvCacheDtype kv_dtype = KvCacheDtype::kAuto);
 
   // Collective: every rank calls it (with its own requests, possibly none) and it returns when
   // every rank's requests have finished. Prefill, then one token per live sequence per step,

@@ -12,9 +12,10 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-Generator::Generator(const Model& model, ThreadPool& pool)
+Generator::Generator(const Model& model, ThreadPool& pool, KvCacheDtype kv_dtype)
     : model_(model),
-      kv_(model.config().n_layer, model.kv_k_width(), model.kv_v_width()),
+      kv_(model.config().n_layer, model.kv_k_width(), model.kv_v_width(),
+          resolve_kv_dtype(kv_dtype, model)),
       runner_(model, pool) {}
 
 const std::vector<float>& Generator::forward(const ForwardInput& in) {
@@ -103,7 +104,8 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
   t0 = std::chrono::steady_clock::now();
   const uint64_t expert_bytes0 = runner_.expert_bytes_read();
   const uint64_t kv_row_bytes = static_cast<uint64_t>(model_.config().n_layer) *
-                                (model_.kv_k_width() + model_.kv_v_width()) * sizeof(float);
+                                (model_.kv_k_width() + model_.kv_v_width()) *
+                                dtype_size(kv_.dtype());
   for (;;) {
     ForwardInput step;
     std::vector<size_t> who;

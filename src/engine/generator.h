@@ -10,6 +10,7 @@
 
 #include "core/thread_pool.h"
 #include "engine/kv_cache.h"
+#include "engine/kv_dtype.h"
 #include "engine/model_runner.h"
 #include "engine/sampler.h"
 #include "model/model.h"
@@ -37,7 +38,7 @@ struct GenerateStats {
   double decode_seconds = 0;
   int64_t decode_steps = 0;
   uint64_t decode_expert_bytes = 0;  // routed-expert weights read by the decode steps
-  uint64_t decode_kv_bytes = 0;      // KV rows read by the decode steps' attention
+  uint64_t decode_kv_bytes = 0;      // KV rows read by the decode steps' attention (their dtype)
 };
 
 // Throws duet::Error naming what is wrong with `r` for `config` (empty prompt, an id outside
@@ -46,8 +47,9 @@ void validate_request(const GenerateRequest& r, const ModelConfig& config);
 
 class Generator {
  public:
-  // The model and pool must outlive the generator.
-  Generator(const Model& model, ThreadPool& pool);
+  // The model and pool must outlive the generator. The KV cache keeps its rows in the dtype
+  // `kv_dtype` resolves to for the model (auto: the weights').
+  Generator(const Model& model, ThreadPool& pool, KvCacheDtype kv_dtype = KvCacheDtype::kAuto);
 
   // Throws duet::Error on a bad request (empty prompt, id out of range, too long for the
   // model's context). Sequences' KV rows are freed when it returns.

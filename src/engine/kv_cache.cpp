@@ -6,8 +6,15 @@
 
 namespace duet {
 
-KvCache::KvCache(int64_t n_layer, int64_t k_width, int64_t v_width)
-    : n_layer_(n_layer), k_width_(k_width), v_width_(v_width) {}
+KvCache::KvCache(int64_t n_layer, int64_t k_width, int64_t v_width, DType dtype)
+    : n_layer_(n_layer),
+      k_width_(k_width),
+      v_width_(v_width),
+      dtype_(dtype),
+      elem_(static_cast<int64_t>(dtype_size(dtype))) {
+  DUET_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
+             "KV cache of dtype " << dtype_name(dtype));
+}
 
 int32_t KvCache::add_sequence() {
   for (size_t i = 0; i < seqs_.size(); ++i) {
@@ -37,13 +44,14 @@ const KvCache::Seq& KvCache::seq(int32_t seq_id) const {
 
 namespace {
 
-// old [n_layer, old_cap, width] → [n_layer, cap, width]; the rows past old_cap are zero.
-std::vector<float> regrow(const std::vector<float>& old, int64_t n_layer, int64_t old_cap,
-                          int64_t cap, int64_t width) {
-  std::vector<float> grown(static_cast<size_t>(n_layer * cap * width));
+// old [n_layer, old_cap, row] → [n_layer, cap, row] (rows of row_bytes); the rows past old_cap
+// are zero.
+std::vector<std::byte> regrow(const std::vector<std::byte>& old, int64_t n_layer, int64_t old_cap,
+                              int64_t cap, int64_t row_bytes) {
+  std::vector<std::byte> grown(static_cast<size_t>(n_layer * cap * row_bytes));
   for (int64_t il = 0; il < n_layer; ++il) {
-    std::copy_n(old.data() + il * old_cap * width, old_cap * width,
-                grown.data() + il * cap * width);
+    std::copy_n(old.data() + il * old_cap * row_bytes, old_cap * row_bytes,
+                grown.data() + il * cap * row_bytes);
   }
   return grown;
 }
@@ -55,8 +63,8 @@ void KvCache::reserve(int32_t seq_id, int64_t n_pos) {
   if (n_pos <= s.capacity) return;
   // Grow geometrically so a decode loop reallocates (and moves) O(log n) times.
   const int64_t cap = std::max(n_pos, s.capacity * 2);
-  s.k = regrow(s.k, n_layer_, s.capacity, cap, k_width_);
-  s.v = regrow(s.v, n_layer_, s.capacity, cap, v_width_);
+  s.k = regrow(s.k, n_layer_, s.capacity, cap, k_width_ * elem_);
+  s.v = regrow(s.v, n_layer_, s.capacity, cap, v_width_ * elem_);
   s.capacity = cap;
 }
 
@@ -66,14 +74,14 @@ int64_t KvCache::n_sequences() const {
   return std::count_if(seqs_.begin(), seqs_.end(), [](const auto& s) { return s != nullptr; });
 }
 
-float* KvCache::k(int32_t seq_id, int64_t il, int64_t pos) {
+void* KvCache::k(int32_t seq_id, int64_t il, int64_t pos) {
   Seq& s = *seqs_[seq_id];
-  return s.k.data() + (il * s.capacity + pos) * k_width_;
+  return s.k.data() + (il * s.capacity + pos) * k_width_ * elem_;
 }
 
-float* KvCache::v(int32_t seq_id, int64_t il, int64_t pos) {
+void* KvCache::v(int32_t seq_id, int64_t il, int64_t pos) {
   Seq& s = *seqs_[seq_id];
-  return s.v.data() + (il * s.capacity + pos) * v_width_;
+  return s.v.data() + (il * s.capacity + pos) * v_width_ * elem_;
 }
 
 KvRows KvCache::rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) {
@@ -81,8 +89,8 @@ KvRows KvCache::rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) {
   DUET_CHECK(pos >= 0 && pos < s.capacity && n_max >= 1,
              "KV position " << pos << " of seq " << seq_id << " (capacity " << s.capacity << ")");
   KvRows r;
-  r.k = s.k.data() + (il * s.capacity + pos) * k_width_;
-  r.v = v_width_ > 0 ? s.v.data() + (il * s.capacity + pos) * v_width_ : nullptr;
+  r.k = k(seq_id, il, pos);
+  r.v = v_width_ > 0 ? v(seq_id, il, pos) : nullptr;
   r.k_stride = k_width_;
   r.v_stride = v_width_;
   r.n = std::min(n_max, s.capacity - pos);

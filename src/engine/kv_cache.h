@@ -4,18 +4,21 @@
 // moves the rows (a paged block pool replaces this for serving).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "core/dtype.h"
 #include "model/forward.h"
 
 namespace duet {
 
 class KvCache final : public KvStore {
  public:
-  // k_width / v_width: f32 values per position per layer (v_width may be 0, as for MLA).
-  KvCache(int64_t n_layer, int64_t k_width, int64_t v_width);
+  // k_width / v_width: elements per position per layer (v_width may be 0, as for MLA), each
+  // of `dtype` (kF32 or kBF16).
+  KvCache(int64_t n_layer, int64_t k_width, int64_t v_width, DType dtype = DType::kF32);
 
   // A new empty sequence; ids of removed sequences are reused.
   int32_t add_sequence();
@@ -26,21 +29,24 @@ class KvCache final : public KvStore {
   int64_t capacity(int32_t seq_id) const;
   int64_t n_sequences() const;
 
-  float* k(int32_t seq_id, int64_t il, int64_t pos) override;
-  float* v(int32_t seq_id, int64_t il, int64_t pos) override;
+  DType dtype() const override { return dtype_; }
+  void* k(int32_t seq_id, int64_t il, int64_t pos) override;
+  void* v(int32_t seq_id, int64_t il, int64_t pos) override;
   // All positions up to the capacity are one run of consecutive rows.
   KvRows rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) override;
 
  private:
   struct Seq {
-    int64_t capacity = 0;  // positions
-    std::vector<float> k;  // [n_layer, capacity, k_width]
-    std::vector<float> v;  // [n_layer, capacity, v_width]
+    int64_t capacity = 0;      // positions
+    std::vector<std::byte> k;  // [n_layer, capacity, k_width] dtype_
+    std::vector<std::byte> v;  // [n_layer, capacity, v_width] dtype_
   };
   Seq& seq(int32_t seq_id);
   const Seq& seq(int32_t seq_id) const;
 
   int64_t n_layer_, k_width_, v_width_;
+  DType dtype_;
+  int64_t elem_;                            // bytes of one element
   std::vector<std::unique_ptr<Seq>> seqs_;  // null = free id
 };
 

@@ -10,12 +10,13 @@ namespace duet {
 
 namespace {
 
-BlockPoolShape pool_shape(const Model& model, int64_t block_size) {
+BlockPoolShape pool_shape(const Model& model, const EngineConfig& c) {
   BlockPoolShape s;
   s.n_layer = model.config().n_layer;
   s.k_width = model.kv_k_width();
   s.v_width = model.kv_v_width();
-  s.block_size = block_size;
+  s.block_size = c.block_size;
+  s.dtype = resolve_kv_dtype(c.kv_cache_dtype, model);
   return s;
 }
 
@@ -24,7 +25,7 @@ int64_t pool_blocks(const Model& model, const EngineConfig& c) {
     DUET_ERROR("--block-size must be in [1, 1024], got " << c.block_size);
   if (!(c.kv_cache_gib > 0) || !std::isfinite(c.kv_cache_gib))
     DUET_ERROR("--kv-cache-memory must be > 0 GiB, got " << c.kv_cache_gib);
-  const BlockPoolShape shape = pool_shape(model, c.block_size);
+  const BlockPoolShape shape = pool_shape(model, c);
   const int64_t n =
       BlockPool::blocks_in(shape, static_cast<uint64_t>(c.kv_cache_gib * (1ull << 30)));
   if (n < 1) {
@@ -45,7 +46,7 @@ LlmEngine::LlmEngine(const Model& model, ThreadPool& pool, const Tokenizer* toke
     : model_(model),
       tokenizer_(tokenizer),
       max_model_len_(model.config().max_position_embeddings),
-      blocks_(pool_shape(model, config.block_size), pool_blocks(model, config)),
+      blocks_(pool_shape(model, config), pool_blocks(model, config)),
       kv_(blocks_),
       scheduler_(config.scheduler, kv_),
       runner_(model, pool, dp.dispatcher),

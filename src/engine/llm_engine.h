@@ -26,6 +26,7 @@
 #include "dist/coordinator.h"
 #include "engine/block_pool.h"
 #include "engine/engine_metrics.h"
+#include "engine/kv_dtype.h"
 #include "engine/model_runner.h"
 #include "engine/output_text.h"
 #include "engine/paged_kv_cache.h"
@@ -41,6 +42,7 @@ struct EngineConfig {
   SchedulerConfig scheduler;
   int64_t block_size = 16;    // positions per KV block
   double kv_cache_gib = 2.0;  // KV pool size; pages are touched only when used
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;  // of the KV rows; auto: the weights'
 };
 
 // The engine's place in a data-parallel group; both null on a single rank. Every rank must use
@@ -79,6 +81,8 @@ class LlmEngine {
     return std::min(max_model_len_, blocks_.n_blocks() * blocks_.shape().block_size);
   }
   const EngineMetrics& metrics() const { return metrics_; }
+  // The element type of the KV blocks (EngineConfig::kv_cache_dtype resolved for the model).
+  DType kv_dtype() const { return blocks_.shape().dtype; }
 
  private:
   // Engine-thread state of one request.

@@ -75,7 +75,7 @@ int64_t PagedKvCache::n_sequences() const {
 
 // Hot path (attention calls it per position per layer): one table lookup; a position past the
 // table is an engine bug (rows are reserved before every forward pass), so it is checked.
-float* PagedKvCache::k(int32_t seq_id, int64_t il, int64_t pos) {
+void* PagedKvCache::k(int32_t seq_id, int64_t il, int64_t pos) {
   const Seq& s = seqs_[seq_id];
   const size_t i = static_cast<size_t>(pos / block_size_);
   DUET_CHECK(i < s.blocks.size(), "KV position " << pos << " of seq " << seq_id
@@ -83,7 +83,7 @@ float* PagedKvCache::k(int32_t seq_id, int64_t il, int64_t pos) {
   return pool_.k(s.blocks[i], il, pos % block_size_);
 }
 
-float* PagedKvCache::v(int32_t seq_id, int64_t il, int64_t pos) {
+void* PagedKvCache::v(int32_t seq_id, int64_t il, int64_t pos) {
   const Seq& s = seqs_[seq_id];
   const size_t i = static_cast<size_t>(pos / block_size_);
   DUET_CHECK(i < s.blocks.size(), "KV position " << pos << " of seq " << seq_id

@@ -1,6 +1,7 @@
 // The serving KV store: every sequence has a block table mapping its positions, block_size at a
 // time, onto blocks of a shared BlockPool. GQA models keep K and V rows; MLA models keep the
-// compressed latent in the k rows (v width 0), so an MLA block is a "latent block".
+// compressed latent in the k rows (v width 0), so an MLA block is a "latent block". The rows'
+// dtype is the pool's (BlockPoolShape::dtype).
 #pragma once
 
 #include <cstdint>
@@ -37,8 +38,9 @@ class PagedKvCache final : public KvStore {
   const BlockPool& pool() const { return pool_; }
   int64_t n_sequences() const;
 
-  float* k(int32_t seq_id, int64_t il, int64_t pos) override;
-  float* v(int32_t seq_id, int64_t il, int64_t pos) override;
+  DType dtype() const override { return pool_.shape().dtype; }
+  void* k(int32_t seq_id, int64_t il, int64_t pos) override;
+  void* v(int32_t seq_id, int64_t il, int64_t pos) override;
   // A run ends at the end of a block: a block's rows of one layer are contiguous.
   KvRows rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) override;
 

@@ -38,6 +38,58 @@ float* out_row(const AttendShape& a, float* out, int64_t r) {
   return out + r / a.n_q * a.ldo_t + r % a.n_q * a.ldo;
 }
 
+// The KV element types: f32 rows are read as they are, bf16 rows (uint16_t) widened exactly.
+inline float widen(float x) {
+  return x;
+}
+inline float widen(uint16_t x) {
+  return bf16_to_f32(x);
+}
+
+template <typename T>
+const T* k_row(const KvSpan& sp, int64_t i) {
+  return static_cast<const T*>(sp.k) + i * sp.k_stride;
+}
+
+template <typename T>
+const T* v_row(const KvSpan& sp, int64_t i) {
+  return static_cast<const T*>(sp.v) + i * sp.v_stride;
+}
+
+// Calls f(T{}) with T the span's element type: float or uint16_t (bf16).
+template <typename F>
+void by_dtype(const KvSpan& sp, F&& f) {
+  DUET_CHECK(sp.dtype == DType::kF32 || sp.dtype == DType::kBF16,
+             "attend: KV rows of dtype " << dtype_name(sp.dtype));
+  if (sp.dtype == DType::kBF16) {
+    f(uint16_t{});
+  } else {
+    f(float{});
+  }
+}
+
+// s[i] = scale · q · k_i for the span's first n positions (sum in double, as
+// ops_impl::scalar::dot).
+template <typename T>
+void scalar_scores(const float* q, const KvSpan& sp, int64_t n, int64_t k_dim, float scale,
+                   float* s) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T* k = k_row<T>(sp, i);
+    double acc = 0;
+    for (int64_t d = 0; d < k_dim; ++d) acc += double(q[d]) * double(widen(k[d]));
+    s[i] = static_cast<float>(acc) * scale;
+  }
+}
+
+// acc[:v_dim] += Σ_i p[i] · v_i over the span's first n positions.
+template <typename T>
+void scalar_values(const float* p, const KvSpan& sp, int64_t n, int64_t v_dim, double* acc) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T* v = v_row<T>(sp, i);
+    for (int64_t d = 0; d < v_dim; ++d) acc[d] += double(p[i]) * double(widen(v[d]));
+  }
+}
+
 }  // namespace
 
 void attend_scalar(const AttendShape& a, const float* q, const std::vector<KvSpan>& spans,
@@ -45,24 +97,26 @@ void attend_scalar(const AttendShape& a, const float* q, const std::vector<KvSpa
   const int64_t n_ctx = n_positions(spans);
   check_shape(a, n_ctx);
   scores.resize(static_cast<size_t>(a.n_t * a.n_q * n_ctx));
+  std::vector<double> acc(static_cast<size_t>(a.v_dim));
   for (int64_t r = 0; r < a.n_t * a.n_q; ++r) {
     const float* qr = q_row(a, q, r);
     const int64_t n = visible(a, n_ctx, r);
     float* s = scores.data() + r * n_ctx;
     int64_t j = 0;
     for (const KvSpan& sp : spans) {
-      for (int64_t i = 0; i < sp.n && j < n; ++i, ++j) {
-        s[j] = ops_impl::scalar::dot(qr, sp.k + i * sp.k_stride, a.k_dim) * a.scale;
-      }
+      const int64_t m = std::min(sp.n, n - j);
+      if (m <= 0) continue;
+      by_dtype(sp, [&](auto t) { scalar_scores<decltype(t)>(qr, sp, m, a.k_dim, a.scale, s + j); });
+      j += m;
     }
     ops_impl::scalar::softmax(s, n);
-    std::vector<double> acc(static_cast<size_t>(a.v_dim), 0.0);
+    std::fill(acc.begin(), acc.end(), 0.0);
     j = 0;
     for (const KvSpan& sp : spans) {
-      for (int64_t i = 0; i < sp.n && j < n; ++i, ++j) {
-        const float* vj = sp.v + i * sp.v_stride;
-        for (int64_t d = 0; d < a.v_dim; ++d) acc[d] += double(s[j]) * double(vj[d]);
-      }
+      const int64_t m = std::min(sp.n, n - j);
+      if (m <= 0) continue;
+      by_dtype(sp, [&](auto t) { scalar_values<decltype(t)>(s + j, sp, m, a.v_dim, acc.data()); });
+      j += m;
     }
     float* o = out_row(a, out, r);
     for (int64_t d = 0; d < a.v_dim; ++d) o[d] = static_cast<float>(acc[d]);
@@ -96,22 +150,40 @@ DUET_TARGET_AVX512 inline __mmask16 lanes(int64_t n) {
   return n >= kW ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : S::first(static_cast<int>(n));
 }
 
-DUET_TARGET_AVX512 inline void prefetch_row(const float* row, int64_t n) {
-  for (int64_t d = 0; d < n; d += kW)
-    _mm_prefetch(reinterpret_cast<const char*>(row + d), _MM_HINT_T1);
+// 16 KV elements as f32 lanes: f32 loaded, bf16 widened in the register (exact, so a bf16 row
+// gives the same sums as an f32 row holding its widened values). The masked forms read only
+// the lanes of m and zero the others.
+DUET_TARGET_AVX512 DUET_ALWAYS_INLINE __m512 load_kv(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+DUET_TARGET_AVX512 DUET_ALWAYS_INLINE __m512 load_kv(const uint16_t* p) {
+  return S::load(p);
+}
+DUET_TARGET_AVX512 DUET_ALWAYS_INLINE __m512 load_kv(const float* p, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+DUET_TARGET_AVX512 DUET_ALWAYS_INLINE __m512 load_kv(const uint16_t* p, __mmask16 m) {
+  return S::widen(_mm256_maskz_loadu_epi16(m, p));
+}
+
+// Prefetches the cache lines of row[0, n) into L2.
+template <typename T>
+DUET_TARGET_AVX512 inline void prefetch_row(const T* row, int64_t n) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < n * static_cast<int64_t>(sizeof(T)); b += 64)
+    _mm_prefetch(bytes + b, _MM_HINT_T1);
 }
 
 // acc[jj][g] += q[g][d : d + n) · k_jj[d : d + n) for J positions and G rows; n == kW unless
 // kPart (then m masks the n lanes).
-template <int G, int J, bool kPart>
+template <int G, int J, bool kPart, typename T>
 DUET_TARGET_AVX512 DUET_ALWAYS_INLINE void scores_step(__m512 (&acc)[J][G], const float* const* q,
-                                                       const float* k, int64_t k_stride, int64_t d,
+                                                       const T* k, int64_t k_stride, int64_t d,
                                                        __mmask16 m) {
   __m512 kv[J];
 #pragma GCC unroll 4
   for (int jj = 0; jj < J; ++jj) {
-    kv[jj] = kPart ? _mm512_maskz_loadu_ps(m, k + jj * k_stride + d)
-                   : _mm512_loadu_ps(k + jj * k_stride + d);
+    kv[jj] = kPart ? load_kv(k + jj * k_stride + d, m) : load_kv(k + jj * k_stride + d);
   }
 #pragma GCC unroll 4
   for (int g = 0; g < G; ++g) {
@@ -123,9 +195,9 @@ DUET_TARGET_AVX512 DUET_ALWAYS_INLINE void scores_step(__m512 (&acc)[J][G], cons
 
 // s[g][j + jj] = scale · q[g] · k_jj for J positions from k and G rows. Each key vector is
 // loaded once for the G rows, each query vector once for the J positions.
-template <int G, int J>
+template <int G, int J, typename T>
 DUET_TARGET_AVX512 void scores_block(const float* const* q, float* const* s, int64_t j,
-                                     int64_t k_dim, const float* k, int64_t k_stride, float scale) {
+                                     int64_t k_dim, const T* k, int64_t k_stride, float scale) {
   __m512 acc[J][G];
 #pragma GCC unroll 4
   for (int jj = 0; jj < J; ++jj) {
@@ -150,9 +222,9 @@ DUET_TARGET_AVX512 void scores_block(const float* const* q, float* const* s, int
 }
 
 // scores_block<·, J> for every row, kMaxRows at a time: the J keys stay in L1 across the rows.
-template <int J>
+template <int J, typename T>
 DUET_TARGET_AVX512 void scores_rows(const RowPtrs& rows, int64_t n_rows, int64_t j, int64_t k_dim,
-                                    const float* k, int64_t k_stride, float scale) {
+                                    const T* k, int64_t k_stride, float scale) {
   int64_t r = 0;
   for (; r + kMaxRows <= n_rows; r += kMaxRows) {
     scores_block<kMaxRows, J>(&rows.q[r], &rows.s[r], j, k_dim, k, k_stride, scale);
@@ -174,24 +246,25 @@ DUET_TARGET_AVX512 void scores_rows(const RowPtrs& rows, int64_t n_rows, int64_t
 
 // s[r][j0 + j] = scale · q[r] · k_j for the span's positions j and every row, kPosBlock
 // positions at a time.
+template <typename T>
 DUET_TARGET_AVX512 void span_scores(const RowPtrs& rows, int64_t n_rows, int64_t k_dim,
                                     const KvSpan& sp, int64_t j0, float scale) {
   int64_t j = 0;
   for (; j + kPosBlock <= sp.n; j += kPosBlock) {
-    const float* kj = sp.k + j * sp.k_stride;
+    const T* kj = k_row<T>(sp, j);
     for (int64_t i = kAhead; i < kAhead + kPosBlock && j + i < sp.n; ++i) {
       prefetch_row(kj + i * sp.k_stride, k_dim);
     }
     scores_rows<kPosBlock>(rows, n_rows, j0 + j, k_dim, kj, sp.k_stride, scale);
   }
   for (; j < sp.n; ++j) {
-    scores_rows<1>(rows, n_rows, j0 + j, k_dim, sp.k + j * sp.k_stride, 0, scale);
+    scores_rows<1>(rows, n_rows, j0 + j, k_dim, k_row<T>(sp, j), 0, scale);
   }
 }
 
 // o[g][d0 + :kValueVecs·kW] += Σ_j p[g][j0 + j] · v_j[d0 + ...] over the span's positions
 // [jb, je), for g < G; lanes at or past v_dim are neither read nor written.
-template <int G>
+template <int G, typename T>
 DUET_TARGET_AVX512 void values_block(float* const* p, float* const* o, const KvSpan& sp, int64_t j0,
                                      int64_t jb, int64_t je, int64_t d0, int64_t v_dim,
                                      bool prefetch) {
@@ -208,11 +281,11 @@ DUET_TARGET_AVX512 void values_block(float* const* p, float* const* o, const KvS
   }
   const int64_t span_dim = std::min<int64_t>(kValueVecs * kW, v_dim - d0);
   for (int64_t j = jb; j < je; ++j) {
-    const float* vj = sp.v + j * sp.v_stride + d0;
+    const T* vj = v_row<T>(sp, j) + d0;
     if (prefetch && j + kAhead < sp.n) prefetch_row(vj + kAhead * sp.v_stride, span_dim);
     __m512 vv[kValueVecs];
 #pragma GCC unroll 4
-    for (int c = 0; c < kValueVecs; ++c) vv[c] = _mm512_maskz_loadu_ps(m[c], vj + c * kW);
+    for (int c = 0; c < kValueVecs; ++c) vv[c] = load_kv(vj + c * kW, m[c]);
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
       const __m512 pg = _mm512_set1_ps(p[g][j0 + j]);
@@ -231,24 +304,25 @@ DUET_TARGET_AVX512 void values_block(float* const* p, float* const* o, const KvS
 
 // values_block for every row over the span, kValueBlock positions at a time so that their value
 // slices stay in L1 across the rows.
+template <typename T>
 DUET_TARGET_AVX512 void span_values(const RowPtrs& rows, int64_t n_rows, const KvSpan& sp,
                                     int64_t j0, int64_t d0, int64_t v_dim) {
   for (int64_t jb = 0; jb < sp.n; jb += kValueBlock) {
     const int64_t je = std::min(sp.n, jb + kValueBlock);
     int64_t r = 0;
     for (; r + kMaxRows <= n_rows; r += kMaxRows) {
-      values_block<kMaxRows>(&rows.s[r], &rows.o[r], sp, j0, jb, je, d0, v_dim, r == 0);
+      values_block<kMaxRows, T>(&rows.s[r], &rows.o[r], sp, j0, jb, je, d0, v_dim, r == 0);
     }
     const bool first = r == 0;
     switch (n_rows - r) {
       case 1:
-        values_block<1>(&rows.s[r], &rows.o[r], sp, j0, jb, je, d0, v_dim, first);
+        values_block<1, T>(&rows.s[r], &rows.o[r], sp, j0, jb, je, d0, v_dim, first);
         break;
       case 2:
-        values_block<2>(&rows.s[r], &rows.o[r], sp, j0, jb, je, d0, v_dim, first);
+        values_block<2, T>(&rows.s[r], &rows.o[r], sp, j0, jb, je, d0, v_dim, first);
         break;
       case 3:
-        values_block<3>(&rows.s[r], &rows.o[r], sp, j0, jb, je, d0, v_dim, first);
+        values_block<3, T>(&rows.s[r], &rows.o[r], sp, j0, jb, je, d0, v_dim, first);
         break;
       default:
         break;
@@ -274,7 +348,7 @@ DUET_TARGET_AVX512 void attend_avx512(const AttendShape& a, const float* q,
   }
   int64_t j0 = 0;
   for (const KvSpan& sp : spans) {
-    span_scores(rows, n_rows, a.k_dim, sp, j0, a.scale);
+    by_dtype(sp, [&](auto t) { span_scores<decltype(t)>(rows, n_rows, a.k_dim, sp, j0, a.scale); });
     j0 += sp.n;
   }
   // Keys a row must not see get probability 0: its output gains exactly 0 · v from them.
@@ -289,7 +363,7 @@ DUET_TARGET_AVX512 void attend_avx512(const AttendShape& a, const float* q,
     }
     j0 = 0;
     for (const KvSpan& sp : spans) {
-      span_values(rows, n_rows, sp, j0, d0, a.v_dim);
+      by_dtype(sp, [&](auto t) { span_values<decltype(t)>(rows, n_rows, sp, j0, d0, a.v_dim); });
       j0 += sp.n;
     }
   }

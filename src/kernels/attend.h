@@ -5,21 +5,25 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/dtype.h"
+
 namespace duet {
 
-// n consecutive positions whose rows sit at fixed strides (in floats), as a KV store holds them.
+// n consecutive positions whose rows sit at fixed strides (in elements), as a KV store holds
+// them, in f32 or bf16 (widened to f32 as they are loaded; no copy of the rows is made).
 struct KvSpan {
-  const float* k = nullptr;  // key of the span's position i at k + i * k_stride
-  const float* v = nullptr;  // value of position i at v + i * v_stride (may equal k, as in MLA)
+  const void* k = nullptr;  // key of the span's position i at k + i * k_stride elements
+  const void* v = nullptr;  // value of position i at v + i * v_stride (may equal k, as in MLA)
   int64_t k_stride = 0;
   int64_t v_stride = 0;
   int64_t n = 0;
+  DType dtype = DType::kF32;  // of the k and v rows: kF32 or kBF16
 };
 
 struct AttendShape {
   int64_t n_q = 0;     // query heads sharing the keys and values (a GQA group; MLA: any heads)
-  int64_t k_dim = 0;   // floats of each query and key used
-  int64_t v_dim = 0;   // floats of each value used
+  int64_t k_dim = 0;   // elements of each query and key used
+  int64_t v_dim = 0;   // elements of each value used
   int64_t ldq = 0;     // floats between the query heads' rows (>= k_dim)
   int64_t ldo = 0;     // floats between the output heads' rows (>= v_dim)
   float scale = 1.0f;  // applied to q · k before the softmax
@@ -33,14 +37,16 @@ struct AttendShape {
 
 // out[i * ldo_t + h * ldo + :v_dim] = Σ_j p[i, h, j] · v_j with p[i, h, :] =
 // softmax_j(scale · q[i * ldq_t + h * ldq + :k_dim] · k_j) over the positions j < n_ctx - n_t + 1
-// + i of all spans in order, for i < n_t, h < n_q. At least n_t positions; q, out f32; out must
-// not overlap q or the KV rows. `scores` is scratch ([n_t * n_q, n_ctx] f32), reused across calls
-// to avoid allocating. AVX-512 when the CPU has it, else the scalar version. A position's output
-// is the same, bit for bit, whether computed alone or in a block of n_t.
+// + i of all spans in order, for i < n_t, h < n_q. At least n_t positions; q, out f32; the K/V
+// rows f32 or bf16 (each span says which); out must not overlap q or the KV rows. `scores` is
+// scratch ([n_t * n_q, n_ctx] f32), reused across calls to avoid allocating. AVX-512 when the CPU
+// has it, else the scalar version. A position's output is the same, bit for bit, whether
+// computed alone or in a block of n_t.
 void attend(const AttendShape& shape, const float* q, const std::vector<KvSpan>& spans, float* out,
             std::vector<float>& scores);
 
-// The plain version (sums in double): the reference for tests and the fallback.
+// The plain version (sums in double): the reference for tests and the fallback. bf16 rows give
+// the same result, bit for bit, as f32 rows holding their widened values (for attend too).
 void attend_scalar(const AttendShape& shape, const float* q, const std::vector<KvSpan>& spans,
                    float* out, std::vector<float>& scores);
 

@@ -34,10 +34,13 @@ std::vector<int64_t> token_blocks(const ForwardInput& in) {
 void kv_spans(KvStore& kv, int32_t seq_id, int64_t il, int64_t n_ctx, int64_t k_offset,
               int64_t v_offset, std::vector<KvSpan>& spans) {
   spans.clear();
+  const DType dtype = kv.dtype();
+  const int64_t elem = static_cast<int64_t>(dtype_size(dtype));
   for (int64_t pos = 0; pos < n_ctx;) {
     const KvRows r = kv.rows(seq_id, il, pos, n_ctx - pos);
-    spans.push_back(
-        KvSpan{r.k + k_offset, r.v ? r.v + v_offset : nullptr, r.k_stride, r.v_stride, r.n});
+    const void* k = static_cast<const char*>(r.k) + k_offset * elem;
+    const void* v = r.v ? static_cast<const char*>(r.v) + v_offset * elem : nullptr;
+    spans.push_back(KvSpan{k, v, r.k_stride, r.v_stride, r.n, dtype});
     pos += r.n;
   }
 }

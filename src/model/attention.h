@@ -18,8 +18,8 @@ struct GqaShape {
 };
 
 // spans = the k and v rows of positions [0, n_ctx) of (seq_id, layer il) as runs of the store,
-// each row offset by k_offset / v_offset floats (a KV head's slice; v_offset is ignored where the
-// store keeps no v rows).
+// in its dtype, each row offset by k_offset / v_offset elements (a KV head's slice; v_offset is
+// ignored where the store keeps no v rows).
 void kv_spans(KvStore& kv, int32_t seq_id, int64_t il, int64_t n_ctx, int64_t k_offset,
               int64_t v_offset, std::vector<KvSpan>& spans);
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "moe/dispatcher.h"
 #include "moe/experts.h"
@@ -39,24 +40,29 @@ struct ForwardInput {
 };
 
 // The k and v rows of consecutive positions [pos, pos + n) of one sequence and layer, which the
-// store keeps at fixed strides (in floats): row i at k + i * k_stride.
+// store keeps at fixed strides (in elements of the store's dtype): row i at k + i * k_stride.
 struct KvRows {
-  const float* k = nullptr;
-  const float* v = nullptr;  // nullptr when v_width is 0 (MLA)
+  const void* k = nullptr;
+  const void* v = nullptr;  // nullptr when v_width is 0 (MLA)
   int64_t k_stride = 0;
   int64_t v_stride = 0;
   int64_t n = 0;
 };
 
-// Per-layer KV rows of each sequence. Rows for every position in a batch must exist (the engine
-// reserves them) before the forward pass starts; the model writes the new positions' rows.
+// Per-layer KV rows of each sequence, kept in one element type: f32, or bf16 (half the bytes to
+// hold and to read; attention widens them as it loads). Rows for every position in a batch must
+// exist (the engine reserves them) before the forward pass starts; the model writes the new
+// positions' rows through store_k / store_v.
 class KvStore {
  public:
   virtual ~KvStore() = default;
-  // [k_width] f32 row of (seq_id, layer il, pos): GQA keys of all KV heads, or MLA's latent.
-  virtual float* k(int32_t seq_id, int64_t il, int64_t pos) = 0;
-  // [v_width] f32 row; unused (width 0) for MLA.
-  virtual float* v(int32_t seq_id, int64_t il, int64_t pos) = 0;
+  // The rows' element type: DType::kF32 or DType::kBF16.
+  virtual DType dtype() const = 0;
+  // [k_width] row of (seq_id, layer il, pos) in dtype(): GQA keys of all KV heads, or MLA's
+  // latent.
+  virtual void* k(int32_t seq_id, int64_t il, int64_t pos) = 0;
+  // [v_width] row in dtype(); unused (width 0) for MLA.
+  virtual void* v(int32_t seq_id, int64_t il, int64_t pos) = 0;
   // The rows of positions [pos, pos + n) for the largest n <= n_max (n >= 1, n_max >= 1) that
   // the store keeps at one stride: attention walks the cache a run at a time, not a call per
   // position. This default hands out one position per call.
@@ -64,6 +70,11 @@ class KvStore {
     (void)n_max;
     return KvRows{k(seq_id, il, pos), v(seq_id, il, pos), 0, 0, 1};
   }
+
+  // The first n elements of the k / v row of (seq_id, il, pos) = src[0, n) (f32), converted to
+  // dtype(): bf16 rounds to nearest even (f32_to_bf16), f32 is copied.
+  void store_k(int32_t seq_id, int64_t il, int64_t pos, const float* src, int64_t n);
+  void store_v(int32_t seq_id, int64_t il, int64_t pos, const float* src, int64_t n);
 };
 
 // State of one micro-batch while its operations run. Buffers are reused across steps.

@@ -95,8 +95,8 @@ void gqa_attention(ForwardState& s, int64_t il, const GqaWeights& w, const Model
     rope.apply(qt, c.n_head, hd, s.in->pos[t], RopeStyle::kNeox);
     rope.apply(kt, c.n_head_kv, hd, s.in->pos[t], RopeStyle::kNeox);
     const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
-    std::copy(kt, kt + kv_w, s.kv->k(seq, il, s.in->pos[t]));
-    std::copy(v + t * kv_w, v + (t + 1) * kv_w, s.kv->v(seq, il, s.in->pos[t]));
+    s.kv->store_k(seq, il, s.in->pos[t], kt, kv_w);
+    s.kv->store_v(seq, il, s.in->pos[t], v + t * kv_w, kv_w);
   }
   s.attn_out.resize(static_cast<size_t>(n * q_w));
   GqaShape shape{c.n_head, c.n_head_kv, hd, static_cast<float>(1.0 / std::sqrt(double(hd)))};

@@ -39,9 +39,12 @@ class Model {
   const ModelConfig& config() const { return config_; }
   // The whole forward pass: embedding, every layer, output head. Built once at load.
   const std::vector<Operation>& operations() const { return ops_; }
-  // f32 values per position per layer in the KV store's k and v rows.
+  // Elements per position per layer in the KV store's k and v rows.
   virtual int64_t kv_k_width() const = 0;
   virtual int64_t kv_v_width() const = 0;
+  // The element type the weight matrices are held in: kBF16 for a bf16 checkpoint, kF32 for an
+  // f32 one (and for f16, widened at load). Read off the output head: checkpoints use one dtype.
+  DType weight_dtype() const { return output_.dtype; }
   // Bytes of weights resident for this model (mapped or converted).
   uint64_t weight_bytes() const { return weight_bytes_; }
   // Bytes of the weights every forward pass reads whatever the routing: attention, norms,

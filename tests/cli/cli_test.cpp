@@ -138,6 +138,30 @@ TEST_F(CliTest, InconsistentDistributedFlagsAreRefused) {
                "install openmpi-bin");
 }
 
+// --kv-cache-dtype on every command that makes a KV cache: a bad value is refused (before the
+// model loads) with one error line; the chosen dtype is reported, `auto` being bf16 for this
+// bf16 model; bf16 and f32 K/V give this model the same greedy completion.
+TEST_F(CliTest, KvCacheDtypeIsCheckedAndReported) {
+  const std::string want = "--kv-cache-dtype must be auto, bf16 or f32, got 'bogus'";
+  expect_error(run_duet("generate " + dir_ + " --prompt-ids 1 --kv-cache-dtype bogus"), want);
+  expect_error(run_duet("serve " + dir_ + " --port 0 --kv-cache-dtype bogus"), want);
+  expect_error(run_duet("bench latency " + dir_ + " --kv-cache-dtype bogus"), want);
+  const std::string args = "generate " + dir_ + " --prompt-ids 5,6,7,8 --max-tokens 6";
+  RunResult automatic = run_duet(args);
+  RunResult bf16 = run_duet(args + " --kv-cache-dtype bf16");
+  RunResult f32 = run_duet(args + " --kv-cache-dtype f32");
+  for (const RunResult* r : {&automatic, &bf16, &f32}) ASSERT_EQ(r->exit_code, 0) << r->out;
+  EXPECT_NE(automatic.out.find("| KV cache bf16"), std::string::npos) << automatic.out;
+  EXPECT_NE(bf16.out.find("| KV cache bf16"), std::string::npos) << bf16.out;
+  EXPECT_NE(f32.out.find("| KV cache f32"), std::string::npos) << f32.out;
+  EXPECT_EQ(first_line(bf16.out), first_line(f32.out));
+  RunResult bench = run_duet("bench latency " + dir_ +
+                             " --batch 2 --prompt-len 4 --gen-len 2 --threads 1 "
+                             "--kv-cache-dtype f32");
+  ASSERT_EQ(bench.exit_code, 0) << bench.out;
+  EXPECT_NE(bench.out.find(", KV cache f32\n"), std::string::npos) << bench.out;
+}
+
 TEST_F(CliTest, UnknownOptionsAreRejected) {
   RunResult r = run_duet("generate " + dir_ + " --no-such-flag");
   EXPECT_NE(r.exit_code, 0);

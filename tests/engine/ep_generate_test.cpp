@@ -1,7 +1,8 @@
 // Expert parallelism on in-process ranks gives the single-rank greedy tokens, for the three
 // architectures, EP = 2 and 4, both all-to-all algorithms: with every rank running the same
 // batch (pure EP) and with DP attention (each rank its own requests; idle ranks run dummy
-// batches). Each rank loads only its own experts.
+// batches). Each rank loads only its own experts. Also with bf16 KV caches (every rank and the
+// reference alike).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -24,6 +25,7 @@ struct EpCase {
   const char* arch;
   int world;
   All2AllBackend backend;
+  KvCacheDtype kv = KvCacheDtype::kAuto;  // the tiny models are f32: auto is f32
 };
 
 class EpGenerateTest : public ::testing::TestWithParam<EpCase> {
@@ -32,7 +34,7 @@ class EpGenerateTest : public ::testing::TestWithParam<EpCase> {
   void reference(const std::vector<GenerateRequest>& reqs) {
     std::unique_ptr<Model> m = Model::load(test::tiny_model_dir(GetParam().arch));
     ThreadPool pool(1);
-    Generator g(*m, pool);
+    Generator g(*m, pool, GetParam().kv);
     for (const GenerateResult& r : g.generate(reqs)) want_.push_back(r.tokens);
     full_bytes_ = m->weight_bytes();
   }
@@ -51,7 +53,7 @@ class EpGenerateTest : public ::testing::TestWithParam<EpCase> {
       EXPECT_LT(m->weight_bytes(), full_bytes_);  // only this rank's experts are resident
       ThreadPool pool(1);
       EpDispatcher ep(ctx.comm(), place, {c.backend, 64});
-      DpGenerator gen(*m, pool, ep, ctx.coord());
+      DpGenerator gen(*m, pool, ep, ctx.coord(), c.kv);
       std::vector<GenerateRequest> my_reqs;
       const std::vector<size_t> idx = mine(ctx.rank());
       for (size_t i : idx) my_reqs.push_back(reqs[i]);
@@ -115,6 +117,8 @@ std::vector<EpCase> all_cases() {
     for (int world : {2, 4})
       for (All2AllBackend b : {All2AllBackend::kHighThroughput, All2AllBackend::kLowLatency})
         cases.push_back({arch, world, b});
+  for (const char* arch : {"qwen3_moe", "deepseek_v2", "mixtral"})
+    cases.push_back({arch, 2, All2AllBackend::kHighThroughput, KvCacheDtype::kBf16});
   return cases;
 }
 
@@ -122,7 +126,8 @@ INSTANTIATE_TEST_SUITE_P(Archs, EpGenerateTest, ::testing::ValuesIn(all_cases())
                          [](const ::testing::TestParamInfo<EpCase>& info) {
                            return std::string(info.param.arch) + "_ep" +
                                   std::to_string(info.param.world) + "_" +
-                                  all2all_backend_name(info.param.backend);
+                                  all2all_backend_name(info.param.backend) +
+                                  (info.param.kv == KvCacheDtype::kBf16 ? "_kv_bf16" : "");
                          });
 
 // Delegates to an EpDispatcher; on one rank, stops answering at its n-th dispatch (mid-decode).

@@ -1,7 +1,8 @@
 // The serving engine end to end on a tiny model: its greedy tokens equal the Generator's, many
 // requests at once (with chunked prefill and preemption by recompute in a tiny KV pool) get
-// the same tokens as alone, stop ids end a request, an aborted request frees its blocks, and
-// impossible requests are refused at submit.
+// the same tokens as alone, stop ids end a request, an aborted request frees its blocks,
+// impossible requests are refused at submit, and a bf16 KV cache gets twice the blocks of the
+// same memory and the bf16 Generator's tokens.
 #include "engine/llm_engine.h"
 
 #include <gtest/gtest.h>
@@ -19,11 +20,13 @@ class LlmEngineTest : public ::testing::Test {
  protected:
   void SetUp() override { model_ = Model::load(test::tiny_model_dir("qwen3_moe")); }
 
-  std::unique_ptr<LlmEngine> engine(double kv_gib, int64_t max_seqs, int64_t budget) {
+  std::unique_ptr<LlmEngine> engine(double kv_gib, int64_t max_seqs, int64_t budget,
+                                    KvCacheDtype kv = KvCacheDtype::kAuto) {
     EngineConfig c;
     c.scheduler = {max_seqs, budget};
     c.block_size = 4;
     c.kv_cache_gib = kv_gib;
+    c.kv_cache_dtype = kv;
     return std::make_unique<LlmEngine>(*model_, pool_, nullptr, c);
   }
 
@@ -132,6 +135,21 @@ TEST_F(LlmEngineTest, AbortFreesTheBlocks) {
   EXPECT_EQ(d.finish_reason, "abort");
   EXPECT_LT(d.completion_tokens, 1500);
   EXPECT_TRUE(blocks_freed(*e));
+}
+
+TEST_F(LlmEngineTest, Bf16KvCacheHoldsTwiceTheBlocksAndMatchesTheGenerator) {
+  auto f32 = engine(blocks_gib(8), 8, 64);  // the tiny model is f32: auto is f32
+  auto bf16 = engine(blocks_gib(8), 8, 64, KvCacheDtype::kBf16);
+  EXPECT_EQ(f32->kv_dtype(), DType::kF32);
+  EXPECT_EQ(bf16->kv_dtype(), DType::kBF16);
+  EXPECT_EQ(f32->metrics().snapshot().kv_blocks_total, 8);
+  EXPECT_EQ(bf16->metrics().snapshot().kv_blocks_total, 16);
+  EXPECT_EQ(bf16->max_request_len(), 64);
+  Generator gen(*model_, pool_, KvCacheDtype::kBf16);
+  GenerateRequest g;
+  g.prompt = prompt(9, 2);
+  g.max_tokens = 12;
+  EXPECT_EQ(drain(*bf16->submit(greedy(g.prompt, 12))), gen.generate({g})[0].tokens);
 }
 
 TEST_F(LlmEngineTest, RefusesRequestsThatCanNeverRun) {

@@ -1,10 +1,12 @@
 // The block pool and the paged KV store: allocation all-or-nothing, rows of different
-// sequences never alias, blocks come back on removal, and a forward pass over the paged store
-// gives the same logits as over the contiguous KvCache (GQA and MLA latent blocks).
+// sequences never alias, blocks come back on removal, a bf16 pool holds twice the blocks in the
+// same memory and rounds its rows to nearest even, and a forward pass over the paged store gives
+// the same logits as over the contiguous KvCache (GQA and MLA latent blocks, f32 and bf16).
 #include "engine/paged_kv_cache.h"
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <set>
 
 #include "core/error.h"
@@ -32,6 +34,61 @@ TEST(BlockPoolTest, HandsOutEveryBlockOnceAndTakesThemBack) {
   EXPECT_THROW(pool.free(0), Error);  // double free
 }
 
+TEST(BlockPoolTest, Bf16HoldsTwiceTheBlocksInTheSameMemory) {
+  BlockPoolShape f32{2, 3, 5, 4};
+  BlockPoolShape bf16 = f32;
+  bf16.dtype = DType::kBF16;
+  EXPECT_EQ(BlockPool::bytes_per_block(bf16), 2u * 2 * 8 * 4);
+  EXPECT_EQ(BlockPool::blocks_in(f32, 2560), 10);
+  EXPECT_EQ(BlockPool::blocks_in(bf16, 2560), 20);
+  // The rows of a bf16 pool sit 2-byte elements apart: block b's layer il, offset off.
+  BlockPool pool(bf16, 2);
+  EXPECT_EQ(static_cast<char*>(pool.k(1, 1, 2)) - static_cast<char*>(pool.k(0, 0, 0)),
+            ((1 * 2 + 1) * 4 + 2) * 3 * 2);
+  EXPECT_EQ(static_cast<char*>(pool.v(1, 0, 3)) - static_cast<char*>(pool.v(0, 0, 0)),
+            ((1 * 2 + 0) * 4 + 3) * 5 * 2);
+}
+
+TEST(PagedKvCacheTest, Bf16RowsRoundToNearestEvenAcrossBlocks) {
+  BlockPoolShape shape{2, 3, 2, 4, DType::kBF16};
+  BlockPool pool(shape, 4);
+  PagedKvCache kv(pool);
+  EXPECT_EQ(kv.dtype(), DType::kBF16);
+  const int32_t s = kv.add_sequence();
+  ASSERT_TRUE(kv.reserve(s, 7));  // two blocks
+  // k: a tie rounding down to even, a tie rounding up to even, a value above a tie; v: their
+  // negations' first two. Each position's values are scaled by 2^pos (exact).
+  const float k_row[3] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f};
+  const uint16_t k_bits[3] = {0x3F80, 0x3F82, 0x3F81};
+  for (int64_t il = 0; il < 2; ++il) {
+    for (int64_t pos = 0; pos < 7; ++pos) {
+      float k[3], v[2];
+      for (int i = 0; i < 3; ++i) k[i] = std::ldexp(k_row[i], static_cast<int>(pos));
+      for (int i = 0; i < 2; ++i) v[i] = -k[i];
+      kv.store_k(s, il, pos, k, 3);
+      kv.store_v(s, il, pos, v, 2);
+    }
+  }
+  for (int64_t il = 0; il < 2; ++il) {
+    for (int64_t pos = 0; pos < 7;) {
+      const KvRows r = kv.rows(s, il, pos, 7 - pos);
+      EXPECT_EQ(r.n, std::min<int64_t>(4 - pos % 4, 7 - pos));  // a run ends with its block
+      EXPECT_EQ(r.k_stride, 3);
+      EXPECT_EQ(r.v_stride, 2);
+      for (int64_t i = 0; i < r.n; ++i, ++pos) {
+        const uint16_t* k = static_cast<const uint16_t*>(r.k) + i * r.k_stride;
+        const uint16_t* v = static_cast<const uint16_t*>(r.v) + i * r.v_stride;
+        EXPECT_EQ(k, kv.k(s, il, pos));
+        for (int d = 0; d < 3; ++d) {
+          // Scaling by 2^pos adds pos to the exponent field (bit 7 of the bf16 pattern).
+          EXPECT_EQ(k[d], k_bits[d] + (pos << 7)) << il << " " << pos << " " << d;
+        }
+        for (int d = 0; d < 2; ++d) EXPECT_EQ(v[d], 0x8000 | (k_bits[d] + (pos << 7)));
+      }
+    }
+  }
+}
+
 TEST(PagedKvCacheTest, ReserveIsAllOrNothingAndRowsNeverAlias) {
   BlockPool pool({2, 3, 1, 4}, 5);  // 2 layers, k 3 floats, v 1 float, 4 positions per block
   PagedKvCache kv(pool);
@@ -45,7 +102,7 @@ TEST(PagedKvCacheTest, ReserveIsAllOrNothingAndRowsNeverAlias) {
   EXPECT_TRUE(kv.reserve(b, 8));
   EXPECT_EQ(pool.n_free(), 0);
   // Every (seq, layer, pos) row is its own memory.
-  std::set<const float*> rows;
+  std::set<const void*> rows;
   for (int32_t s : {a, b})
     for (int64_t il = 0; il < 2; ++il)
       for (int64_t pos = 0; pos < 8; ++pos) {
@@ -58,17 +115,18 @@ TEST(PagedKvCacheTest, ReserveIsAllOrNothingAndRowsNeverAlias) {
   EXPECT_EQ(kv.add_sequence(), a);  // ids are reused
 }
 
-class PagedForwardTest : public ::testing::TestWithParam<std::string> {};
+class PagedForwardTest : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
 
 // The same chunked prefill + decodes over the paged store (block size 3, so sequences straddle
 // blocks, interleaved allocation) and over the contiguous cache give identical logits.
 TEST_P(PagedForwardTest, MatchesContiguousCache) {
-  std::unique_ptr<Model> model = Model::load(test::tiny_model_dir(GetParam()));
+  const auto& [arch, dtype] = GetParam();
+  std::unique_ptr<Model> model = Model::load(test::tiny_model_dir(arch));
   ThreadPool threads(2);
   ModelRunner runner(*model, threads);
   const int64_t n_layer = model->config().n_layer;
-  KvCache flat(n_layer, model->kv_k_width(), model->kv_v_width());
-  BlockPool pool({n_layer, model->kv_k_width(), model->kv_v_width(), 3}, 32);
+  KvCache flat(n_layer, model->kv_k_width(), model->kv_v_width(), dtype);
+  BlockPool pool({n_layer, model->kv_k_width(), model->kv_v_width(), 3, dtype}, 32);
   PagedKvCache paged(pool);
   const int32_t f0 = flat.add_sequence(), f1 = flat.add_sequence();
   const int32_t p0 = paged.add_sequence(), p1 = paged.add_sequence();
@@ -93,7 +151,13 @@ TEST_P(PagedForwardTest, MatchesContiguousCache) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Arch, PagedForwardTest,
-                         ::testing::Values("qwen3_moe", "deepseek_v2", "mixtral"));
+                         ::testing::Combine(::testing::Values("qwen3_moe", "deepseek_v2",
+                                                              "mixtral"),
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
+                           return std::get<0>(info.param) +
+                                  (std::get<1>(info.param) == DType::kBF16 ? "_bf16" : "_f32");
+                         });
 
 }  // namespace
 }  // namespace duet

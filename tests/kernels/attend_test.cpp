@@ -14,26 +14,45 @@ namespace duet {
 namespace {
 
 // A sequence's K/V rows laid out as a store might: row j of the key at keys[j * stride], cut
-// into spans of the given lengths (cycled).
+// into spans of the given lengths (cycled). A bf16 cache keeps its rows in keys_bf16 /
+// values_bf16, which the spans point into; keys / values then hold their widened values, which
+// is what attention must compute with.
 struct Cache {
   int64_t stride;
   std::vector<float> keys;    // [n_ctx, stride]
   std::vector<float> values;  // [n_ctx, stride]
+  std::vector<uint16_t> keys_bf16, values_bf16;
   std::vector<KvSpan> spans;
 };
 
+std::vector<uint16_t> to_bf16(std::vector<float>& x) {
+  std::vector<uint16_t> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x[i] = bf16_to_f32(h[i] = f32_to_bf16(x[i]));
+  return h;
+}
+
 Cache make_cache(std::mt19937& rng, int64_t n_ctx, int64_t stride,
-                 const std::vector<int64_t>& span_lens, bool v_is_k) {
+                 const std::vector<int64_t>& span_lens, bool v_is_k, DType dtype = DType::kF32) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  Cache c{stride, {}, {}, {}};
+  Cache c{stride, {}, {}, {}, {}, {}};
   c.keys.resize(static_cast<size_t>(n_ctx * stride));
   c.values.resize(c.keys.size());
   for (float& v : c.keys) v = normal(rng);
   for (float& v : c.values) v = normal(rng);
-  const float* vals = v_is_k ? c.keys.data() : c.values.data();
+  const bool bf16 = dtype == DType::kBF16;
+  if (bf16) {
+    c.keys_bf16 = to_bf16(c.keys);
+    c.values_bf16 = to_bf16(c.values);
+  }
+  const void* keys = bf16 ? static_cast<const void*>(c.keys_bf16.data()) : c.keys.data();
+  const void* vals = v_is_k ? keys
+                     : bf16 ? static_cast<const void*>(c.values_bf16.data())
+                            : c.values.data();
+  const int64_t row_bytes = stride * static_cast<int64_t>(dtype_size(dtype));
   for (int64_t j = 0, i = 0; j < n_ctx; ++i) {
     const int64_t n = std::min(span_lens[i % span_lens.size()], n_ctx - j);
-    c.spans.push_back({c.keys.data() + j * stride, vals + j * stride, stride, stride, n});
+    c.spans.push_back({static_cast<const char*>(keys) + j * row_bytes,
+                       static_cast<const char*>(vals) + j * row_bytes, stride, stride, n, dtype});
     j += n;
   }
   return c;
@@ -85,7 +104,11 @@ std::vector<float> run_attend(bool simd, const AttendShape& a, const float* q,
   return out;
 }
 
-TEST(AttendTest, MatchesNaiveOnEdgeShapes) {
+// f32 and bf16 KV rows: the same tests, the bf16 ones against the textbook version on the
+// widened values.
+class AttendDtypeTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(AttendDtypeTest, MatchesNaiveOnEdgeShapes) {
   std::mt19937 rng(2024);
   struct Dims {
     int64_t k_dim, v_dim;
@@ -100,7 +123,7 @@ TEST(AttendTest, MatchesNaiveOnEdgeShapes) {
       for (int64_t n_ctx : {1, 2, 17, 100}) {
         for (const std::vector<int64_t>& lens : span_sets) {
           const int64_t stride = std::max(dm.k_dim, dm.v_dim) + 5;
-          Cache c = make_cache(rng, n_ctx, stride, lens, dm.v_is_k);
+          Cache c = make_cache(rng, n_ctx, stride, lens, dm.v_is_k, GetParam());
           AttendShape a{n_q,          dm.k_dim,
                         dm.v_dim,     dm.k_dim + 3,
                         dm.v_dim + 2, static_cast<float>(1.0 / std::sqrt(double(dm.k_dim)))};
@@ -109,10 +132,10 @@ TEST(AttendTest, MatchesNaiveOnEdgeShapes) {
           for (float& v : q) v = normal(rng);
           std::vector<double> want, scale;
           naive(a, q.data(), c, n_ctx, dm.v_is_k, want, scale);
-          const std::string what = "k_dim " + std::to_string(dm.k_dim) + " v_dim " +
-                                   std::to_string(dm.v_dim) + " n_q " + std::to_string(n_q) +
-                                   " n_ctx " + std::to_string(n_ctx) + " spans " +
-                                   std::to_string(c.spans.size());
+          const std::string what =
+              std::string(dtype_name(GetParam())) + " k_dim " + std::to_string(dm.k_dim) +
+              " v_dim " + std::to_string(dm.v_dim) + " n_q " + std::to_string(n_q) + " n_ctx " +
+              std::to_string(n_ctx) + " spans " + std::to_string(c.spans.size());
           for (bool simd : {true, false}) {
             const std::vector<float> out = run_attend(simd, a, q.data(), c.spans, n_q * a.ldo);
             for (int64_t h = 0; h < n_q; ++h) {
@@ -139,7 +162,7 @@ TEST(AttendTest, MatchesNaiveOnEdgeShapes) {
 // as the context (the first position sees one key), GQA groups, the MLA shape, paged runs. Each
 // position must match the textbook version, and the SIMD result must equal, bit for bit, attend
 // called on that position alone.
-TEST(AttendTest, CausalBlockMatchesPerPosition) {
+TEST_P(AttendDtypeTest, CausalBlockMatchesPerPosition) {
   std::mt19937 rng(77);
   struct Dims {
     int64_t k_dim, v_dim;
@@ -154,7 +177,7 @@ TEST(AttendTest, CausalBlockMatchesPerPosition) {
         for (int64_t n_ctx : {n_t, n_t + 1, int64_t{70}}) {
           for (const std::vector<int64_t>& lens : span_sets) {
             const int64_t stride = std::max(dm.k_dim, dm.v_dim) + 5;
-            Cache c = make_cache(rng, n_ctx, stride, lens, dm.v_is_k);
+            Cache c = make_cache(rng, n_ctx, stride, lens, dm.v_is_k, GetParam());
             AttendShape a{n_q,          dm.k_dim,
                           dm.v_dim,     dm.k_dim + 3,
                           dm.v_dim + 2, static_cast<float>(1.0 / std::sqrt(double(dm.k_dim)))};
@@ -164,10 +187,10 @@ TEST(AttendTest, CausalBlockMatchesPerPosition) {
             std::normal_distribution<float> normal(0.0f, 1.0f);
             std::vector<float> q(static_cast<size_t>(n_t * a.ldq_t));
             for (float& v : q) v = normal(rng);
-            const std::string what = "k_dim " + std::to_string(dm.k_dim) + " n_q " +
-                                     std::to_string(n_q) + " n_t " + std::to_string(n_t) +
-                                     " n_ctx " + std::to_string(n_ctx) + " spans " +
-                                     std::to_string(c.spans.size());
+            const std::string what =
+                std::string(dtype_name(GetParam())) + " k_dim " + std::to_string(dm.k_dim) +
+                " n_q " + std::to_string(n_q) + " n_t " + std::to_string(n_t) + " n_ctx " +
+                std::to_string(n_ctx) + " spans " + std::to_string(c.spans.size());
             for (bool simd : {true, false}) {
               const std::vector<float> out =
                   run_attend(simd, a, q.data(), c.spans, n_t * a.ldo_t);
@@ -207,6 +230,95 @@ TEST(AttendTest, CausalBlockMatchesPerPosition) {
         }
       }
     }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtype, AttendDtypeTest, ::testing::Values(DType::kF32, DType::kBF16),
+                         [](const ::testing::TestParamInfo<DType>& p) {
+                           return std::string(p.param == DType::kBF16 ? "bf16" : "f32");
+                         });
+
+// The spans of c over its f32 rows (for a bf16 cache: the widened values), cut as c.spans are.
+std::vector<KvSpan> f32_spans(const Cache& c, bool v_is_k) {
+  std::vector<KvSpan> out;
+  int64_t j = 0;
+  for (const KvSpan& sp : c.spans) {
+    const float* k = c.keys.data() + j * c.stride;
+    const float* v = v_is_k ? k : c.values.data() + j * c.stride;
+    out.push_back({k, v, c.stride, c.stride, sp.n, DType::kF32});
+    j += sp.n;
+  }
+  return out;
+}
+
+// bf16 rows are widened exactly and then go through the same arithmetic in the same order, so
+// attend and attend_scalar over bf16 rows must equal, bit for bit, the same function over f32
+// rows holding the widened values: one position, odd dims, GQA groups, causal blocks, the MLA
+// shape (values = the keys' first v_dim elements), several spans, and spans of both dtypes in
+// one call.
+TEST(AttendTest, Bf16RowsGiveTheWidenedF32ResultBitForBit) {
+  std::mt19937 rng(4242);
+  struct Dims {
+    int64_t k_dim, v_dim;
+    bool v_is_k;
+  };
+  const std::vector<Dims> dims = {{1, 1, false},     {7, 9, false},  {17, 33, false},
+                                  {128, 128, false}, {72, 64, true}, {576, 512, true}};
+  const std::vector<std::vector<int64_t>> span_sets = {{1 << 20}, {16}, {1, 3}};
+  for (const Dims& dm : dims) {
+    for (int64_t n_q : {1, 4, 5}) {
+      for (int64_t n_t : {1, 3, 8}) {
+        for (int64_t n_ctx : {n_t, int64_t{37}}) {
+          for (const std::vector<int64_t>& lens : span_sets) {
+            const int64_t stride = std::max(dm.k_dim, dm.v_dim) + 3;
+            Cache c = make_cache(rng, n_ctx, stride, lens, dm.v_is_k, DType::kBF16);
+            const std::vector<KvSpan> widened = f32_spans(c, dm.v_is_k);
+            std::vector<KvSpan> mixed = c.spans;  // every other span f32
+            for (size_t i = 1; i < mixed.size(); i += 2) mixed[i] = widened[i];
+            AttendShape a{n_q,          dm.k_dim,
+                          dm.v_dim,     dm.k_dim + 1,
+                          dm.v_dim + 2, static_cast<float>(1.0 / std::sqrt(double(dm.k_dim)))};
+            a.n_t = n_t;
+            a.ldq_t = n_q * a.ldq;
+            a.ldo_t = n_q * a.ldo;
+            std::normal_distribution<float> normal(0.0f, 1.0f);
+            std::vector<float> q(static_cast<size_t>(n_t * a.ldq_t));
+            for (float& v : q) v = normal(rng);
+            const std::string what = "k_dim " + std::to_string(dm.k_dim) + " n_q " +
+                                     std::to_string(n_q) + " n_t " + std::to_string(n_t) +
+                                     " n_ctx " + std::to_string(n_ctx) + " spans " +
+                                     std::to_string(c.spans.size());
+            const int64_t n_out = n_t * a.ldo_t;
+            for (bool simd : {true, false}) {
+              const std::vector<float> want = run_attend(simd, a, q.data(), widened, n_out);
+              const std::vector<float> got = run_attend(simd, a, q.data(), c.spans, n_out);
+              const std::vector<float> got_mixed = run_attend(simd, a, q.data(), mixed, n_out);
+              for (int64_t i = 0; i < n_out; ++i) {
+                ASSERT_EQ(got[i], want[i])
+                    << what << (simd ? " simd" : " scalar") << " float " << i;
+                ASSERT_EQ(got_mixed[i], want[i])
+                    << what << (simd ? " simd" : " scalar") << " mixed spans, float " << i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttendTest, OneBf16PositionReturnsItsWidenedValue) {
+  std::vector<float> k = {1, 2}, v = {3.14159f, -4.001f, 1e-3f};
+  std::vector<uint16_t> kh, vh;
+  for (float x : k) kh.push_back(f32_to_bf16(x));
+  for (float x : v) vh.push_back(f32_to_bf16(x));
+  const std::vector<float> want = {bf16_to_f32(vh[0]), bf16_to_f32(vh[1]), bf16_to_f32(vh[2])};
+  ASSERT_NE(want[0], v[0]);  // the value is rounded, so the test sees the widening
+  std::vector<float> q = {0.5f, -1};
+  for (bool simd : {true, false}) {
+    const std::vector<float> out = run_attend(simd, {1, 2, 3, 2, 3, 1.0f}, q.data(),
+                                              {{kh.data(), vh.data(), 2, 3, 1, DType::kBF16}}, 3);
+    EXPECT_EQ(out, want) << (simd ? "simd" : "scalar");
   }
 }
 

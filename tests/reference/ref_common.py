@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from safetensors_np import TensorStore
+from safetensors_np import TensorStore, bf16_to_f32, f32_to_bf16
 
 
 class ConfigError(Exception):
@@ -182,6 +182,12 @@ def hf_rope(cfg, dim, theta):
 
 # ---- attention -----------------------------------------------------------------------------
 
+def bf16_round(x):
+    """x rounded to bf16 (nearest, ties to even) from float32, as duet's bf16 KV cache stores
+    the float32 rows it computed; returned as float64."""
+    return bf16_to_f32(f32_to_bf16(np.asarray(x, dtype=np.float32))).astype(np.float64)
+
+
 def causal_attention(q, k, v, q_pos, scale, sliding_window=None):
     """Softmax attention with a causal mask.
 
@@ -246,6 +252,14 @@ class DecoderModel:
         if act != "silu":
             raise ConfigError(f"hidden_act {act!r} is not implemented by the reference")
         self.tied = bool(cfg.opt("tie_word_embeddings", False))
+        # Round what the KV cache holds (GQA keys and values, MLA's latent) to bf16 before
+        # attending, as duet does with a bf16 KV cache (`--kv-cache-dtype bf16`, and `auto` on
+        # bf16 weights). Off: the cache is float64 like everything else.
+        self.kv_bf16 = False
+
+    def kv_round(self, x):
+        """x as the KV cache keeps it (see kv_bf16)."""
+        return bf16_round(x) if self.kv_bf16 else x
 
     def w(self, name):
         """A weight as float64, loaded once."""

@@ -120,13 +120,15 @@ class DeepseekV2(DecoderModel):
 
         kv_a = self.linear(p + "kv_a_proj_with_mqa", x, self.bias)  # [n_tokens, kv_lora_rank + rope]
         ckv, k_pe = kv_a[:, :self.kv_lora_rank], kv_a[:, self.kv_lora_rank:]
-        kv = self.linear(p + "kv_b_proj", rms_norm(ckv, self.w(p + "kv_a_layernorm.weight"), self.eps))
+        # The latent duet caches is [normed ckv | roped k_pe]; K and V are expanded from it here.
+        ckv = self.kv_round(rms_norm(ckv, self.w(p + "kv_a_layernorm.weight"), self.eps))
+        kv = self.linear(p + "kv_b_proj", ckv)
         kv = kv.reshape(n_tokens, self.n_head, self.n_nope + self.n_v).transpose(1, 0, 2)  # [n_head, n_tokens, nope+v]
         k_nope, v = kv[..., :self.n_nope], kv[..., self.n_nope:]
 
         cos, sin = rope_cos_sin(self.inv_freq, pos, self.rope_scale)
         q_pe = self.rope(q_pe, cos, sin)
-        k_pe = self.rope(k_pe[None], cos, sin)  # [1, n_tokens, rope], shared by every head
+        k_pe = self.kv_round(self.rope(k_pe[None], cos, sin))  # [1, n_tokens, rope], every head's
         query = np.concatenate([q_nope, q_pe], axis=-1)
         key = np.concatenate([k_nope, np.broadcast_to(k_pe, (self.n_head,) + k_pe.shape[1:])], axis=-1)
         key = extend_or_pass(cache, "k", key, axis=1)

@@ -41,8 +41,8 @@ class Mixtral(DecoderModel):
         cos, sin = rope_cos_sin(self.inv_freq, pos, self.rope_scale)
         q = apply_rope_neox(q, cos, sin)  # [n_head, n_tokens, hd]
         k = apply_rope_neox(k, cos, sin)  # [n_head_kv, n_tokens, hd]
-        k = extend_or_pass(cache, "k", k, axis=1)
-        v = extend_or_pass(cache, "v", v, axis=1)
+        k = extend_or_pass(cache, "k", self.kv_round(k), axis=1)
+        v = extend_or_pass(cache, "v", self.kv_round(v), axis=1)
         group = self.n_head // self.n_head_kv  # query head h reads kv head h // group
         out = causal_attention(q, np.repeat(k, group, axis=0), np.repeat(v, group, axis=0), pos,
                                hd ** -0.5, self.sliding_window)

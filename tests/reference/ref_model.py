@@ -3,7 +3,7 @@
 computes float64 logits, or a greedy continuation.
 
     /usr/bin/python3 tests/reference/ref_model.py DIR --prompt-ids 1,2,3 [--max-tokens 4]
-        [--dump-logits OUT.json]
+        [--dump-logits OUT.json] [--kv-cache-dtype f32|bf16]
 
 writes the same JSON as `duet generate --dump-logits`: {"tokens", "logits", "generated"}.
 """
@@ -83,9 +83,12 @@ def main(argv):
     ap.add_argument("--prompt-ids", required=True, help="comma-separated token ids")
     ap.add_argument("--max-tokens", type=int, default=0)
     ap.add_argument("--dump-logits", help="write {tokens, logits, generated} JSON here")
+    ap.add_argument("--kv-cache-dtype", choices=["f32", "bf16"], default="f32",
+                    help="bf16: round the cached K/V (MLA: latent) to bf16, as duet's bf16 KV cache")
     args = ap.parse_args(argv)
     prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
     model = load_model(args.model_dir)
+    model.kv_bf16 = args.kv_cache_dtype == "bf16"
     missing, extra = model.tensor_name_mismatch()
     if missing or extra:
         print(f"warning: tensors missing {missing[:5]}, unexpected {extra[:5]}", file=sys.stderr)

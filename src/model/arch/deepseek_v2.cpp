@@ -143,7 +143,8 @@ void DeepseekV2::project_q(ForwardState& s, const MlaWeights& w) const {
   }
 }
 
-// Computes [normed c_kv | roped k_pe] for each token and stores it as the token's latent row.
+// Computes [normed c_kv | roped k_pe] for each token and stores it as the token's latent row
+// (in the store's dtype: bf16 rounds it).
 void DeepseekV2::write_latents(ForwardState& s, int64_t il, const MlaWeights& w) const {
   const ModelConfig& c = config_;
   const int64_t n = s.n_tokens(), width = kv_k_width();
@@ -155,7 +156,7 @@ void DeepseekV2::write_latents(ForwardState& s, int64_t il, const MlaWeights& w)
     rope_.apply(row + c.kv_lora_rank, 1, c.qk_rope_head_dim, s.in->pos[t],
                 RopeStyle::kInterleaved);
     const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
-    std::copy(row, row + width, s.kv->k(seq, il, s.in->pos[t]));
+    s.kv->store_k(seq, il, s.in->pos[t], row, width);
   }
 }
 

@@ -36,10 +36,11 @@ trap cleanup EXIT
 
 "$duet" make-model "$work/model" --arch qwen3_moe --preset tiny --seed 7 >/dev/null
 # A small KV pool so that the cache limits are reachable: the tiny model's block (16 positions x
-# 2 layers x (32 + 32) floats) is 8 KiB, so 0.5 MiB is 64 blocks = 1024 positions, half the
-# context; 16 concurrent requests fill it and get preempted.
+# 2 layers x (32 + 32) values, bf16 like its weights under the default --kv-cache-dtype auto) is
+# 4 KiB, so 0.25 MiB is 64 blocks = 1024 positions, half the context; 16 concurrent requests
+# fill it and get preempted.
 "$duet" serve "$work/model" --host 127.0.0.1 --port 0 --served-model-name tiny \
-  --kv-cache-memory 0.00048828125 --max-num-seqs 32 --max-num-batched-tokens 256 "$@" \
+  --kv-cache-memory 0.000244140625 --max-num-seqs 32 --max-num-batched-tokens 256 "$@" \
   >"$work/server.out" 2>"$work/server.err" &
 server_pid=$!
 
