@@ -32,20 +32,11 @@ constexpr int64_t kPanelRows = kPanelVecs * kW;
 // in L1 (not tuned: this machine lacks the instruction).
 constexpr int64_t kPanelDepth = 256;
 constexpr int64_t kPanelTokenGroup = 128;  // tokens that sweep a panel's columns together
+
+#include "kernels/matmul_panel_store_impl.h"
 static_assert(kPanelDepth % kPairW == 0);
 
-// n items cut into the fewest blocks of at most max_size, of sizes differing by at most one: a
-// block of one token has too few accumulators to hide the latency of dpbf16.
-struct Blocks {
-  Blocks(int64_t n_items, int64_t max_size)
-      : n((n_items + max_size - 1) / max_size),
-        base(n ? n_items / n : 0),
-        extra(n ? n_items % n : 0) {}
-  int64_t begin(int64_t b) const { return b * base + std::min(b, extra); }
-  int64_t size(int64_t b) const { return base + (b < extra); }
-
-  int64_t n, base, extra;
-};
+using matmul_impl::EvenBlocks;
 
 // acc[t][r] += w[r * ldw + kk : + n) · x[t * ldx + kk : + n) for r < R, t < T; n == kPairW
 // unless kPart. x is read as whole vectors: its rows are zero past cols, up to a whole vector.
@@ -125,7 +116,7 @@ inline DotFn dot_fn(int64_t nr, int64_t nt) {
 DUET_SIMD_TARGET void matmul_rows_direct(const uint16_t* w, int64_t cols, const uint16_t* x,
                                          int64_t ldx, int64_t n_tokens, float* y, int64_t ldy,
                                          int64_t r_begin, int64_t r_end) {
-  const Blocks tb(n_tokens, kMmTokens);
+  const EvenBlocks tb(n_tokens, kMmTokens);
   for (int64_t r0 = r_begin; r0 < r_end; r0 += kMmRows) {
     const int64_t nr = std::min<int64_t>(kMmRows, r_end - r0);
     // Past r_end the next block is another thread's or past the matrix: prefetches never fault.
@@ -196,22 +187,7 @@ DUET_SIMD_TARGET void panel_block(const uint16_t* x, int64_t ldx, int64_t k0, in
       for (int v = 0; v < kPanelVecs; ++v) acc[t][v] = S::dpbf16(acc[t][v], wv[v], xv);
     }
   }
-#pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) {
-    float* yt = y + t * ldy;
-#pragma GCC unroll 8
-    for (int v = 0; v < kPanelVecs; ++v) {
-      const int64_t n = std::min<int64_t>(kW, nr - v * kW);
-      if (n <= 0) break;
-      if (n == kW) {
-        S::store(yt + v * kW, accumulate ? S::add(acc[t][v], S::load(yt + v * kW)) : acc[t][v]);
-      } else {
-        const int part = static_cast<int>(n);
-        const V sum = accumulate ? S::add(acc[t][v], S::load_part(yt + v * kW, part)) : acc[t][v];
-        S::store_part(yt + v * kW, sum, part);
-      }
-    }
-  }
+  store_panel_block(acc, y, ldy, nr, accumulate);
 }
 
 using PanelFn = void (*)(const uint16_t*, int64_t, int64_t, int64_t, const float*, float*, int64_t,
@@ -259,7 +235,7 @@ DUET_SIMD_TARGET void matmul_rows_panel(const uint16_t* w, int64_t cols, const u
                     std::min(kPanelRows, r_end - r0 - kPanelRows), cols);
     }
     for (int64_t g0 = 0; g0 < n_tokens; g0 += kPanelTokenGroup) {
-      const Blocks tb(std::min(kPanelTokenGroup, n_tokens - g0), kPanelTokens);
+      const EvenBlocks tb(std::min(kPanelTokenGroup, n_tokens - g0), kPanelTokens);
       float* yg = y + g0 * ldy + (r0 - r_begin);
       for (int64_t k0 = 0; k0 < cols; k0 += kPanelDepth) {
         const int64_t kc = std::min(kPanelDepth, cols - k0);

@@ -41,6 +41,20 @@ constexpr int64_t padded_ld(int64_t n) {
   return (n + 15) / 16 * 16 + 16;
 }
 
+// n items cut into the fewest blocks of at most max_size, of sizes differing by at most one:
+// 7 tokens run as 4 + 3 rather than 6 + 1, since a one-token block has too few accumulators to
+// hide the multiply latency (and, widening bf16 in registers, widens for a single token).
+struct EvenBlocks {
+  EvenBlocks(int64_t n_items, int64_t max_size)
+      : n((n_items + max_size - 1) / max_size),
+        base(n ? n_items / n : 0),
+        extra(n ? n_items % n : 0) {}
+  int64_t begin(int64_t b) const { return b * base + (b < extra ? b : extra); }
+  int64_t size(int64_t b) const { return base + (b < extra); }
+
+  int64_t n, base, extra;
+};
+
 // Whether the direct path can read x's rows in place with several blocks of tokens: contiguous
 // rows on 64-byte boundaries, so no vector load straddles two cache lines.
 inline bool aligned_rows(const XRows& x, int64_t cols) {

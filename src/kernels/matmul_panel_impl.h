@@ -18,6 +18,8 @@
 constexpr int64_t kPanelRows = kPanelVecs * kW;
 constexpr int64_t kPanelDepth = 128;       // columns per microkernel call: 32 KiB of panel in L1
 constexpr int64_t kPanelTokenGroup = 128;  // tokens that sweep a panel's columns together
+
+#include "kernels/matmul_panel_store_impl.h"
 static_assert(kPanelDepth % (2 * kW) == 0);
 
 // Rows [j0, j0 + kW) × columns [k0, k0 + kn) of panel from w, kn <= kW: a kW × kW block
@@ -94,22 +96,7 @@ DUET_SIMD_TARGET void panel_block(const float* const* x, int64_t k0, int64_t kc,
       for (int v = 0; v < kPanelVecs; ++v) acc[t][v] = S::fmadd(wv[v], xv, acc[t][v]);
     }
   }
-#pragma GCC unroll 8
-  for (int t = 0; t < T; ++t) {
-    float* yt = y + t * ldy;
-#pragma GCC unroll 8
-    for (int v = 0; v < kPanelVecs; ++v) {
-      const int64_t n = std::min<int64_t>(kW, nr - v * kW);
-      if (n <= 0) break;
-      if (n == kW) {
-        S::store(yt + v * kW, accumulate ? S::add(acc[t][v], S::load(yt + v * kW)) : acc[t][v]);
-      } else {
-        const int part = static_cast<int>(n);
-        const V sum = accumulate ? S::add(acc[t][v], S::load_part(yt + v * kW, part)) : acc[t][v];
-        S::store_part(yt + v * kW, sum, part);
-      }
-    }
-  }
+  store_panel_block(acc, y, ldy, nr, accumulate);
 }
 
 using PanelFn = void (*)(const float* const*, int64_t, int64_t, const float*, float*, int64_t,
@@ -151,17 +138,14 @@ DUET_SIMD_TARGET void matmul_rows_panel(const W* w, int64_t cols, const float* c
                     std::min(kPanelRows, r_end - r0 - kPanelRows), cols);
     }
     for (int64_t g0 = 0; g0 < n_tokens; g0 += kPanelTokenGroup) {
-      const int64_t ng = std::min(kPanelTokenGroup, n_tokens - g0);
-      const int64_t n_blocks = (ng + kPanelTokens - 1) / kPanelTokens;
-      const int64_t base = ng / n_blocks, extra = ng % n_blocks;
+      const matmul_impl::EvenBlocks tb(std::min(kPanelTokenGroup, n_tokens - g0), kPanelTokens);
       float* yg = y + g0 * ldy + (r0 - r_begin);
       for (int64_t k0 = 0; k0 < cols; k0 += kPanelDepth) {
         const int64_t kc = std::min(kPanelDepth, cols - k0);
-        for (int64_t b = 0, t0 = 0; b < n_blocks; ++b) {
-          const int64_t nt = base + (b < extra);
-          panel_fn(nt)(x + g0 + t0, k0, kc, panel + k0 * kPanelRows, yg + t0 * ldy, ldy, nr,
-                       k0 > 0);
-          t0 += nt;
+        for (int64_t b = 0; b < tb.n; ++b) {
+          const int64_t t0 = tb.begin(b);
+          panel_fn(tb.size(b))(x + g0 + t0, k0, kc, panel + k0 * kPanelRows, yg + t0 * ldy, ldy,
+                               nr, k0 > 0);
         }
       }
     }

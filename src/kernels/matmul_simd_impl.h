@@ -98,18 +98,9 @@ DotFn<W> dot_fn(int64_t nr, int64_t nt) {
   return kTable[static_cast<size_t>((nr - 1) * kMmTokens + (nt - 1))];
 }
 
-// n_tokens cut into the fewest blocks of at most kMmTokens, of sizes differing by at most one:
-// 7 tokens run as 4 + 3 rather than kMmTokens + 1, since a one-token block has too few
-// accumulators to hide the FMA latency and widens its weights for a single token.
-struct TokenBlocks {
-  explicit TokenBlocks(int64_t n_tokens)
-      : n((n_tokens + kMmTokens - 1) / kMmTokens),
-        base(n ? n_tokens / n : 0),
-        extra(n ? n_tokens % n : 0) {}
-  int64_t begin(int64_t b) const { return b * base + std::min(b, extra); }
-  int64_t size(int64_t b) const { return base + (b < extra); }
-
-  int64_t n, base, extra;
+// n_tokens cut into register blocks of at most kMmTokens (matmul_impl::EvenBlocks).
+struct TokenBlocks : matmul_impl::EvenBlocks {
+  explicit TokenBlocks(int64_t n_tokens) : EvenBlocks(n_tokens, kMmTokens) {}
 };
 
 using matmul_impl::aligned_floats;
