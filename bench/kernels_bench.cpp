@@ -77,6 +77,7 @@ void BM_MatmulBf16(benchmark::State& state) {
   const int64_t n_tokens = state.range(2);
   const int n_threads = static_cast<int>(state.range(3));
   const bool cold = state.range(4) != 0;
+  const bool packed = state.range(5) != 0;
 
   const size_t matrix_bytes = static_cast<size_t>(rows * cols) * 2;
   const size_t n_copies = cold ? (kColdBytes + matrix_bytes - 1) / matrix_bytes : 1;
@@ -88,11 +89,19 @@ void BM_MatmulBf16(benchmark::State& state) {
   std::vector<float> x(static_cast<size_t>(n_tokens * cols));  // [n_tokens, cols] f32
   for (float& v : x) v = normal(rng);
   std::vector<float> y(static_cast<size_t>(n_tokens * rows));  // [n_tokens, rows] f32
+  const size_t per_copy = static_cast<size_t>(panel_elems(Matrix{DType::kBF16, rows, cols}));
+  std::vector<uint16_t> panels(packed ? n_copies * per_copy : 0);  // [n_copies, panel_elems] bf16
+  for (size_t c = 0; c < (packed ? n_copies : 0); ++c) {
+    pack_panels(
+        Matrix{DType::kBF16, rows, cols, weights.data() + c * static_cast<size_t>(rows * cols)},
+        panels.data() + c * per_copy);
+  }
 
   ThreadPool pool(n_threads);
   size_t copy = 0;
   for (auto _ : state) {
     Matrix w{DType::kBF16, rows, cols, weights.data() + copy * static_cast<size_t>(rows * cols)};
+    if (packed) w.panels = panels.data() + copy * per_copy;
     matmul(pool, w, x.data(), n_tokens, y.data());
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
@@ -107,12 +116,12 @@ void BM_MatmulBf16(benchmark::State& state) {
 }
 
 void matmul_args(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"rows", "cols", "n_tokens", "threads", "cold"});
+  b->ArgNames({"rows", "cols", "n_tokens", "threads", "cold", "panels"});
   for (int64_t cold : {1, 0}) {
     for (int64_t threads : {1, 2}) {
-      for (int64_t rows : {1024, 2048}) {
+      for (int64_t rows : {1024, 2048, 32000}) {
         for (int64_t n_tokens : {1, 4, 8, 16, 32, 128}) {
-          b->Args({rows, 1024, n_tokens, threads, cold});
+          for (int64_t panels : {0, 1}) b->Args({rows, 1024, n_tokens, threads, cold, panels});
         }
       }
     }
@@ -122,13 +131,15 @@ void matmul_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_MatmulBf16)->Apply(matmul_args);
 
-// One thread's product on a given path (0 direct, 1 tiled), with the weights in cache (cold 0)
+// One thread's product on a given path (0 direct, 1 tiled, 2 from panels packed at load time
+// as Matrix::panels), with the weights in cache (cold 0)
 // or read from memory (cold 1): the arithmetic rate of each kernel, to place tiled_min_tokens
 // and to compare with the FMA peak. Timed in the thread's CPU time, so neighbours on a shared
 // machine distort it less.
 void BM_MatmulBf16Path(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1), n_tokens = state.range(2);
-  const auto path = state.range(3) ? matmul_impl::Path::kTiled : matmul_impl::Path::kDirect;
+  const auto path = state.range(3) == 1 ? matmul_impl::Path::kTiled : matmul_impl::Path::kDirect;
+  const bool packed = state.range(3) == 2;
   const bool cold = state.range(4) != 0;
   const size_t matrix_elems = static_cast<size_t>(rows * cols);
   const size_t n_copies = cold ? (kColdBytes + 2 * matrix_elems - 1) / (2 * matrix_elems) : 1;
@@ -139,10 +150,18 @@ void BM_MatmulBf16Path(benchmark::State& state) {
   std::vector<float> x(static_cast<size_t>(n_tokens * cols));  // [n_tokens, cols] f32
   for (float& v : x) v = normal(rng);
   std::vector<float> y(static_cast<size_t>(n_tokens * rows));  // [n_tokens, rows] f32
+  const Matrix w0{DType::kBF16, rows, cols, weights.data()};
+  const size_t panel_elems_per_copy = static_cast<size_t>(panel_elems(w0));
+  std::vector<uint16_t> panels(packed ? n_copies * panel_elems_per_copy : 0);
+  for (size_t c = 0; c < (packed ? n_copies : 0); ++c) {
+    pack_panels(Matrix{DType::kBF16, rows, cols, weights.data() + c * matrix_elems},
+                panels.data() + c * panel_elems_per_copy);
+  }
   ThreadPool pool(1);
   size_t copy = 0;
   for (auto _ : state) {
-    const Matrix w{DType::kBF16, rows, cols, weights.data() + copy * matrix_elems};
+    Matrix w{DType::kBF16, rows, cols, weights.data() + copy * matrix_elems};
+    if (packed) w.panels = panels.data() + copy * panel_elems_per_copy;
     matmul_impl::matmul_with(simd::best_isa(), path, pool, w, x.data(), n_tokens, y.data());
     benchmark::DoNotOptimize(y.data());
     benchmark::ClobberMemory();
@@ -155,8 +174,8 @@ void BM_MatmulBf16Path(benchmark::State& state) {
 }
 
 BENCHMARK(BM_MatmulBf16Path)
-    ->ArgNames({"rows", "cols", "n_tokens", "tiled", "cold"})
-    ->ArgsProduct({{1024}, {1024}, {8, 16, 32, 48, 64, 128, 512}, {0, 1}, {0, 1}});
+    ->ArgNames({"rows", "cols", "n_tokens", "path", "cold"})
+    ->ArgsProduct({{1024}, {1024}, {1, 8, 16, 32, 48, 64, 128, 512}, {0, 1, 2}, {0, 1}});
 
 // One GQA group (4 query heads, head_dim 128) over n_ctx cached positions as one decode task,
 // with the rows of 4 KV heads per position as KvCache keeps one layer (stride 4 · 128 floats),
@@ -177,9 +196,8 @@ void BM_Attend(benchmark::State& state) {
     attend(shape, q.data(), spans, out.data(), scores);
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["kv_GB/s"] =
-      benchmark::Counter(2.0 * n_ctx * hd * sizeof(float) * 1e-9,
-                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["kv_GB/s"] = benchmark::Counter(2.0 * n_ctx * hd * sizeof(float) * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
 BENCHMARK(BM_Attend)

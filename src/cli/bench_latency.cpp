@@ -86,7 +86,9 @@ void run_latency_ep(const LatencyOptions& o, DistContext& ctx) {
 
 void run_latency_single(const LatencyOptions& o) {
   ThreadPool pool(o.threads > 0 ? o.threads : available_cores());
-  std::unique_ptr<Model> model = Model::load(o.model_dir);
+  LoadOptions lo;
+  lo.repack = o.dist.repack;
+  std::unique_ptr<Model> model = Model::load(o.model_dir, lo);
   const ModelConfig& c = model->config();
   Generator gen(*model, pool, o.kv_dtype);
   const std::vector<GenerateRequest> reqs = make_requests(o, c.n_vocab);
@@ -136,6 +138,14 @@ void run_latency_single(const LatencyOptions& o) {
       "model %s (%s), batch %lld, prompt %lld, gen %lld, %d threads, matmul %s, KV cache %s\n",
       o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
       (long long)o.gen_len, pool.n_threads(), matmul_isa(), kv_dtype_name(gen.kv_cache().dtype()));
+  if (model->panel_bytes() > 0) {
+    std::printf(
+        "weights: attention, dense MLP and output matrices also as panels (%.1f MB packed "
+        "at load; --no-repack reads them as stored)\n",
+        double(model->panel_bytes()) / 1e6);
+  } else {
+    std::printf("weights: as stored\n");
+  }
   std::printf("prefill: %8.1f tok/s  %7.1f GFLOP/s  (%.3f s for %lld tokens)\n", prefill_tps,
               prefill_gflops, st.prefill_seconds, (long long)st.prompt_tokens);
   std::printf("prefill measured FMA peak %.1f GFLOP/s; ratio %.2f\n", peak_gflops,

@@ -52,6 +52,9 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--enable-expert-parallel", o.enable_expert_parallel,
                 "Spread the routed experts over the ranks");
+  cmd->add_flag("--no-repack{false}", o.repack,
+                "Multiply attention, dense MLP and output weights as stored, without the copy "
+                "re-laid as panels at load (slower from a few sequences on; saves that memory)");
   cmd->add_option("--distributed-backend", o.backend,
                   "mpi (processes under mpirun, the default) | inproc (threads)")
       ->check(CLI::IsMember({"mpi", "inproc"}));
@@ -102,7 +105,7 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
   const int rank = ctx ? ctx->rank() : 0;
   const ModelConfig c = load_config(model_dir);
   rm.placement = place_experts(c.n_expert, world);
-  LoadOptions lo{rm.placement.begin(rank), rm.placement.end(rank)};
+  LoadOptions lo{rm.placement.begin(rank), rm.placement.end(rank), o.repack};
   rm.model = Model::load(model_dir, lo);
   if (ctx) {
     EpDispatcherOptions eo{parse_all2all_backend(o.all2all), o.ll_max_tokens};

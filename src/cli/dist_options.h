@@ -1,7 +1,8 @@
-// The distributed-run flags that serve, generate and bench latency share, and the launch they
-// describe: a single rank, ranks as threads of this process (`--distributed-backend inproc`), or
-// the processes of an mpirun job (`mpi`, the default: a command not yet under mpirun re-executes
-// itself as `mpirun -np N`; under a user's `mpirun --hostfile ...` it joins that job).
+// The model-loading and distributed-run flags that serve, generate and bench latency share, and
+// the launch they describe: a single rank, ranks as threads of this process
+// (`--distributed-backend inproc`), or the processes of an mpirun job (`mpi`, the default: a
+// command not yet under mpirun re-executes itself as `mpirun -np N`; under a user's `mpirun
+// --hostfile ...` it joins that job).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -23,10 +24,11 @@ struct DistOptions {
   std::string backend = "mpi";  // inproc | mpi
   std::string all2all = "high_throughput";
   int64_t ll_max_tokens = 256;  // low_latency: buffer capacity per expert per source rank
+  bool repack = true;           // LoadOptions::repack; --no-repack clears it
 };
 
 // Registers --data-parallel-size, --enable-expert-parallel, --distributed-backend,
-// --all2all-backend and --ll-max-tokens on `cmd`.
+// --all2all-backend, --ll-max-tokens and --no-repack on `cmd`.
 void add_dist_options(CLI::App* cmd, DistOptions& o);
 
 // Runs `fn` once per rank of the run `o` describes for the model in model_dir, with that rank's

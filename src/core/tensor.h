@@ -26,16 +26,30 @@ struct TensorView {
 
 // A weight matrix as linear layers use it: W[rows = n_out, cols = n_in], row-major, y = W x.
 struct Matrix {
+  // Weight rows per panel of the optional packed copy below.
+  static constexpr int64_t kPanelRows = 64;
+
   DType dtype = DType::kF32;  // kF32 or kBF16 (f16 files are converted to f32 when loaded)
   int64_t rows = 0;
   int64_t cols = 0;
   const void* data = nullptr;
+  // Optional: the same weights, in the same dtype, re-laid once at load time as panels of
+  // kPanelRows rows each stored column by column, for the matmul kernels that multiply many
+  // tokens by a panel at once (kernels/matmul.h, pack_panels). Element (r, k) sits at
+  // panels[((r / kPanelRows) * cols + k) * kPanelRows + r % kPanelRows]; rows past `rows` in the
+  // last panel are zero. [ceil(rows / kPanelRows), cols, kPanelRows] dtype, or null.
+  const void* panels = nullptr;
 
-  // Rows [r0, r0 + n) as a matrix of their own (e.g. one expert's slice or one head).
+  // Rows [r0, r0 + n) as a matrix of their own (e.g. one expert's slice or one head). Keeps the
+  // panels when r0 starts one.
   Matrix row_slice(int64_t r0, int64_t n) const {
     Matrix m = *this;
     m.rows = n;
     m.data = static_cast<const char*>(data) + static_cast<size_t>(r0 * cols) * dtype_size(dtype);
+    m.panels =
+        panels && r0 % kPanelRows == 0
+            ? static_cast<const char*>(panels) + static_cast<size_t>(r0 * cols) * dtype_size(dtype)
+            : nullptr;
     return m;
   }
 };

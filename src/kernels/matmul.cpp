@@ -167,6 +167,13 @@ RowsFn rows_fn_for(simd::Isa isa) {
   return &scalar_matmul_rows;
 }
 
+// Whether the kernels of isa read w from its panels for n_tokens tokens (the AVX-512 and AVX2
+// ones, for f32 weights on an AVX-512 BF16 CPU too; vdpbf16ps and scalar read the rows).
+bool reads_panels(simd::Isa isa, const Matrix& w, int64_t n_tokens) {
+  return w.panels && n_tokens >= matmul_impl::kPanelMinTokens && isa != simd::Isa::kScalar &&
+         !matmul_impl::rounds_x(isa, w.dtype);
+}
+
 bool use_tiled(matmul_impl::Path path, const Matrix& w, int64_t n_tokens) {
   return path == matmul_impl::Path::kTiled ||
          (path == matmul_impl::Path::kAuto && n_tokens >= matmul_impl::tiled_min_tokens(w.dtype));
@@ -176,9 +183,13 @@ bool use_tiled(matmul_impl::Path path, const Matrix& w, int64_t n_tokens) {
 
 namespace matmul_impl {
 
-XRows direct_x(simd::Isa isa, DType dtype, XRows x, int64_t cols, int64_t n_tokens, XBuffer& buf) {
-  if (rounds_x(isa, dtype)) return n_tokens > 0 ? round_x(x, cols, n_tokens, buf.bf16) : x;
-  if (n_tokens < 2 || n_tokens >= tiled_min_tokens(dtype) || aligned_rows(x, cols)) return x;
+XRows direct_x(simd::Isa isa, const Matrix& w, XRows x, int64_t n_tokens, XBuffer& buf) {
+  const int64_t cols = w.cols;
+  if (rounds_x(isa, w.dtype)) return n_tokens > 0 ? round_x(x, cols, n_tokens, buf.bf16) : x;
+  if (reads_panels(isa, w, n_tokens) || n_tokens < 2 || n_tokens >= tiled_min_tokens(w.dtype) ||
+      aligned_rows(x, cols)) {
+    return x;
+  }
   const int64_t ld = padded_ld(cols);
   float* packed = aligned_floats(buf.f32, n_tokens * ld);  // [n_tokens, ld] f32
   for (int64_t t = 0; t < n_tokens; ++t) {
@@ -204,15 +215,15 @@ void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w, co
     return;
   }
   thread_local XBuffer x_buf;
-  const XRows xr = tiled && !rounds_x(isa, w.dtype)
-                       ? XRows(x)
-                       : direct_x(isa, w.dtype, x, w.cols, n_tokens, x_buf);
+  const bool panels = reads_panels(isa, w, n_tokens);
+  const XRows xr =
+      tiled && !rounds_x(isa, w.dtype) ? XRows(x) : direct_x(isa, w, x, n_tokens, x_buf);
   pool.parallel_for(
       w.rows,
       [&](int64_t begin, int64_t end) {
         rows_fn(w, xr, n_tokens, y + begin, w.rows, begin, end, tiled);
       },
-      tiled ? kTiledChunk : kDirectChunk);
+      tiled || panels ? kTiledChunk : kDirectChunk);
 }
 
 void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, XRows x, int64_t n_tokens,
@@ -251,6 +262,46 @@ void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const floa
 }
 
 }  // namespace matmul_impl
+
+int64_t panel_elems(const Matrix& w) {
+  return (w.rows + Matrix::kPanelRows - 1) / Matrix::kPanelRows * Matrix::kPanelRows * w.cols;
+}
+
+namespace {
+
+template <typename W>
+void pack_panels_of(const W* w, int64_t rows, int64_t cols, W* dst) {
+  constexpr int64_t kP = Matrix::kPanelRows;
+  for (int64_t r0 = 0; r0 < rows; r0 += kP) {
+    W* panel = dst + r0 * cols;  // [cols, kP]
+    const int64_t nr = std::min(kP, rows - r0);
+    std::fill(panel + (nr < kP ? 0 : cols * kP), panel + cols * kP, W{0});
+    for (int64_t j = 0; j < nr; ++j) {
+      const W* row = w + (r0 + j) * cols;
+      for (int64_t k = 0; k < cols; ++k) panel[k * kP + j] = row[k];
+    }
+  }
+}
+
+}  // namespace
+
+void pack_panels(const Matrix& w, void* dst) {
+  check_args("pack_panels", w, w.data, 1, static_cast<const float*>(dst));
+  if (w.rows == 0 || w.cols == 0) return;
+  if (w.dtype == DType::kBF16) {
+    pack_panels_of(static_cast<const uint16_t*>(w.data), w.rows, w.cols,
+                   static_cast<uint16_t*>(dst));
+  } else {
+    pack_panels_of(static_cast<const float*>(w.data), w.rows, w.cols, static_cast<float*>(dst));
+  }
+}
+
+bool matmul_reads_panels(DType dtype) {
+  Matrix probe;
+  probe.dtype = dtype;
+  probe.panels = &probe;
+  return reads_panels(simd::best_isa(), probe, matmul_impl::kPanelMinTokens);
+}
 
 void matmul(ThreadPool& pool, const Matrix& w, const float* x, int64_t n_tokens, float* y) {
   matmul_impl::matmul_with(simd::best_isa(), matmul_impl::Path::kAuto, pool, w, x, n_tokens, y);

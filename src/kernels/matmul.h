@@ -53,6 +53,19 @@ void matmul_xw(ThreadPool& pool, const Matrix& w, const float* x, int64_t n_toke
 void matmul_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y);
 void matmul_xw_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y);
 
+// Elements of w's packed copy (Matrix::panels): whole panels of Matrix::kPanelRows rows.
+int64_t panel_elems(const Matrix& w);
+
+// Writes w's weights as panels (the layout Matrix::panels describes) into dst, panel_elems(w)
+// elements of w.dtype (bf16 or f32), 64-byte aligned. w.data is read, w.panels ignored.
+void pack_panels(const Matrix& w, void* dst);
+
+// Whether matmul on this CPU reads a matrix of dtype from its panels when it has them, so a
+// loader packs only what will be read. With panels the products of any token count run as
+// outer products on them: no transposition per call, no horizontal sums. Without them (and on
+// an AVX-512 BF16 CPU, whose vdpbf16ps kernels read the rows) the rows are read as stored.
+bool matmul_reads_panels(DType dtype);
+
 // Name of the SIMD path in use ("avx512bf16", "avx512", "avx2" or "scalar"), for logs and
 // benchmarks. The environment variable DUET_MATMUL_ISA, read once, picks another that the CPU
 // runs, to compare (simd::best_isa).

@@ -28,6 +28,14 @@ inline int64_t tiled_min_tokens(DType dtype) {
   return dtype == DType::kBF16 ? 48 : 64;
 }
 
+// From this many tokens on a matrix with panels (Matrix::panels) is read from them; below, its
+// rows are read as stored (kDirect). From panels each weight is widened once per column block
+// for all tokens and there are no horizontal sums, which pays off once the arithmetic shows:
+// 32 tokens of a batch-32 decode step ran the attention projections and the output head about
+// 1.3× faster (duet bench latency --no-repack beside the default, this Ice Lake VM). At 1 and 8
+// tokens, where the step waits on memory, the rows read faster end to end.
+constexpr int64_t kPanelMinTokens = 16;
+
 // The first n floats of v, grown to hold them, at a 64-byte aligned address: a vector load that
 // straddles two cache lines costs two loads, which cost an earlier prefill kernel 30 %.
 inline float* aligned_floats(std::vector<float>& v, int64_t n) {
@@ -85,13 +93,14 @@ struct XBuffer {
   std::vector<uint16_t> bf16;
 };
 
-// x as the kernels of isa best read it for a product with dtype weights of n_tokens rows:
-// - rounded to bf16 (round_x, into buf.bf16) where rounds_x(isa, dtype), for any token count and
-//   either path;
+// x as the kernels of isa best read it for a product with weights w of n_tokens rows:
+// - rounded to bf16 (round_x, into buf.bf16) where rounds_x(isa, w.dtype), for any token count
+//   and either path;
+// - x itself where isa's kernels read w from its panels (they broadcast x's elements in place);
 // - else as the direct path reads it: x itself where it reads it in place (few tokens, aligned
 //   rows, or the tiled path), else a copy in aligned rows in buf.f32.
 // Products split into many tasks call this once, rather than each task copying x.
-XRows direct_x(simd::Isa isa, DType dtype, XRows x, int64_t cols, int64_t n_tokens, XBuffer& buf);
+XRows direct_x(simd::Isa isa, const Matrix& w, XRows x, int64_t n_tokens, XBuffer& buf);
 
 // matmul() on a given instruction set (which must be supported) and path.
 void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w, const float* x,

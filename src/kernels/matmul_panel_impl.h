@@ -16,6 +16,7 @@
 // group of tokens streams past them.
 
 constexpr int64_t kPanelRows = kPanelVecs * kW;
+
 constexpr int64_t kPanelDepth = 128;       // columns per microkernel call: 32 KiB of panel in L1
 constexpr int64_t kPanelTokenGroup = 128;  // tokens that sweep a panel's columns together
 
@@ -71,11 +72,14 @@ DUET_SIMD_TARGET void pack_panel(const W* w, int64_t ldw, int64_t nr, int64_t kc
   }
 }
 
-// y[t * ldy + j] (+)= Σ_k x[t][k0 + k] · panel[k * kPanelRows + j] for t < T, k < kc,
-// j < nr (the lanes at or past nr are not stored).
-template <int T>
-DUET_SIMD_TARGET void panel_block(const float* const* x, int64_t k0, int64_t kc, const float* panel,
-                                  float* y, int64_t ldy, int64_t nr, bool accumulate) {
+// y[t * ldy + j] (+)= Σ_k x[t][k0 + k] · f32(panel[k * ldp + j]) for t < T, k < kc,
+// j < nr (the lanes at or past nr are not stored); panel holds kPanelRows readable lanes per
+// column, f32 or bf16 (widened in registers). Unless pf is null, the pf_lines cache lines at
+// pf + k · pf_lines · 64 bytes are prefetched at step k (weights to come, still in memory).
+template <int T, typename W>
+DUET_SIMD_TARGET void panel_block(const float* const* x, int64_t k0, int64_t kc, const W* panel,
+                                  int64_t ldp, float* y, int64_t ldy, int64_t nr, bool accumulate,
+                                  const char* pf, int pf_lines) {
   V acc[T][kPanelVecs];
   const float* xt[T];
 #pragma GCC unroll 8
@@ -86,9 +90,12 @@ DUET_SIMD_TARGET void panel_block(const float* const* x, int64_t k0, int64_t kc,
   }
 #pragma GCC unroll 2
   for (int64_t k = 0; k < kc; ++k) {
+    if (pf) {
+      for (int i = 0; i < pf_lines; ++i) _mm_prefetch(pf + (k * pf_lines + i) * 64, _MM_HINT_T0);
+    }
     V wv[kPanelVecs];
 #pragma GCC unroll 8
-    for (int v = 0; v < kPanelVecs; ++v) wv[v] = S::load(panel + k * kPanelRows + v * kW);
+    for (int v = 0; v < kPanelVecs; ++v) wv[v] = S::load(panel + k * ldp + v * kW);
 #pragma GCC unroll 8
     for (int t = 0; t < T; ++t) {
       const V xv = S::set1(xt[t][k]);
@@ -99,17 +106,20 @@ DUET_SIMD_TARGET void panel_block(const float* const* x, int64_t k0, int64_t kc,
   store_panel_block(acc, y, ldy, nr, accumulate);
 }
 
-using PanelFn = void (*)(const float* const*, int64_t, int64_t, const float*, float*, int64_t,
-                         int64_t, bool);
+template <typename W>
+using PanelFn = void (*)(const float* const*, int64_t, int64_t, const W*, int64_t, float*, int64_t,
+                         int64_t, bool, const char*, int);
 
-template <int... I>
-constexpr std::array<PanelFn, sizeof...(I)> make_panel_table(std::integer_sequence<int, I...>) {
-  return {&panel_block<I + 1>...};
+template <typename W, int... I>
+constexpr std::array<PanelFn<W>, sizeof...(I)> make_panel_table(std::integer_sequence<int, I...>) {
+  return {&panel_block<I + 1, W>...};
 }
 
 // The block kernel for 1 <= nt <= kPanelTokens tokens.
-inline PanelFn panel_fn(int64_t nt) {
-  static constexpr auto kTable = make_panel_table(std::make_integer_sequence<int, kPanelTokens>{});
+template <typename W = float>
+PanelFn<W> panel_fn(int64_t nt) {
+  static constexpr auto kTable =
+      make_panel_table<W>(std::make_integer_sequence<int, kPanelTokens>{});
   return kTable[static_cast<size_t>(nt - 1)];
 }
 
@@ -144,10 +154,89 @@ DUET_SIMD_TARGET void matmul_rows_panel(const W* w, int64_t cols, const float* c
         const int64_t kc = std::min(kPanelDepth, cols - k0);
         for (int64_t b = 0; b < tb.n; ++b) {
           const int64_t t0 = tb.begin(b);
-          panel_fn(tb.size(b))(x + g0 + t0, k0, kc, panel + k0 * kPanelRows, yg + t0 * ldy, ldy,
-                               nr, k0 > 0);
+          panel_fn(tb.size(b))(x + g0 + t0, k0, kc, panel + k0 * kPanelRows, kPanelRows,
+                               yg + t0 * ldy, ldy, nr, k0 > 0, nullptr, 0);
         }
       }
     }
+  }
+}
+
+// dst[k * kPanelRows + j] = f32(src[k * Matrix::kPanelRows + j0 + j]) for k < kc, j < nr
+// (nr <= kPanelRows, j0 + nr <= Matrix::kPanelRows); lanes nr.. of dst are zero. One column
+// block of a packed panel (Matrix::panels) widened (bf16) or copied (f32) for panel_block:
+// a straight copy, with no transposition, when nr spans the kernel's whole panel.
+template <typename W>
+DUET_SIMD_TARGET void widen_panel_chunk(const W* src, int64_t j0, int64_t nr, int64_t kc,
+                                        float* dst) {
+  static_assert(Matrix::kPanelRows % kPanelRows == 0);
+  if (nr == kPanelRows) {
+    for (int64_t k = 0; k < kc; ++k) {
+#pragma GCC unroll 8
+      for (int v = 0; v < kPanelVecs; ++v) {
+        S::store(dst + k * kPanelRows + v * kW,
+                 S::load(src + k * Matrix::kPanelRows + j0 + v * kW));
+      }
+    }
+    return;
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    for (int v = 0; v < kPanelVecs; ++v) {
+      const int64_t n = std::clamp<int64_t>(nr - v * kW, 0, kW);
+      const W* s = src + k * Matrix::kPanelRows + j0 + v * kW;
+      S::store(dst + k * kPanelRows + v * kW, n == kW ? S::load(s)
+                                              : n > 0 ? S::load_part(s, static_cast<int>(n))
+                                                      : S::zero());
+    }
+  }
+}
+
+// y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), t < n_tokens, from w's
+// packed panels (Matrix::panels, w's dtype W, cols columns); x[t] is the row of token t. The
+// same outer-product microkernels as matmul_rows_panel without its per-call transposition,
+// kPanelDepth columns at a time (contiguous in memory, read front to back). For few token
+// blocks (up to kWidenInRegisterBlocks) and for f32 the microkernels read the panel where it is,
+// widening bf16 in registers; for more, each column block is widened once into an L1 buffer
+// that every token block reads. The first token block prefetches the column block
+// kPanelPrefetchBlocks ahead.
+constexpr int64_t kPanelPrefetchBlocks = 1;
+
+template <typename W>
+DUET_SIMD_TARGET void matmul_rows_packed(const W* panels, int64_t cols, const float* const* x,
+                                         int64_t n_tokens, float* y, int64_t ldy, int64_t r_begin,
+                                         int64_t r_end) {
+  constexpr int64_t kP = Matrix::kPanelRows;
+  thread_local std::vector<float> chunk_buf;
+  float* chunk = aligned_floats(chunk_buf, kPanelDepth * kPanelRows);  // [kPanelDepth, kPanelRows]
+  for (int64_t r0 = r_begin; r0 < r_end;) {
+    const int64_t j0 = r0 % kP;
+    const int64_t nr = std::min({kPanelRows, kP - j0, r_end - r0});
+    const W* panel = panels + (r0 - j0) * cols;  // [cols, kP]
+    for (int64_t g0 = 0; g0 < n_tokens; g0 += kPanelTokenGroup) {
+      const matmul_impl::EvenBlocks tb(std::min(kPanelTokenGroup, n_tokens - g0), kPanelTokens);
+      // In place: the microkernel's kPanelRows lanes lie inside the stored panel.
+      const bool in_place =
+          j0 + kPanelRows <= kP && (std::is_same_v<W, float> || tb.n <= kWidenInRegisterBlocks);
+      float* yg = y + g0 * ldy + (r0 - r_begin);
+      for (int64_t k0 = 0; k0 < cols; k0 += kPanelDepth) {
+        const int64_t kc = std::min(kPanelDepth, cols - k0);
+        const char* pf =
+            reinterpret_cast<const char*>(panel + (k0 + kPanelPrefetchBlocks * kPanelDepth) * kP);
+        if (!in_place) widen_panel_chunk(panel + k0 * kP, j0, nr, kc, chunk);
+        for (int64_t b = 0; b < tb.n; ++b) {
+          const int64_t t0 = tb.begin(b);
+          const char* block_pf = b == 0 ? pf : nullptr;
+          constexpr int kPfLines = static_cast<int>(sizeof(W));  // kP · sizeof(W) bytes a column
+          if (in_place) {
+            panel_fn<W>(tb.size(b))(x + g0 + t0, k0, kc, panel + k0 * kP + j0, kP, yg + t0 * ldy,
+                                    ldy, nr, k0 > 0, block_pf, kPfLines);
+          } else {
+            panel_fn(tb.size(b))(x + g0 + t0, k0, kc, chunk, kPanelRows, yg + t0 * ldy, ldy, nr,
+                                 k0 > 0, block_pf, kPfLines);
+          }
+        }
+      }
+    }
+    r0 += nr;
   }
 }

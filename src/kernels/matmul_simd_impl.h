@@ -182,15 +182,14 @@ DUET_SIMD_TARGET void matmul_rows_direct(const W* w, int64_t cols, XRows x, int6
       prefetch_rows(next, cols, std::min<int64_t>(kMmRows, r_end - r0 - kMmRows), cols);
       for (int64_t b = 0; b < tb.n; ++b) {
         const int64_t t0 = tb.begin(b);
-        dot_fn<float>(nr, tb.size(b))(wf, ldwf, xr + t0, cols, y + t0 * ldy + (r0 - r_begin),
-                                      ldy, false, nullptr);
+        dot_fn<float>(nr, tb.size(b))(wf, ldwf, xr + t0, cols, y + t0 * ldy + (r0 - r_begin), ldy,
+                                      false, nullptr);
       }
     } else {
       for (int64_t b = 0; b < tb.n; ++b) {
         const int64_t t0 = tb.begin(b);
-        dot_fn<W>(nr, tb.size(b))(w + r0 * cols, cols, xr + t0, cols,
-                                  y + t0 * ldy + (r0 - r_begin), ldy, false,
-                                  b == 0 ? next : nullptr);
+        dot_fn<W>(nr, tb.size(b))(w + r0 * cols, cols, xr + t0, cols, y + t0 * ldy + (r0 - r_begin),
+                                  ldy, false, b == 0 ? next : nullptr);
       }
     }
   }
@@ -200,9 +199,21 @@ DUET_SIMD_TARGET void matmul_rows_direct(const W* w, int64_t cols, XRows x, int6
 #include "kernels/matmul_panel_impl.h"
 
 // y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end); w is f32 or bf16 and
-// w.cols > 0 (checked by the caller).
-DUET_SIMD_TARGET void matmul_rows(const Matrix& w, XRows x, int64_t n_tokens, float* y,
-                                  int64_t ldy, int64_t r_begin, int64_t r_end, bool tiled) {
+// w.cols > 0 (checked by the caller). From w's panels where it has them, from
+// matmul_impl::kPanelMinTokens tokens on; else `tiled` picks the path.
+DUET_SIMD_TARGET void matmul_rows(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
+                                  int64_t r_begin, int64_t r_end, bool tiled) {
+  if (w.panels && n_tokens >= matmul_impl::kPanelMinTokens) {
+    const float* const* xr = row_pointers(x, w.cols, n_tokens);
+    if (w.dtype == DType::kBF16) {
+      matmul_rows_packed(static_cast<const uint16_t*>(w.panels), w.cols, xr, n_tokens, y, ldy,
+                         r_begin, r_end);
+    } else {
+      matmul_rows_packed(static_cast<const float*>(w.panels), w.cols, xr, n_tokens, y, ldy, r_begin,
+                         r_end);
+    }
+    return;
+  }
   if (w.dtype == DType::kBF16) {
     const auto* wp = static_cast<const uint16_t*>(w.data);
     if (tiled) {

@@ -10,11 +10,11 @@
 namespace duet {
 
 MlpWeights load_mlp(WeightSource& src, const std::string& prefix, int64_t n_embd, int64_t n_ff,
-                    const char* gate, const char* up, const char* down) {
+                    Layout layout, const MlpNames& names) {
   MlpWeights w;
-  w.gate = src.matrix(prefix + "." + gate + ".weight", n_ff, n_embd);
-  w.up = src.matrix(prefix + "." + up + ".weight", n_ff, n_embd);
-  w.down = src.matrix(prefix + "." + down + ".weight", n_embd, n_ff);
+  w.gate = src.matrix(prefix + "." + names.gate + ".weight", n_ff, n_embd, layout);
+  w.up = src.matrix(prefix + "." + names.up + ".weight", n_ff, n_embd, layout);
+  w.down = src.matrix(prefix + "." + names.down + ".weight", n_embd, n_ff, layout);
   return w;
 }
 
@@ -106,7 +106,8 @@ void append_ffn_ops(std::vector<Operation>& ops, int64_t il, const FfnWeights& w
   ops.push_back({L + "experts", [wp](ForwardState& s) {
                    DUET_CHECK(s.expert_batch->first_expert == wp->first_expert,
                               "dispatcher's experts start at " << s.expert_batch->first_expert
-                              << ", the model's at " << wp->first_expert);
+                                                               << ", the model's at "
+                                                               << wp->first_expert);
                    s.expert_bytes_read += run_experts(*s.pool, wp->experts, *s.expert_batch, s.mlp);
                  }});
   ops.push_back({L + "combine_send", [](ForwardState& s) {

@@ -17,21 +17,27 @@ struct ModelConfig;
 
 // The feed-forward half of a decoder layer: a dense MLP or a MoE block.
 struct FfnWeights {
-  const float* norm = nullptr;       // [n_embd] post_attention_layernorm
+  const float* norm = nullptr;  // [n_embd] post_attention_layernorm
   bool is_moe = false;
-  MlpWeights dense;                  // dense layers
-  Matrix router;                     // [n_expert, n_embd]
+  MlpWeights dense;  // dense layers
+  Matrix router;     // [n_expert, n_embd]
   RouterParams route;
-  std::vector<MlpWeights> experts;   // local experts, [n_local]
-  int64_t first_expert = 0;          // global id of experts[0]
+  std::vector<MlpWeights> experts;  // local experts, [n_local]
+  int64_t first_expert = 0;         // global id of experts[0]
   bool has_shared = false;
-  MlpWeights shared;                 // DeepSeek shared experts (width n_ff_exp * n_shared)
+  MlpWeights shared;  // DeepSeek shared experts (width n_ff_exp * n_shared)
 };
 
-// Loads an MLP's three projections "<prefix>.{gate,up,down}<suffix>" with the given names.
+// The names of an MLP's three projections in a checkpoint.
+struct MlpNames {
+  const char* gate = "gate_proj";
+  const char* up = "up_proj";
+  const char* down = "down_proj";
+};
+
+// Loads an MLP's three projections "<prefix>.<name>.weight", laid out as `layout` says.
 MlpWeights load_mlp(WeightSource& src, const std::string& prefix, int64_t n_embd, int64_t n_ff,
-                    const char* gate = "gate_proj", const char* up = "up_proj",
-                    const char* down = "down_proj");
+                    Layout layout = Layout::kAsStored, const MlpNames& names = {});
 
 // s.x[t, :] = tok_embd[token t, :] (converted to f32). tok_embd: [n_vocab, n_embd].
 void embed_tokens(ForwardState& s, const Matrix& tok_embd);

@@ -6,9 +6,12 @@ namespace duet {
 
 std::unique_ptr<Model> Model::create(const ModelConfig& config) {
   switch (config.arch) {
-    case Arch::kQwen3Moe: return make_qwen3_moe(config);
-    case Arch::kDeepseekV2: return make_deepseek_v2(config);
-    case Arch::kMixtral: return make_mixtral(config);
+    case Arch::kQwen3Moe:
+      return make_qwen3_moe(config);
+    case Arch::kDeepseekV2:
+      return make_deepseek_v2(config);
+    case Arch::kMixtral:
+      return make_mixtral(config);
   }
   DUET_ERROR("unknown architecture");
 }
@@ -25,10 +28,11 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   }
   model->expert_begin_ = opt.expert_begin;
   model->expert_end_ = end;
-  auto src = std::make_unique<CheckpointSource>(model_dir);
+  auto src = std::make_unique<CheckpointSource>(model_dir, opt.repack);
   model->load_weights(*src);
   for (FfnWeights& f : model->ffn_) f.first_expert = opt.expert_begin;
   model->weight_bytes_ = src->bytes_used();
+  model->panel_bytes_ = src->packed_bytes();
   model->account_bytes(src->bytes_by_name());
   model->source_ = std::move(src);
   model->build_operations();
@@ -55,17 +59,17 @@ void Model::load_embeddings(WeightSource& src) {
 
 void Model::load_output(WeightSource& src) {
   out_norm_ = src.vector("model.norm.weight", config_.n_embd);
-  output_ = config_.tie_word_embeddings
-                ? tok_embd_
-                : src.matrix("lm_head.weight", config_.n_vocab, config_.n_embd);
+  // Tied: the embedding table again, this time with panels for the products.
+  output_ = src.matrix(config_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
+                       config_.n_vocab, config_.n_embd, Layout::kPanels);
 }
 
 void Model::build_operations() {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   ops_.push_back({"embed", [this](ForwardState& s) { embed_tokens(s, tok_embd_); }});
   for (int64_t il = 0; il < config_.n_layer; ++il) {
-    ops_.push_back({"L" + std::to_string(il) + ".attn",
-                    [this, il](ForwardState& s) { attention(s, il); }});
+    ops_.push_back(
+        {"L" + std::to_string(il) + ".attn", [this, il](ForwardState& s) { attention(s, il); }});
     append_ffn_ops(ops_, il, ffn_[il], config_.n_embd, eps);
   }
   ops_.push_back(

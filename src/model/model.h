@@ -22,6 +22,10 @@ struct LoadOptions {
   // range); expert_end -1 means n_expert. Every other tensor is always loaded.
   int64_t expert_begin = 0;
   int64_t expert_end = -1;
+  // Re-lay the matrices every token multiplies as panels (Matrix::panels) where matmul reads
+  // them: 1.5–2× faster products from 8 tokens on, for a packed copy of those matrices (as
+  // llama.cpp repacks its weights; its --no-repack is this set to false).
+  bool repack = true;
 };
 
 class Model {
@@ -45,8 +49,10 @@ class Model {
   // The element type the weight matrices are held in: kBF16 for a bf16 checkpoint, kF32 for an
   // f32 one (and for f16, widened at load). Read off the output head: checkpoints use one dtype.
   DType weight_dtype() const { return output_.dtype; }
-  // Bytes of weights resident for this model (mapped or converted).
+  // Bytes of weights resident for this model (mapped, converted or packed).
   uint64_t weight_bytes() const { return weight_bytes_; }
+  // Of those, the bytes of the copies packed as panels at load (LoadOptions::repack).
+  uint64_t panel_bytes() const { return panel_bytes_; }
   // Bytes of the weights every forward pass reads whatever the routing: attention, norms,
   // routers, dense and shared MLPs, the output head (not the embedding table, which is gathered
   // row by row, nor the routed experts, counted per step in ForwardState::expert_bytes_read).
@@ -59,8 +65,7 @@ class Model {
   int64_t expert_end() const { return expert_end_; }
 
  protected:
-  explicit Model(const ModelConfig& config)
-      : config_(config), expert_end_(config.n_expert) {}
+  explicit Model(const ModelConfig& config) : config_(config), expert_end_(config.n_expert) {}
   // Asks `src` for every tensor and keeps the views: load_embeddings, then each layer's
   // attention and ffn_[il], then load_output.
   virtual void load_weights(WeightSource& src) = 0;
@@ -87,6 +92,7 @@ class Model {
   std::unique_ptr<WeightSource> source_;  // keeps mapped files and conversions alive
   std::vector<Operation> ops_;
   uint64_t weight_bytes_ = 0;
+  uint64_t panel_bytes_ = 0;
   uint64_t dense_bytes_per_step_ = 0;
   uint64_t bytes_per_expert_ = 0;
 };

@@ -1,24 +1,40 @@
 #include "model/weight_source.h"
 
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/matmul.h"
 
 namespace duet {
 
-CheckpointSource::CheckpointSource(const std::string& dir) : set_(SafetensorsSet::open_dir(dir)) {}
+CheckpointSource::CheckpointSource(const std::string& dir, bool repack)
+    : set_(SafetensorsSet::open_dir(dir)), repack_(repack) {}
+
+void CheckpointSource::FreeAligned::operator()(void* p) const {
+  std::free(p);
+}
+
+uint64_t CheckpointSource::bytes_used() const {
+  uint64_t n = packed_bytes_;
+  for (const auto& [name, bytes] : bytes_by_name_) n += bytes;
+  return n;
+}
 
 const TensorView& CheckpointSource::expect(const std::string& name,
                                            const std::vector<int64_t>& shape) {
   const TensorView& t = set_.get(name);  // throws "<dir>: missing tensor 'name'"
   if (t.shape != shape) {
-    throw Error(set_.file_of(name) + ": tensor '" + name + "': expected shape " +
-                shape_str(shape) + ", found " + shape_str(t.shape));
+    throw Error(set_.file_of(name) + ": tensor '" + name + "': expected shape " + shape_str(shape) +
+                ", found " + shape_str(t.shape));
   }
   return t;
 }
 
-Matrix CheckpointSource::matrix(const std::string& name, int64_t rows, int64_t cols) {
+Matrix CheckpointSource::view(const std::string& name, int64_t rows, int64_t cols) {
   const TensorView& t = expect(name, {rows, cols});
   Matrix m;
   m.rows = rows;
@@ -28,10 +44,10 @@ Matrix CheckpointSource::matrix(const std::string& name, int64_t rows, int64_t c
     case DType::kF32:
       m.dtype = t.dtype;
       m.data = t.data;
-      bytes_used_ += t.nbytes();
       bytes_by_name_[name] = t.nbytes();
       return m;
     case DType::kF16: {
+      if (auto it = converted_.find(name); it != converted_.end()) return it->second;
       // No f16 kernels: widen once to f32 (f16 checkpoints of these models are rare).
       std::vector<float>& buf = owned_.emplace_back(static_cast<size_t>(t.numel()));
       const auto* src = static_cast<const uint16_t*>(t.data);
@@ -42,12 +58,41 @@ Matrix CheckpointSource::matrix(const std::string& name, int64_t rows, int64_t c
       }
       m.dtype = DType::kF32;
       m.data = buf.data();
-      bytes_used_ += buf.size() * 4;
       bytes_by_name_[name] = buf.size() * 4;
+      converted_[name] = m;
       return m;
     }
   }
   throw Error(set_.file_of(name) + ": tensor '" + name + "': unsupported dtype");
+}
+
+Matrix CheckpointSource::with_panels(const std::string& name, Matrix m) {
+  auto it = panels_.find(name);
+  if (it == panels_.end()) {
+    const size_t bytes = static_cast<size_t>(panel_elems(m)) * dtype_size(m.dtype);
+    // Large copies on 2 MiB boundaries, in huge pages where the kernel allows: the products
+    // stream through them, and a 4 KiB page's TLB miss every 4 KiB costs.
+    constexpr size_t kHuge = size_t{2} << 20;
+    const size_t align = bytes >= kHuge ? kHuge : 64;
+    void* p = std::aligned_alloc(align, (bytes + align - 1) / align * align);
+    if (!p) throw Error(set_.file_of(name) + ": tensor '" + name + "': out of memory packing it");
+    if (align == kHuge) madvise(p, (bytes + align - 1) / align * align, MADV_HUGEPAGE);
+    pack_panels(m, p);
+    it = panels_.emplace(name, std::unique_ptr<void, FreeAligned>(p)).first;
+    packed_bytes_ += bytes;
+  }
+  m.panels = it->second.get();
+  return m;
+}
+
+Matrix CheckpointSource::matrix(const std::string& name, int64_t rows, int64_t cols,
+                                Layout layout) {
+  Matrix m = view(name, rows, cols);
+  if (layout == Layout::kPanels && repack_ && rows > 0 && cols > 0 &&
+      matmul_reads_panels(m.dtype)) {
+    m = with_panels(name, m);
+  }
+  return m;
 }
 
 const float* CheckpointSource::vector(const std::string& name, int64_t n) {
@@ -57,18 +102,28 @@ const float* CheckpointSource::vector(const std::string& name, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     uint16_t h;
     switch (t.dtype) {
-      case DType::kF32: std::memcpy(&buf[i], src + 4 * i, 4); break;
-      case DType::kBF16: std::memcpy(&h, src + 2 * i, 2); buf[i] = bf16_to_f32(h); break;
-      case DType::kF16: std::memcpy(&h, src + 2 * i, 2); buf[i] = f16_to_f32(h); break;
+      case DType::kF32:
+        std::memcpy(&buf[i], src + 4 * i, 4);
+        break;
+      case DType::kBF16:
+        std::memcpy(&h, src + 2 * i, 2);
+        buf[i] = bf16_to_f32(h);
+        break;
+      case DType::kF16:
+        std::memcpy(&h, src + 2 * i, 2);
+        buf[i] = f16_to_f32(h);
+        break;
     }
   }
-  bytes_used_ += static_cast<uint64_t>(n) * 4;
   bytes_by_name_[name] = static_cast<uint64_t>(n) * 4;
   return buf.data();
 }
 
-Matrix RecordingSource::matrix(const std::string& name, int64_t rows, int64_t cols) {
-  requests_.push_back({name, {rows, cols}});
+Matrix RecordingSource::matrix(const std::string& name, int64_t rows, int64_t cols,
+                               Layout /*layout*/) {
+  const bool seen = std::any_of(requests_.begin(), requests_.end(),
+                                [&](const Request& r) { return r.name == name; });
+  if (!seen) requests_.push_back({name, {rows, cols}});
   Matrix m;
   m.dtype = DType::kF32;
   m.rows = rows;

@@ -17,32 +17,58 @@
 
 namespace duet {
 
+// How a matrix is laid out for the products that read it.
+enum class Layout {
+  kAsStored,  // rows as the file has them: routed experts (a few tokens each), embeddings
+  // Also re-laid as panels (Matrix::panels) where matmul reads them: the matrices every token
+  // of every step multiplies (attention, dense and shared MLPs, the output head).
+  kPanels,
+};
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
-  // A matrix W[rows, cols] (bf16 or f32 view; valid as long as the source lives).
-  virtual Matrix matrix(const std::string& name, int64_t rows, int64_t cols) = 0;
+  // A matrix W[rows, cols] (bf16 or f32 view; valid as long as the source lives). Asking for the
+  // same name twice gives the same weights (a tied output head asks for the embedding table).
+  virtual Matrix matrix(const std::string& name, int64_t rows, int64_t cols,
+                        Layout layout = Layout::kAsStored) = 0;
   // A vector [n] (norm weights), always converted to f32; valid as long as the source lives.
   virtual const float* vector(const std::string& name, int64_t n) = 0;
 };
 
 // Reads a model directory's safetensors. Errors name the file, the tensor and the problem.
+// Layout::kPanels is honoured when `repack` is set and matmul reads panels on this CPU
+// (matmul_reads_panels); the packed copies are owned here.
 class CheckpointSource final : public WeightSource {
  public:
-  explicit CheckpointSource(const std::string& dir);
-  Matrix matrix(const std::string& name, int64_t rows, int64_t cols) override;
+  explicit CheckpointSource(const std::string& dir, bool repack = true);
+  Matrix matrix(const std::string& name, int64_t rows, int64_t cols,
+                Layout layout = Layout::kAsStored) override;
   const float* vector(const std::string& name, int64_t n) override;
-  // Bytes of weights this source handed out (views and conversions), for memory reports.
-  uint64_t bytes_used() const { return bytes_used_; }
-  // Bytes of each tensor handed out, by name.
+  // Bytes of weights this source handed out (views, conversions and packed copies), for memory
+  // reports.
+  uint64_t bytes_used() const;
+  // Bytes of each tensor handed out, by name (as stored or converted; packed copies apart).
   const std::map<std::string, uint64_t>& bytes_by_name() const { return bytes_by_name_; }
+  // Bytes of the packed copies (Layout::kPanels).
+  uint64_t packed_bytes() const { return packed_bytes_; }
 
  private:
   const TensorView& expect(const std::string& name, const std::vector<int64_t>& shape);
+  Matrix view(const std::string& name, int64_t rows, int64_t cols);
+  // m with panels: packed once per name, into owned 64-byte aligned memory.
+  Matrix with_panels(const std::string& name, Matrix m);
+
+  struct FreeAligned {
+    void operator()(void* p) const;
+  };
 
   SafetensorsSet set_;
-  std::deque<std::vector<float>> owned_;  // f32 conversions of f16 matrices and of vectors
-  uint64_t bytes_used_ = 0;
+  bool repack_;
+  std::deque<std::vector<float>> owned_;     // f32 conversions of f16 matrices and of vectors
+  std::map<std::string, Matrix> converted_;  // f16 matrices, by name, once converted
+  std::map<std::string, std::unique_ptr<void, FreeAligned>> panels_;  // packed copies, by name
+  uint64_t packed_bytes_ = 0;
   std::map<std::string, uint64_t> bytes_by_name_;
 };
 
@@ -53,7 +79,8 @@ class RecordingSource final : public WeightSource {
     std::string name;
     std::vector<int64_t> shape;
   };
-  Matrix matrix(const std::string& name, int64_t rows, int64_t cols) override;
+  Matrix matrix(const std::string& name, int64_t rows, int64_t cols,
+                Layout layout = Layout::kAsStored) override;
   const float* vector(const std::string& name, int64_t n) override;
   const std::vector<Request>& requests() const { return requests_; }
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "kernels/matmul.h"
 #include "test_util.h"
 
 namespace duet {
@@ -160,6 +161,27 @@ TEST_F(CliTest, KvCacheDtypeIsCheckedAndReported) {
                              "--kv-cache-dtype f32");
   ASSERT_EQ(bench.exit_code, 0) << bench.out;
   EXPECT_NE(bench.out.find(", KV cache f32\n"), std::string::npos) << bench.out;
+}
+
+// --no-repack: bench latency says whether the dense matrices were packed as panels, and
+// generate gives the same tokens either way.
+TEST_F(CliTest, NoRepackReadsWeightsAsStored) {
+  const std::string bench =
+      "bench latency " + dir_ + " --batch 2 --prompt-len 4 --gen-len 2 --threads 1";
+  RunResult packed = run_duet(bench), plain = run_duet(bench + " --no-repack");
+  ASSERT_EQ(packed.exit_code, 0) << packed.out;
+  ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  EXPECT_NE(plain.out.find("weights: as stored\n"), std::string::npos) << plain.out;
+  if (matmul_reads_panels(DType::kBF16)) {
+    EXPECT_NE(packed.out.find("also as panels ("), std::string::npos) << packed.out;
+  }
+  const std::string gen =
+      "generate " + dir_ +
+      " --prompt-ids 5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21 --max-tokens 6";
+  RunResult a = run_duet(gen), b = run_duet(gen + " --no-repack");
+  ASSERT_EQ(a.exit_code, 0) << a.out;
+  ASSERT_EQ(b.exit_code, 0) << b.out;
+  EXPECT_EQ(first_line(a.out), first_line(b.out));
 }
 
 TEST_F(CliTest, UnknownOptionsAreRejected) {

@@ -1,7 +1,8 @@
 // The single-rank forward pass and generator: incremental decoding equals one long prefill,
 // batching does not change any sequence's logits, greedy decoding is deterministic and seeded
 // sampling reproducible. Run for every architecture, with f32 and bf16 KV caches; a bf16 KV cache
-// gives the f32 one's greedy tokens on the tiny models and reads half its bytes.
+// gives the f32 one's greedy tokens on the tiny models and reads half its bytes; weights packed
+// as panels at load give the greedy tokens of weights read as stored.
 #include "engine/generator.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 
 #include "core/error.h"
 #include "engine/tiny_models.h"
+#include "kernels/matmul.h"
 
 namespace duet {
 namespace {
@@ -29,7 +31,8 @@ class GeneratorTest : public ::testing::TestWithParam<GenCase> {
 
   std::vector<int32_t> prompt(int64_t n, int32_t salt) const {
     std::vector<int32_t> p;
-    for (int64_t i = 0; i < n; ++i) p.push_back(static_cast<int32_t>((31 * i + 7 * salt + 3) % n_vocab()));
+    for (int64_t i = 0; i < n; ++i)
+      p.push_back(static_cast<int32_t>((31 * i + 7 * salt + 3) % n_vocab()));
     return p;
   }
 
@@ -74,7 +77,8 @@ TEST_P(GeneratorTest, PrefillThenDecodeMatchesOnePrefill) {
   }
   ASSERT_EQ(got.size(), full.size());
   for (size_t t = 0; t < toks.size(); ++t)
-    expect_close(&got[t * n_vocab()], &full[t * n_vocab()], n_vocab(), "position " + std::to_string(t));
+    expect_close(&got[t * n_vocab()], &full[t * n_vocab()], n_vocab(),
+                 "position " + std::to_string(t));
 }
 
 TEST_P(GeneratorTest, BatchedSequencesMatchEachAlone) {
@@ -214,6 +218,37 @@ TEST_P(KvDtypeGenerateTest, Bf16GreedyTokensEqualF32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, KvDtypeGenerateTest,
+                         ::testing::Combine(::testing::Values("qwen3_moe", "deepseek_v2",
+                                                              "mixtral"),
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
+                           return std::get<0>(info.param) + (std::get<1>(info.param) == DType::kBF16
+                                                                 ? "_bf16_weights"
+                                                                 : "_f32_weights");
+                         });
+
+class RepackGenerateTest : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
+
+// The matrices every token multiplies, read from panels packed at load (the default), give the
+// same greedy tokens as read as stored (--no-repack): the requests' prefill step multiplies
+// more than kPanelMinTokens tokens, so panels are read there; the packed copies count in the
+// model's resident bytes where matmul reads them.
+TEST_P(RepackGenerateTest, GreedyTokensEqualWithoutRepack) {
+  const auto& [arch, weights] = GetParam();
+  LoadOptions plain;
+  plain.repack = false;
+  std::unique_ptr<Model> packed = Model::load(test::tiny_model_dir(arch, weights));
+  std::unique_ptr<Model> as_stored = Model::load(test::tiny_model_dir(arch, weights), plain);
+  EXPECT_EQ(packed->weight_bytes() > as_stored->weight_bytes(), matmul_reads_panels(weights));
+  ThreadPool pool(2);
+  Generator a(*packed, pool), b(*as_stored, pool);
+  const std::vector<GenerateRequest> reqs = greedy_requests(packed->config().n_vocab);
+  const std::vector<GenerateResult> want = b.generate(reqs);
+  const std::vector<GenerateResult> got = a.generate(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, RepackGenerateTest,
                          ::testing::Combine(::testing::Values("qwen3_moe", "deepseek_v2",
                                                               "mixtral"),
                                             ::testing::Values(DType::kF32, DType::kBF16)),

@@ -12,6 +12,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "kernels/matmul_impl.h"
+#include "kernels/matmul_test_util.h"
 #include "kernels/simd_impl.h"
 
 namespace duet {
@@ -19,122 +20,16 @@ namespace {
 
 using matmul_impl::Path;
 using simd::Isa;
+using namespace duet::test;  // NOLINT(google-build-using-namespace): the shared helpers
 
-// A weight matrix with its storage, f32 or bf16.
-struct TestMatrix {
-  DType dtype;
-  int64_t rows;
-  int64_t cols;
-  std::vector<float> f32;
-  std::vector<uint16_t> bf16;
-
-  Matrix view() const {
-    Matrix m;
-    m.dtype = dtype;
-    m.rows = rows;
-    m.cols = cols;
-    m.data = dtype == DType::kBF16 ? static_cast<const void*>(bf16.data())
-                                   : static_cast<const void*>(f32.data());
-    return m;
-  }
-
-  // The same matrix with every element replaced by its magnitude.
-  TestMatrix abs() const {
-    TestMatrix a = *this;
-    for (float& v : a.f32) v = std::fabs(v);
-    for (uint16_t& v : a.bf16) v &= 0x7fff;
-    return a;
-  }
-};
-
-// Values of mixed magnitude (2^-20 .. 2^20), some exact zeros.
-std::vector<float> random_values(std::mt19937& rng, int64_t n) {
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::uniform_int_distribution<int> exponent(-20, 20);
-  std::uniform_int_distribution<int> pick(0, 15);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& f : v) {
-    int p = pick(rng);
-    if (p == 0) {
-      f = 0.0f;
-    } else if (p <= 2) {
-      f = std::ldexp(normal(rng), exponent(rng));
-    } else {
-      f = normal(rng);
-    }
-  }
-  return v;
-}
-
-TestMatrix random_matrix(std::mt19937& rng, DType dtype, int64_t rows, int64_t cols) {
-  TestMatrix m{dtype, rows, cols, {}, {}};
-  std::vector<float> v = random_values(rng, rows * cols);
-  if (dtype == DType::kBF16) {
-    m.bf16.resize(v.size());
-    for (size_t i = 0; i < v.size(); ++i) m.bf16[i] = f32_to_bf16(v[i]);
-  } else {
-    m.f32 = v;
-  }
+// A matrix of cols columns and dtype, for direct_x (which reads only those, and the panels).
+Matrix weights_of(DType dtype, int64_t cols) {
+  Matrix m;
+  m.dtype = dtype;
+  m.rows = 1;
+  m.cols = cols;
   return m;
 }
-
-std::vector<float> abs_values(std::vector<float> v) {
-  for (float& f : v) f = std::fabs(f);
-  return v;
-}
-
-constexpr float kGuard = 12345.0f;
-constexpr int64_t kPad = 64;  // guard elements after each output
-constexpr float kRelTol = 1e-5f;
-
-// Every SIMD instruction set this CPU runs, the emulation of AVX-512 BF16 included.
-std::vector<Isa> simd_isas() {
-  std::vector<Isa> isas;
-  for (Isa isa : {Isa::kAvx512Bf16, Isa::kAvx512Bf16Emulated, Isa::kAvx512, Isa::kAvx2}) {
-    if (simd::isa_supported(isa)) isas.push_back(isa);
-  }
-  return isas;
-}
-
-// x rounded to bf16 and back, as kernels that multiply bf16 pairs see it.
-std::vector<float> rounded(const float* x, int64_t n) {
-  std::vector<float> r(static_cast<size_t>(n));
-  for (size_t i = 0; i < r.size(); ++i) r[i] = bf16_to_f32(f32_to_bf16(x[i]));
-  return r;
-}
-
-// What a product should give: matmul_scalar's result y, and Σ|w||x| per output (the scale of the
-// tolerance), each followed by `pad` guard values.
-struct Expected {
-  std::vector<float> y, scale;
-};
-
-Expected expected_product(const TestMatrix& w, const float* x, int64_t n_tokens, int64_t pad) {
-  const size_t n_out = static_cast<size_t>(n_tokens * w.rows);
-  Expected e{std::vector<float>(n_out + static_cast<size_t>(pad), kGuard),
-             std::vector<float>(n_out + static_cast<size_t>(pad), kGuard)};
-  matmul_scalar(w.view(), x, n_tokens, e.y.data());
-  matmul_scalar(w.abs().view(), abs_values(std::vector<float>(x, x + n_tokens * w.cols)).data(),
-                n_tokens, e.scale.data());
-  return e;
-}
-
-// The expected product of w and x on x as each instruction set multiplies it: as it is, or
-// rounded to bf16 where matmul_impl::rounds_x.
-struct Expectations {
-  Expectations(const TestMatrix& w, const float* x, int64_t n_tokens, int64_t pad = 0)
-      : dtype(w.dtype),
-        exact(expected_product(w, x, n_tokens, pad)),
-        of_rounded(dtype == DType::kBF16
-                       ? expected_product(w, rounded(x, n_tokens * w.cols).data(), n_tokens, pad)
-                       : exact) {}
-  const Expected& operator()(Isa isa) const {
-    return matmul_impl::rounds_x(isa, dtype) ? of_rounded : exact;
-  }
-
-  DType dtype;
-  Expected exact, of_rounded;
-};
 
 const char* path_name(Path p) {
   switch (p) {
@@ -146,25 +41,6 @@ const char* path_name(Path p) {
       return "tiled";
   }
   return "?";
-}
-
-// Expects got ≈ want elementwise, within kRelTol of scale (Σ|w||x| for each output, which bounds
-// the rounding error of any summation order), and the guard values past n untouched.
-void expect_close(const std::vector<float>& got, const std::vector<float>& want,
-                  const std::vector<float>& scale, int64_t n, const std::string& what) {
-  int failures = 0;
-  for (int64_t i = 0; i < n && failures < 5; ++i) {
-    size_t k = static_cast<size_t>(i);
-    float tol = kRelTol * scale[k] + std::numeric_limits<float>::min();
-    if (!(std::fabs(got[k] - want[k]) <= tol)) {
-      ADD_FAILURE() << what << ": element " << i << " got " << got[k] << " want " << want[k]
-                    << " tol " << tol;
-      ++failures;
-    }
-  }
-  for (size_t k = static_cast<size_t>(n); k < got.size(); ++k) {
-    ASSERT_EQ(got[k], kGuard) << what << ": wrote past the end at " << k;
-  }
 }
 
 TEST(MatmulTest, ScalarMatchesHandComputedProduct) {
@@ -250,25 +126,6 @@ TEST(MatmulTest, ManyRowsAllPathsAndPublicEntry) {
       matmul(pool, w.view(), x.data(), n_tokens, got.data());
       const Expected& best = want(simd::best_isa());
       expect_close(got, best.y, best.scale, n_out, "matmul()");
-    }
-  }
-}
-
-// Expects got [n_tokens, ldy] to hold rows [r_begin, r_end) of want [n_tokens, rows] (within
-// kRelTol of scale) in its first r_end - r_begin columns, and the guard value past them.
-void expect_row_range(const std::vector<float>& got, const std::vector<float>& want,
-                      const std::vector<float>& scale, int64_t n_tokens, int64_t rows, int64_t ldy,
-                      int64_t r_begin, int64_t r_end, const std::string& what) {
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    for (int64_t j = 0; j < ldy; ++j) {
-      const float g = got[static_cast<size_t>(t * ldy + j)];
-      if (j >= r_end - r_begin) {
-        ASSERT_EQ(g, kGuard) << what << ": wrote token " << t << " column " << j;
-        continue;
-      }
-      const size_t k = static_cast<size_t>(t * rows + r_begin + j);
-      ASSERT_NEAR(g, want[k], kRelTol * scale[k] + std::numeric_limits<float>::min())
-          << what << " token " << t << " row " << r_begin + j;
     }
   }
 }
@@ -391,13 +248,17 @@ TEST(MatmulTest, DirectXCopiesOnlyUnalignedRowsOfSeveralTokens) {
   matmul_impl::XBuffer buf;
 
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    EXPECT_EQ(matmul_impl::direct_x(isa, DType::kBF16, unaligned, cols, few, buf).base, unaligned);
-    EXPECT_EQ(matmul_impl::direct_x(isa, DType::kBF16, unaligned, cols, many, buf).base, unaligned);
-    EXPECT_EQ(matmul_impl::direct_x(isa, DType::kBF16, aligned, cols, 8, buf).base, aligned);
+    EXPECT_EQ(matmul_impl::direct_x(isa, weights_of(DType::kBF16, cols), unaligned, few, buf).base,
+              unaligned);
+    EXPECT_EQ(matmul_impl::direct_x(isa, weights_of(DType::kBF16, cols), unaligned, many, buf).base,
+              unaligned);
+    EXPECT_EQ(matmul_impl::direct_x(isa, weights_of(DType::kBF16, cols), aligned, 8, buf).base,
+              aligned);
   }
 
   for (const XRows x : {XRows(unaligned), XRows(aligned, cols + 1)}) {
-    const XRows copy = matmul_impl::direct_x(Isa::kAvx512, DType::kBF16, x, cols, 8, buf);
+    const XRows copy =
+        matmul_impl::direct_x(Isa::kAvx512, weights_of(DType::kBF16, cols), x, 8, buf);
     ASSERT_NE(copy.base, x.base);
     EXPECT_TRUE(matmul_impl::aligned_rows(copy, cols));
     for (int64_t t = 0; t < 8; ++t) {
@@ -406,8 +267,16 @@ TEST(MatmulTest, DirectXCopiesOnlyUnalignedRowsOfSeveralTokens) {
           << "row " << t;
     }
   }
+  // Read from panels, x is broadcast where it is: never copied.
+  Matrix packed = weights_of(DType::kBF16, cols);
+  packed.panels = storage.data();
+  EXPECT_EQ(
+      matmul_impl::direct_x(Isa::kAvx512, packed, unaligned, matmul_impl::kPanelMinTokens, buf)
+          .base,
+      unaligned);
   const float* rows[2] = {aligned + 3 * cols, aligned};
-  const XRows gathered = matmul_impl::direct_x(Isa::kAvx2, DType::kF32, XRows(rows), cols, 2, buf);
+  const XRows gathered =
+      matmul_impl::direct_x(Isa::kAvx2, weights_of(DType::kF32, cols), XRows(rows), 2, buf);
   ASSERT_EQ(gathered.rows, nullptr);
   EXPECT_EQ(gathered.row(0, cols)[0], aligned[3 * cols]);
   EXPECT_EQ(gathered.row(1, cols)[cols - 1], aligned[cols - 1]);
@@ -422,16 +291,16 @@ TEST(MatmulTest, DirectXRoundsForBf16WeightsOnDpbf16) {
   matmul_impl::XBuffer buf;
   for (int64_t n_tokens : {int64_t{1}, int64_t{7}, matmul_impl::tiled_min_tokens(DType::kBF16)}) {
     const std::vector<float> x = random_values(rng, n_tokens * cols);
-    const XRows r = matmul_impl::direct_x(Isa::kAvx512Bf16Emulated, DType::kBF16, x.data(), cols,
-                                          n_tokens, buf);
+    const XRows r = matmul_impl::direct_x(Isa::kAvx512Bf16Emulated, weights_of(DType::kBF16, cols),
+                                          x.data(), n_tokens, buf);
     ASSERT_NE(r.bf16, nullptr) << n_tokens << " tokens";
     for (int64_t t = 0; t < n_tokens; ++t) {
       for (int64_t k = 0; k < cols; ++k) {
         ASSERT_EQ(r.bf16[t * r.ld + k], f32_to_bf16(x[t * cols + k])) << "token " << t;
       }
     }
-    const XRows same =
-        matmul_impl::direct_x(Isa::kAvx512Bf16Emulated, DType::kF32, x.data(), cols, 1, buf);
+    const XRows same = matmul_impl::direct_x(Isa::kAvx512Bf16Emulated,
+                                             weights_of(DType::kF32, cols), x.data(), 1, buf);
     EXPECT_EQ(same.base, x.data());
     EXPECT_EQ(same.bf16, nullptr);
   }

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "engine/generator.h"
+#include "kernels/matmul.h"
 #include "model/make_model.h"
 #include "model/model.h"
 #include "model/safetensors.h"
@@ -48,7 +49,8 @@ void edit_config(const std::string& dir, const std::function<void(json&)>& edit)
 }
 
 // Rewrites model.safetensors through `edit` on the list of its tensors.
-void edit_tensors(const std::string& dir, const std::function<void(std::vector<TensorData>&)>& edit) {
+void edit_tensors(const std::string& dir,
+                  const std::function<void(std::vector<TensorData>&)>& edit) {
   std::vector<TensorData> ts;
   {
     auto f = SafetensorsFile::open(dir + "/model.safetensors");
@@ -95,22 +97,23 @@ TEST_P(UnsupportedFieldTest, IsRefusedByName) {
   EXPECT_NE(msg.find(std::string("'") + b.key + "'"), std::string::npos) << msg;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fields, UnsupportedFieldTest,
-    ::testing::Values(BadField{"qwen3_moe", "hidden_act", "\"gelu\""},
-                      BadField{"qwen3_moe", "attention_bias", "true"},
-                      BadField{"qwen3_moe", "use_sliding_window", "true"},
-                      BadField{"qwen3_moe", "rope_scaling", "{\"type\": \"dynamic\", \"factor\": 2}"},
-                      BadField{"qwen3_moe", "quantization_config", "{\"quant_method\": \"fp8\"}"},
-                      BadField{"qwen3_moe", "num_experts_per_tok", "99"},
-                      BadField{"qwen3_moe", "hidden_size", "\"64\""},
-                      BadField{"qwen3_moe", "num_key_value_heads", "3"},
-                      BadField{"deepseek_v2", "topk_method", "\"noaux_tc\""},
-                      BadField{"deepseek_v2", "scoring_func", "\"sigmoid\""},
-                      BadField{"mixtral", "sliding_window", "4096"}),
-    [](const ::testing::TestParamInfo<BadField>& info) {
-      return std::string(info.param.arch) + "_" + info.param.key;
-    });
+INSTANTIATE_TEST_SUITE_P(Fields, UnsupportedFieldTest,
+                         ::testing::Values(BadField{"qwen3_moe", "hidden_act", "\"gelu\""},
+                                           BadField{"qwen3_moe", "attention_bias", "true"},
+                                           BadField{"qwen3_moe", "use_sliding_window", "true"},
+                                           BadField{"qwen3_moe", "rope_scaling",
+                                                    "{\"type\": \"dynamic\", \"factor\": 2}"},
+                                           BadField{"qwen3_moe", "quantization_config",
+                                                    "{\"quant_method\": \"fp8\"}"},
+                                           BadField{"qwen3_moe", "num_experts_per_tok", "99"},
+                                           BadField{"qwen3_moe", "hidden_size", "\"64\""},
+                                           BadField{"qwen3_moe", "num_key_value_heads", "3"},
+                                           BadField{"deepseek_v2", "topk_method", "\"noaux_tc\""},
+                                           BadField{"deepseek_v2", "scoring_func", "\"sigmoid\""},
+                                           BadField{"mixtral", "sliding_window", "4096"}),
+                         [](const ::testing::TestParamInfo<BadField>& info) {
+                           return std::string(info.param.arch) + "_" + info.param.key;
+                         });
 
 TEST(LoaderTest, GroupLimitedNeedsDivisibleGroups) {
   const std::string dir = fresh_model("deepseek_v2");
@@ -221,6 +224,61 @@ TEST(LoaderTest, ShardedAndF16CheckpointsLoad) {
   }
   EXPECT_EQ(outs[0], outs[1]);
   EXPECT_EQ(outs[0], outs[2]);
+}
+
+// Layout::kPanels gives a matrix its panels (pack_panels of its rows) where matmul reads them,
+// once per name; as stored, or with repack off, there are none. An f16 checkpoint's matrix is
+// widened to f32 first and packed as f32. The packed bytes count in bytes_used.
+TEST(LoaderTest, PanelsArePackedOncePerNameWhereMatmulReadsThem) {
+  const std::string dir = fresh_model("qwen3_moe");
+  const std::string name = "model.layers.0.self_attn.q_proj.weight";
+  const SafetensorsSet set = SafetensorsSet::open_dir(dir);
+  const TensorView& t = set.get(name);
+  const int64_t rows = t.dim(0), cols = t.dim(1);
+  {
+    CheckpointSource src(dir);
+    EXPECT_EQ(src.matrix(name, rows, cols).panels, nullptr);
+    const uint64_t before = src.bytes_used();
+    const Matrix m = src.matrix(name, rows, cols, Layout::kPanels);
+    ASSERT_EQ(m.panels != nullptr, matmul_reads_panels(DType::kF32));
+    if (m.panels) {
+      std::vector<float> want(static_cast<size_t>(panel_elems(m)));
+      pack_panels(m, want.data());
+      EXPECT_EQ(std::memcmp(m.panels, want.data(), want.size() * 4), 0);
+      EXPECT_EQ(src.matrix(name, rows, cols, Layout::kPanels).panels, m.panels);
+      EXPECT_EQ(src.packed_bytes(), want.size() * 4);
+      EXPECT_EQ(src.bytes_used(), before + want.size() * 4);
+    }
+  }
+  {
+    CheckpointSource src(dir, /*repack=*/false);
+    EXPECT_EQ(src.matrix(name, rows, cols, Layout::kPanels).panels, nullptr);
+    EXPECT_EQ(src.packed_bytes(), 0u);
+  }
+  edit_tensors(dir, [&](std::vector<TensorData>& ts) {
+    for (auto& td : ts) {
+      if (td.name != name) continue;
+      std::vector<uint8_t> out(td.bytes.size() / 2);
+      for (size_t i = 0; i < td.bytes.size() / 4; ++i) {
+        float v;
+        std::memcpy(&v, &td.bytes[4 * i], 4);
+        const _Float16 h = static_cast<_Float16>(v);
+        std::memcpy(&out[2 * i], &h, 2);
+      }
+      td.bytes = std::move(out);
+      td.dtype = DType::kF16;
+    }
+  });
+  CheckpointSource src(dir);
+  const Matrix m = src.matrix(name, rows, cols, Layout::kPanels);
+  EXPECT_EQ(m.dtype, DType::kF32);
+  if (matmul_reads_panels(DType::kF32)) {
+    ASSERT_NE(m.panels, nullptr);
+    std::vector<float> want(static_cast<size_t>(panel_elems(m)));
+    pack_panels(m, want.data());
+    EXPECT_EQ(std::memcmp(m.panels, want.data(), want.size() * 4), 0);
+    EXPECT_EQ(src.matrix(name, rows, cols).data, m.data);  // converted once
+  }
 }
 
 }  // namespace

@@ -9,7 +9,8 @@
 # Usage (from the repo root): tools/llamacpp-compare/compare.sh [ROUNDS] [GGUF ...]
 #   ROUNDS  default 2
 #   GGUF    default /tmp/qwen3-moe-small-bf16.gguf (several: each is run as its own llama.cpp row)
-# Logs go to $OUT (default /tmp/llamacpp-compare-logs); SHAPES picks the shapes (see below).
+# Logs go to $OUT (default /tmp/llamacpp-compare-logs); SHAPES picks the shapes (see below);
+# DUET_ALT_ARGS (e.g. "--no-repack") adds a second duet run per shape with those flags.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -87,5 +88,14 @@ for round in $(seq 1 "$rounds"); do
         --batch "$b" --prompt-len "$p" --gen-len "$g"
     echo "$(date -u '+%F %T') duet b=$b p=$p g=$g: $(summary "$log")" \
          "others ${others_pct} %, $(grep -oE 'measured read bandwidth [0-9.]+ GB/s' "$log")"
+    if [ -n "${DUET_ALT_ARGS:-}" ]; then
+      wait_quiet
+      log="$out/duet_alt_$tag.log"
+      # shellcheck disable=SC2086  # DUET_ALT_ARGS is a list of flags
+      run_measured "$log" "$repo/build/duet" bench latency "$model_dir" --threads "$threads" \
+          --batch "$b" --prompt-len "$p" --gen-len "$g" $DUET_ALT_ARGS
+      echo "$(date -u '+%F %T') duet $DUET_ALT_ARGS b=$b p=$p g=$g: $(summary "$log")" \
+           "others ${others_pct} %, $(grep -oE 'measured read bandwidth [0-9.]+ GB/s' "$log")"
+    fi
   done
 done

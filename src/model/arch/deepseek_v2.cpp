@@ -51,7 +51,6 @@ class DeepseekV2 final : public Model {
   void attention(ForwardState& s, int64_t il) const override;
 
  private:
-
   static float softmax_scale(const ModelConfig& c) {
     double scale = 1.0 / std::sqrt(static_cast<double>(c.qk_head_dim()));
     if (!c.rope_scaling.type.empty() && c.rope_scaling.mscale_all_dim != 0) {
@@ -80,24 +79,24 @@ void DeepseekV2::load_weights(WeightSource& src) {
     MlaWeights& a = attn_[il];
     a.norm = src.vector(p + "input_layernorm.weight", D);
     if (c.q_lora_rank == 0) {
-      a.wq = src.matrix(p + "self_attn.q_proj.weight", H * qk, D);
+      a.wq = src.matrix(p + "self_attn.q_proj.weight", H * qk, D, Layout::kPanels);
     } else {
-      a.wq_a = src.matrix(p + "self_attn.q_a_proj.weight", c.q_lora_rank, D);
+      a.wq_a = src.matrix(p + "self_attn.q_a_proj.weight", c.q_lora_rank, D, Layout::kPanels);
       a.q_a_norm = src.vector(p + "self_attn.q_a_layernorm.weight", c.q_lora_rank);
-      a.wq_b = src.matrix(p + "self_attn.q_b_proj.weight", H * qk, c.q_lora_rank);
+      a.wq_b = src.matrix(p + "self_attn.q_b_proj.weight", H * qk, c.q_lora_rank, Layout::kPanels);
     }
     a.wkv_a = src.matrix(p + "self_attn.kv_a_proj_with_mqa.weight",
-                         c.kv_lora_rank + c.qk_rope_head_dim, D);
+                         c.kv_lora_rank + c.qk_rope_head_dim, D, Layout::kPanels);
     a.kv_a_norm = src.vector(p + "self_attn.kv_a_layernorm.weight", c.kv_lora_rank);
     a.wkv_b = src.matrix(p + "self_attn.kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim),
-                         c.kv_lora_rank);
-    a.wo = src.matrix(p + "self_attn.o_proj.weight", D, H * c.v_head_dim);
+                         c.kv_lora_rank, Layout::kPanels);
+    a.wo = src.matrix(p + "self_attn.o_proj.weight", D, H * c.v_head_dim, Layout::kPanels);
 
     FfnWeights& f = ffn_[il];
     f.norm = src.vector(p + "post_attention_layernorm.weight", D);
     f.is_moe = c.is_moe_layer(il);
     if (!f.is_moe) {
-      f.dense = load_mlp(src, p + "mlp", D, c.n_ff);
+      f.dense = load_mlp(src, p + "mlp", D, c.n_ff, Layout::kPanels);
       continue;
     }
     f.router = src.matrix(p + "mlp.gate.weight", c.n_expert, D);
@@ -117,7 +116,8 @@ void DeepseekV2::load_weights(WeightSource& src) {
     }
     if (c.n_expert_shared > 0) {
       f.has_shared = true;
-      f.shared = load_mlp(src, p + "mlp.shared_experts", D, c.n_ff_exp * c.n_expert_shared);
+      f.shared = load_mlp(src, p + "mlp.shared_experts", D, c.n_ff_exp * c.n_expert_shared,
+                          Layout::kPanels);
     }
   }
   load_output(src);
@@ -153,8 +153,7 @@ void DeepseekV2::write_latents(ForwardState& s, int64_t il, const MlaWeights& w)
   for (int64_t t = 0; t < n; ++t) {
     float* row = s.kv_new.data() + t * width;
     rms_norm(row, w.kv_a_norm, 1, c.kv_lora_rank, static_cast<float>(c.rms_norm_eps), row);
-    rope_.apply(row + c.kv_lora_rank, 1, c.qk_rope_head_dim, s.in->pos[t],
-                RopeStyle::kInterleaved);
+    rope_.apply(row + c.kv_lora_rank, 1, c.qk_rope_head_dim, s.in->pos[t], RopeStyle::kInterleaved);
     const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
     s.kv->store_k(seq, il, s.in->pos[t], row, width);
   }

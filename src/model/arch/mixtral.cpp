@@ -22,7 +22,7 @@ class Mixtral final : public GqaMoeModel {
     ffn.route.norm_topk_prob = true;
     for (int64_t e = expert_begin_; e < expert_end_; ++e) {
       ffn.experts.push_back(load_mlp(src, p + "block_sparse_moe.experts." + std::to_string(e),
-                                     c.n_embd, c.n_ff_exp, "w1", "w3", "w2"));
+                                     c.n_embd, c.n_ff_exp, Layout::kAsStored, {"w1", "w3", "w2"}));
     }
   }
 };

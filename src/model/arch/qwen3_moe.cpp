@@ -17,7 +17,7 @@ class Qwen3Moe final : public GqaMoeModel {
     const ModelConfig& c = config_;
     ffn.is_moe = c.is_moe_layer(il);
     if (!ffn.is_moe) {
-      ffn.dense = load_mlp(src, p + "mlp", c.n_embd, c.n_ff);
+      ffn.dense = load_mlp(src, p + "mlp", c.n_embd, c.n_ff, Layout::kPanels);
       return;
     }
     ffn.router = src.matrix(p + "mlp.gate.weight", c.n_expert, c.n_embd);
