@@ -22,9 +22,9 @@ struct LoadOptions {
   // range); expert_end -1 means n_expert. Every other tensor is always loaded.
   int64_t expert_begin = 0;
   int64_t expert_end = -1;
-  // Re-lay the matrices every token multiplies as panels (Matrix::panels) where matmul reads
-  // them: 1.5–2× faster products from 8 tokens on, for a packed copy of those matrices (as
-  // llama.cpp repacks its weights; its --no-repack is this set to false).
+  // Also keep the matrices every token multiplies as panels (Matrix::panels) where matmul reads
+  // them, for products of matmul_impl::kPanelMinTokens tokens or more, at the cost of a packed
+  // copy of those matrices (as llama.cpp repacks its weights; its --no-repack is this false).
   bool repack = true;
 };
 
