@@ -16,7 +16,6 @@
 // group of tokens streams past them.
 
 constexpr int64_t kPanelRows = kPanelVecs * kW;
-
 constexpr int64_t kPanelDepth = 128;       // columns per microkernel call: 32 KiB of panel in L1
 constexpr int64_t kPanelTokenGroup = 128;  // tokens that sweep a panel's columns together
 

@@ -194,6 +194,17 @@ std::vector<GenerateRequest> greedy_requests(int64_t n_vocab) {
   return reqs;
 }
 
+// Every architecture with f32 and with bf16 weights, and the test names for them.
+const auto kArchsAndWeights =
+    ::testing::Combine(::testing::Values("qwen3_moe", "deepseek_v2", "mixtral"),
+                       ::testing::Values(DType::kF32, DType::kBF16));
+
+std::string arch_and_weights_name(
+    const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
+  return std::get<0>(info.param) +
+         (std::get<1>(info.param) == DType::kBF16 ? "_bf16_weights" : "_f32_weights");
+}
+
 // Greedy tokens with bf16 K/V rows equal those with f32 rows on the tiny models (f32 and bf16
 // weights): rounding K/V to bf16 moves their logits by about 2e-3 (GQA) to 7e-2 (MLA's latent) of
 // the row's largest logit on the golden test's prompt, which stays below the gaps between the
@@ -217,15 +228,7 @@ TEST_P(KvDtypeGenerateTest, Bf16GreedyTokensEqualF32) {
   EXPECT_EQ(2 * st_bf16.decode_kv_bytes, st_f32.decode_kv_bytes);
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, KvDtypeGenerateTest,
-                         ::testing::Combine(::testing::Values("qwen3_moe", "deepseek_v2",
-                                                              "mixtral"),
-                                            ::testing::Values(DType::kF32, DType::kBF16)),
-                         [](const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
-                           return std::get<0>(info.param) + (std::get<1>(info.param) == DType::kBF16
-                                                                 ? "_bf16_weights"
-                                                                 : "_f32_weights");
-                         });
+INSTANTIATE_TEST_SUITE_P(Archs, KvDtypeGenerateTest, kArchsAndWeights, arch_and_weights_name);
 
 class RepackGenerateTest : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
 
@@ -248,15 +251,7 @@ TEST_P(RepackGenerateTest, GreedyTokensEqualWithoutRepack) {
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, RepackGenerateTest,
-                         ::testing::Combine(::testing::Values("qwen3_moe", "deepseek_v2",
-                                                              "mixtral"),
-                                            ::testing::Values(DType::kF32, DType::kBF16)),
-                         [](const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
-                           return std::get<0>(info.param) + (std::get<1>(info.param) == DType::kBF16
-                                                                 ? "_bf16_weights"
-                                                                 : "_f32_weights");
-                         });
+INSTANTIATE_TEST_SUITE_P(Archs, RepackGenerateTest, kArchsAndWeights, arch_and_weights_name);
 
 }  // namespace
 }  // namespace duet
