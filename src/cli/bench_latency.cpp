@@ -9,6 +9,7 @@
 #include "cli/commands.h"
 #include "cli/dist_options.h"
 #include "cli/kv_cache_option.h"
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/dp_generator.h"
 #include "engine/generator.h"
@@ -31,6 +32,7 @@ struct LatencyOptions {
   uint64_t seed = 0;
   std::string kv_cache_dtype = "auto";
   KvCacheDtype kv_dtype = KvCacheDtype::kAuto;  // parsed from kv_cache_dtype
+  bool profile_ops = false;
   DistOptions dist;
 };
 
@@ -84,6 +86,15 @@ void run_latency_ep(const LatencyOptions& o, DistContext& ctx) {
               total_tps / ctx.world_size());
 }
 
+// Decode time per kind of operation (summed over layers), per step and as a share of decode.
+void print_op_seconds(const GenerateStats& st, int64_t steps) {
+  std::printf("decode time by operation (all layers; ms/step, share of decode):\n");
+  for (const auto& [name, s] : st.decode_op_seconds) {
+    std::printf("  %-16s %8.2f  %5.1f %%\n", name.c_str(), steps ? s / steps * 1e3 : 0.0,
+                st.decode_seconds > 0 ? 100.0 * s / st.decode_seconds : 0.0);
+  }
+}
+
 void run_latency_single(const LatencyOptions& o) {
   ThreadPool pool(o.threads > 0 ? o.threads : available_cores());
   LoadOptions lo;
@@ -99,6 +110,7 @@ void run_latency_single(const LatencyOptions& o) {
   const double peak_before = measure_peak_flops(pool);
   gen.generate(reqs);  // warm-up: pages of the mapped weights, buffers
   GenerateStats st;
+  gen.profile_ops(o.profile_ops);
   gen.generate(reqs, &st);
   const double bw = std::max(bw_before, measure_read_bandwidth(pool));
 
@@ -161,10 +173,12 @@ void run_latency_single(const LatencyOptions& o) {
               achieved / 1e9, bw / 1e9, achieved / bw);
   std::printf("decode bandwidth limit %.1f tok/s; achieved/limit %.2f\n", limit_tps,
               limit_tps > 0 ? decode_tokens / st.decode_seconds / limit_tps : 0.0);
+  if (o.profile_ops) print_op_seconds(st, steps);
 }
 
 void run_latency(const LatencyOptions& o) {
   launch_ranks(o.dist, o.model_dir, [&](DistContext* ctx) {
+    if (ctx && o.profile_ops) DUET_ERROR("--profile-ops times a single rank's steps only");
     if (ctx)
       run_latency_ep(o, *ctx);
     else
@@ -186,6 +200,9 @@ void add_bench_latency(CLI::App& bench) {
   cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
   cmd->add_option("--seed", o->seed, "Seed of the random prompts");
   add_kv_cache_dtype_option(cmd, o->kv_cache_dtype);
+  cmd->add_flag("--profile-ops", o->profile_ops,
+                "Also print decode time per kind of operation (attn, moe_route, experts, output, "
+                "...), summed over layers (single rank)");
   add_dist_options(cmd, o->dist);
   cmd->callback([o] {
     o->kv_dtype = parse_kv_cache_dtype(o->kv_cache_dtype);

@@ -1,10 +1,24 @@
 #include "engine/executor.h"
 
+#include <chrono>
+
 namespace duet {
 
 void run_plain(const std::vector<Operation>& ops, ForwardState& state) {
   for (const Operation& op : ops) {
     if (!op.is_yield()) op.run(state);
+  }
+}
+
+void run_plain_timed(const std::vector<Operation>& ops, ForwardState& state, OpSeconds& seconds) {
+  using Clock = std::chrono::steady_clock;
+  for (const Operation& op : ops) {
+    if (op.is_yield()) continue;
+    const Clock::time_point t0 = Clock::now();
+    op.run(state);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const size_t dot = op.name.find('.');
+    seconds[dot == std::string::npos ? op.name : op.name.substr(dot + 1)] += s;
   }
 }
 

@@ -18,8 +18,8 @@
 namespace duet {
 
 struct GenerateRequest {
-  std::vector<int32_t> prompt;    // token ids, not empty
-  int64_t max_tokens = 16;        // 0: prefill only
+  std::vector<int32_t> prompt;  // token ids, not empty
+  int64_t max_tokens = 16;      // 0: prefill only
   SamplingParams sampling;
   bool prompt_logits = false;     // keep the logits of every prompt position
   std::vector<int32_t> stop_ids;  // generation ends after one of these is produced
@@ -39,6 +39,8 @@ struct GenerateStats {
   int64_t decode_steps = 0;
   uint64_t decode_expert_bytes = 0;  // routed-expert weights read by the decode steps
   uint64_t decode_kv_bytes = 0;      // KV rows read by the decode steps' attention (their dtype)
+  // Wall seconds per kind of operation over the decode steps, when Generator::profile_ops is on.
+  OpSeconds decode_op_seconds;
 };
 
 // Throws duet::Error naming what is wrong with `r` for `config` (empty prompt, an id outside
@@ -61,12 +63,15 @@ class Generator {
   const std::vector<float>& forward(const ForwardInput& in);
 
   KvCache& kv_cache() { return kv_; }
+  // Whether generate() times each operation of its decode steps (GenerateStats::
+  // decode_op_seconds); off by default, as the clock reads cost a little.
+  void profile_ops(bool on) { profile_ops_ = on; }
 
  private:
-
   const Model& model_;
   KvCache kv_;
   ModelRunner runner_;
+  bool profile_ops_ = false;
 };
 
 }  // namespace duet

@@ -7,10 +7,10 @@ namespace duet {
 
 ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, Dispatcher* dispatcher)
     : model_(model), dispatcher_(model.config().n_expert) {
-  DUET_CHECK(dispatcher || (model.expert_begin() == 0 &&
-                            model.expert_end() == model.config().n_expert),
-             "a model holding experts [" << model.expert_begin() << ", " << model.expert_end()
-                                         << ") needs an expert-parallel dispatcher");
+  DUET_CHECK(
+      dispatcher || (model.expert_begin() == 0 && model.expert_end() == model.config().n_expert),
+      "a model holding experts [" << model.expert_begin() << ", " << model.expert_end()
+                                  << ") needs an expert-parallel dispatcher");
   state_.dispatcher = dispatcher ? dispatcher : &dispatcher_;
   state_.pool = &pool;
 }
@@ -18,7 +18,11 @@ ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, Dispatcher* dispa
 const std::vector<float>& ModelRunner::forward(const ForwardInput& in, KvStore& kv) {
   state_.in = &in;
   state_.kv = &kv;
-  run_plain(model_.operations(), state_);
+  if (op_seconds_) {
+    run_plain_timed(model_.operations(), state_, *op_seconds_);
+  } else {
+    run_plain(model_.operations(), state_);
+  }
   state_.in = nullptr;
   state_.kv = nullptr;
   return state_.logits;

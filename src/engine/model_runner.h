@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "engine/executor.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "moe/local_dispatcher.h"
@@ -24,6 +25,8 @@ class ModelRunner {
   const std::vector<float>& forward(const ForwardInput& in, KvStore& kv);
 
   const Model& model() const { return model_; }
+  // While `seconds` is set (not null), forward passes add each operation's wall time to it.
+  void set_op_seconds(OpSeconds* seconds) { op_seconds_ = seconds; }
   // Routed-expert weight bytes read by all forward passes so far (benchmarks).
   uint64_t expert_bytes_read() const { return state_.expert_bytes_read; }
 
@@ -31,6 +34,7 @@ class ModelRunner {
   const Model& model_;
   LocalDispatcher dispatcher_;
   ForwardState state_;
+  OpSeconds* op_seconds_ = nullptr;
 };
 
 }  // namespace duet

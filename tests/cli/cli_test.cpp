@@ -184,6 +184,24 @@ TEST_F(CliTest, NoRepackReadsWeightsAsStored) {
   EXPECT_EQ(first_line(a.out), first_line(b.out));
 }
 
+// --profile-ops adds decode time per kind of operation, each layer's summed under one name;
+// with several ranks it is refused.
+TEST_F(CliTest, ProfileOpsPrintsDecodeTimePerOperation) {
+  const std::string bench =
+      "bench latency " + dir_ + " --batch 2 --prompt-len 4 --gen-len 3 --threads 1 --profile-ops";
+  RunResult r = run_duet(bench);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const size_t table = r.out.find("decode time by operation");
+  ASSERT_NE(table, std::string::npos) << r.out;
+  for (const char* op : {"\n  attn ", "\n  experts ", "\n  moe_route ", "\n  output "}) {
+    EXPECT_NE(r.out.find(op, table), std::string::npos) << op << " in " << r.out;
+  }
+  EXPECT_EQ(r.out.find("L0."), std::string::npos) << r.out;
+  expect_error(run_duet(bench + " --enable-expert-parallel --data-parallel-size 2 "
+                                "--distributed-backend inproc"),
+               "--profile-ops times a single rank's steps only");
+}
+
 TEST_F(CliTest, UnknownOptionsAreRejected) {
   RunResult r = run_duet("generate " + dir_ + " --no-such-flag");
   EXPECT_NE(r.exit_code, 0);
