@@ -27,13 +27,13 @@ struct EngineMetricsSnapshot {
   int64_t n_waiting = 0;
   int64_t kv_blocks_used = 0;
   int64_t kv_blocks_total = 0;
-  uint64_t prompt_tokens = 0;  // prompt tokens computed (recomputation not counted twice)
+  uint64_t prompt_tokens = 0;      // prompt tokens computed (recomputation not counted twice)
   uint64_t generation_tokens = 0;
   uint64_t preemptions = 0;
   std::map<std::string, uint64_t> finished;  // finish_reason -> requests
-  Histogram ttft{};                          // time to first token, seconds
-  Histogram itl{};                           // inter-token latency, seconds
-  Histogram e2e{};                           // request latency, seconds
+  Histogram ttft{};                 // time to first token, seconds
+  Histogram itl{};                  // inter-token latency, seconds
+  Histogram e2e{};                  // request latency, seconds
 };
 
 class EngineMetrics {

@@ -57,7 +57,8 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
   ForwardInput in;
   for (size_t i = 0; i < n_req; ++i) {
     const GenerateRequest& r = requests[i];
-    in.add(seq_ids[i], 0, r.prompt.data(), static_cast<int64_t>(r.prompt.size()), r.prompt_logits);
+    in.add(seq_ids[i], 0, r.prompt.data(), static_cast<int64_t>(r.prompt.size()),
+           r.prompt_logits);
     st.prompt_tokens += static_cast<int64_t>(r.prompt.size());
   }
   const std::vector<float>* logits = &forward(in);
@@ -102,6 +103,11 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
   // Decode: one token per live sequence per step.
   t0 = std::chrono::steady_clock::now();
   const uint64_t expert_bytes0 = runner_.expert_bytes_read();
+  // Unset on every way out, so the runner never keeps a pointer to this call's stats.
+  struct OpSecondsScope {
+    ModelRunner& runner;
+    ~OpSecondsScope() { runner.set_op_seconds(nullptr); }
+  } op_seconds_scope{runner_};
   if (profile_ops_) runner_.set_op_seconds(&st.decode_op_seconds);
   const uint64_t kv_row_bytes = static_cast<uint64_t>(model_.config().n_layer) *
                                 (model_.kv_k_width() + model_.kv_v_width()) *
@@ -111,8 +117,8 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
     std::vector<size_t> who;
     for (size_t i = 0; i < n_req; ++i) {
       if (!live[i]) continue;
-      const int64_t n_past =
-          static_cast<int64_t>(requests[i].prompt.size() + results[i].tokens.size()) - 1;
+      const int64_t n_past = static_cast<int64_t>(requests[i].prompt.size() +
+                                                  results[i].tokens.size()) - 1;
       step.add(seq_ids[i], n_past, &last[i], 1, false);
       st.decode_kv_bytes += static_cast<uint64_t>(n_past + 1) * kv_row_bytes;
       who.push_back(i);
@@ -123,7 +129,6 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
     for (size_t r = 0; r < who.size(); ++r) emit(who[r], logits->data() + r * n_vocab);
   }
   st.decode_seconds = seconds_since(t0);
-  runner_.set_op_seconds(nullptr);
   st.decode_expert_bytes = runner_.expert_bytes_read() - expert_bytes0;
   if (stats) *stats = st;
   return results;

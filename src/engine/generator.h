@@ -18,8 +18,8 @@
 namespace duet {
 
 struct GenerateRequest {
-  std::vector<int32_t> prompt;  // token ids, not empty
-  int64_t max_tokens = 16;      // 0: prefill only
+  std::vector<int32_t> prompt;    // token ids, not empty
+  int64_t max_tokens = 16;        // 0: prefill only
   SamplingParams sampling;
   bool prompt_logits = false;     // keep the logits of every prompt position
   std::vector<int32_t> stop_ids;  // generation ends after one of these is produced

@@ -7,10 +7,10 @@ namespace duet {
 
 ModelRunner::ModelRunner(const Model& model, ThreadPool& pool, Dispatcher* dispatcher)
     : model_(model), dispatcher_(model.config().n_expert) {
-  DUET_CHECK(
-      dispatcher || (model.expert_begin() == 0 && model.expert_end() == model.config().n_expert),
-      "a model holding experts [" << model.expert_begin() << ", " << model.expert_end()
-                                  << ") needs an expert-parallel dispatcher");
+  DUET_CHECK(dispatcher || (model.expert_begin() == 0 &&
+                            model.expert_end() == model.config().n_expert),
+             "a model holding experts [" << model.expert_begin() << ", " << model.expert_end()
+                                         << ") needs an expert-parallel dispatcher");
   state_.dispatcher = dispatcher ? dispatcher : &dispatcher_;
   state_.pool = &pool;
 }

@@ -21,21 +21,21 @@ using Clock = std::chrono::steady_clock;
 
 // What a client asks for, already tokenised.
 struct EngineRequest {
-  std::vector<int32_t> prompt;  // token ids, not empty
-  int64_t max_tokens = 16;      // >= 1
+  std::vector<int32_t> prompt;         // token ids, not empty
+  int64_t max_tokens = 16;             // >= 1
   SamplingParams sampling;
-  std::vector<int32_t> stop_ids;  // extra stop token ids (eos is added unless ignore_eos)
-  std::vector<std::string> stop;  // stop strings, excluded from the output text
+  std::vector<int32_t> stop_ids;       // extra stop token ids (eos is added unless ignore_eos)
+  std::vector<std::string> stop;       // stop strings, excluded from the output text
   bool ignore_eos = false;
 };
 
 // Output gathered since the HTTP thread last took it.
 struct StreamDelta {
-  std::string text;             // valid UTF-8, never a broken character
-  std::vector<int32_t> tokens;  // generated ids (including a final stop token)
+  std::string text;              // valid UTF-8, never a broken character
+  std::vector<int32_t> tokens;   // generated ids (including a final stop token)
   bool finished = false;
-  std::string finish_reason;  // "stop", "length" or "abort" once finished
-  std::string error;          // set when the engine failed this request
+  std::string finish_reason;     // "stop", "length" or "abort" once finished
+  std::string error;             // set when the engine failed this request
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;  // total so far
 };
@@ -70,7 +70,7 @@ class RequestStream {
   std::atomic<bool> aborted_{false};
   std::mutex mu_;
   std::condition_variable cv_;
-  StreamDelta pending_;       // GUARDED_BY(mu_)
+  StreamDelta pending_;  // GUARDED_BY(mu_)
   bool taken_final_ = false;  // GUARDED_BY(mu_): the finished delta was handed out
 };
 
@@ -81,9 +81,9 @@ struct Sequence {
   uint64_t id = 0;              // arrival order: smaller is older
   std::vector<int32_t> tokens;  // prompt, then generated ids
   int64_t n_prompt = 0;
-  int64_t n_computed = 0;  // positions whose KV rows are written (0 after preemption)
+  int64_t n_computed = 0;       // positions whose KV rows are written (0 after preemption)
   int64_t max_tokens = 0;
-  int32_t kv_seq = -1;  // PagedKvCache sequence while it holds blocks, else -1
+  int32_t kv_seq = -1;          // PagedKvCache sequence while it holds blocks, else -1
   SeqStatus status = SeqStatus::kWaiting;
   int64_t n_preempted = 0;
   int64_t n_prompt_counted = 0;  // prompt positions counted in the metrics (never recounted)

@@ -77,8 +77,8 @@ class Scheduler {
 
   SchedulerConfig config_;
   PagedKvCache& kv_;
-  std::deque<Sequence*> waiting_;   // FCFS; preempted sequences return to the front
-  std::vector<Sequence*> running_;  // sorted by id: back() is the newest
+  std::deque<Sequence*> waiting_;  // FCFS; preempted sequences return to the front
+  std::vector<Sequence*> running_; // sorted by id: back() is the newest
 };
 
 }  // namespace duet

@@ -41,9 +41,9 @@ const std::vector<Task>& make_tasks(const std::vector<G>& groups, RowsOf rows_of
 
 void check_group(const char* op, const Matrix& w, const XRows& x, int64_t n_tokens,
                  const float* y) {
-  DUET_CHECK(
-      n_tokens >= 0 && (n_tokens == 0 || (!x.empty() && y && x.base != y)),
-      op << ": n_tokens " << n_tokens << " x " << x.base << " rows " << x.rows << " y " << y);
+  DUET_CHECK(n_tokens >= 0 && (n_tokens == 0 || (!x.empty() && y && x.base != y)),
+             op << ": n_tokens " << n_tokens << " x " << x.base << " rows " << x.rows << " y "
+                << y);
   DUET_CHECK(w.rows == 0 || w.cols == 0 || w.data, op << ": null weights");
 }
 

@@ -182,14 +182,15 @@ DUET_SIMD_TARGET void matmul_rows_direct(const W* w, int64_t cols, XRows x, int6
       prefetch_rows(next, cols, std::min<int64_t>(kMmRows, r_end - r0 - kMmRows), cols);
       for (int64_t b = 0; b < tb.n; ++b) {
         const int64_t t0 = tb.begin(b);
-        dot_fn<float>(nr, tb.size(b))(wf, ldwf, xr + t0, cols, y + t0 * ldy + (r0 - r_begin), ldy,
-                                      false, nullptr);
+        dot_fn<float>(nr, tb.size(b))(wf, ldwf, xr + t0, cols, y + t0 * ldy + (r0 - r_begin),
+                                      ldy, false, nullptr);
       }
     } else {
       for (int64_t b = 0; b < tb.n; ++b) {
         const int64_t t0 = tb.begin(b);
-        dot_fn<W>(nr, tb.size(b))(w + r0 * cols, cols, xr + t0, cols, y + t0 * ldy + (r0 - r_begin),
-                                  ldy, false, b == 0 ? next : nullptr);
+        dot_fn<W>(nr, tb.size(b))(w + r0 * cols, cols, xr + t0, cols,
+                                  y + t0 * ldy + (r0 - r_begin), ldy, false,
+                                  b == 0 ? next : nullptr);
       }
     }
   }

@@ -51,8 +51,8 @@ RopeParams rope_params(const ModelConfig& c, int64_t dim) {
     if (rs.attention_factor >= 0) {
       p.cos_sin_scale = rs.attention_factor;
     } else if (c.arch == Arch::kDeepseekV2 || (rs.mscale != 0 && rs.mscale_all_dim != 0)) {
-      p.cos_sin_scale =
-          yarn_get_mscale(rs.factor, rs.mscale) / yarn_get_mscale(rs.factor, rs.mscale_all_dim);
+      p.cos_sin_scale = yarn_get_mscale(rs.factor, rs.mscale) /
+                        yarn_get_mscale(rs.factor, rs.mscale_all_dim);
     } else {
       p.cos_sin_scale = yarn_get_mscale(rs.factor, 1.0);
     }
@@ -84,8 +84,8 @@ void gqa_attention(ForwardState& s, int64_t il, const GqaWeights& w, const Model
   norm_into_h(s, w.norm, c.n_embd, eps);
   s.q.resize(static_cast<size_t>(n * q_w));
   s.kv_new.resize(static_cast<size_t>(2 * n * kv_w));
-  float* k = s.kv_new.data();  // [n, kv_w]
-  float* v = k + n * kv_w;     // [n, kv_w]
+  float* k = s.kv_new.data();          // [n, kv_w]
+  float* v = k + n * kv_w;             // [n, kv_w]
   project_qkv(s, w, k, v);
   for (int64_t t = 0; t < n; ++t) {
     float* qt = s.q.data() + t * q_w;

@@ -106,8 +106,7 @@ void append_ffn_ops(std::vector<Operation>& ops, int64_t il, const FfnWeights& w
   ops.push_back({L + "experts", [wp](ForwardState& s) {
                    DUET_CHECK(s.expert_batch->first_expert == wp->first_expert,
                               "dispatcher's experts start at " << s.expert_batch->first_expert
-                                                               << ", the model's at "
-                                                               << wp->first_expert);
+                              << ", the model's at " << wp->first_expert);
                    s.expert_bytes_read += run_experts(*s.pool, wp->experts, *s.expert_batch, s.mlp);
                  }});
   ops.push_back({L + "combine_send", [](ForwardState& s) {

@@ -17,15 +17,15 @@ struct ModelConfig;
 
 // The feed-forward half of a decoder layer: a dense MLP or a MoE block.
 struct FfnWeights {
-  const float* norm = nullptr;  // [n_embd] post_attention_layernorm
+  const float* norm = nullptr;       // [n_embd] post_attention_layernorm
   bool is_moe = false;
-  MlpWeights dense;  // dense layers
-  Matrix router;     // [n_expert, n_embd]
+  MlpWeights dense;                  // dense layers
+  Matrix router;                     // [n_expert, n_embd]
   RouterParams route;
-  std::vector<MlpWeights> experts;  // local experts, [n_local]
-  int64_t first_expert = 0;         // global id of experts[0]
+  std::vector<MlpWeights> experts;   // local experts, [n_local]
+  int64_t first_expert = 0;          // global id of experts[0]
   bool has_shared = false;
-  MlpWeights shared;  // DeepSeek shared experts (width n_ff_exp * n_shared)
+  MlpWeights shared;                 // DeepSeek shared experts (width n_ff_exp * n_shared)
 };
 
 // The names of an MLP's three projections in a checkpoint.

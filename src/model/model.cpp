@@ -6,12 +6,9 @@ namespace duet {
 
 std::unique_ptr<Model> Model::create(const ModelConfig& config) {
   switch (config.arch) {
-    case Arch::kQwen3Moe:
-      return make_qwen3_moe(config);
-    case Arch::kDeepseekV2:
-      return make_deepseek_v2(config);
-    case Arch::kMixtral:
-      return make_mixtral(config);
+    case Arch::kQwen3Moe: return make_qwen3_moe(config);
+    case Arch::kDeepseekV2: return make_deepseek_v2(config);
+    case Arch::kMixtral: return make_mixtral(config);
   }
   DUET_ERROR("unknown architecture");
 }
@@ -68,8 +65,8 @@ void Model::build_operations() {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   ops_.push_back({"embed", [this](ForwardState& s) { embed_tokens(s, tok_embd_); }});
   for (int64_t il = 0; il < config_.n_layer; ++il) {
-    ops_.push_back(
-        {"L" + std::to_string(il) + ".attn", [this, il](ForwardState& s) { attention(s, il); }});
+    ops_.push_back({"L" + std::to_string(il) + ".attn",
+                    [this, il](ForwardState& s) { attention(s, il); }});
     append_ffn_ops(ops_, il, ffn_[il], config_.n_embd, eps);
   }
   ops_.push_back(

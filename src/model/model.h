@@ -65,7 +65,8 @@ class Model {
   int64_t expert_end() const { return expert_end_; }
 
  protected:
-  explicit Model(const ModelConfig& config) : config_(config), expert_end_(config.n_expert) {}
+  explicit Model(const ModelConfig& config)
+      : config_(config), expert_end_(config.n_expert) {}
   // Asks `src` for every tensor and keeps the views: load_embeddings, then each layer's
   // attention and ffn_[il], then load_output.
   virtual void load_weights(WeightSource& src) = 0;

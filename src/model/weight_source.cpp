@@ -28,8 +28,8 @@ const TensorView& CheckpointSource::expect(const std::string& name,
                                            const std::vector<int64_t>& shape) {
   const TensorView& t = set_.get(name);  // throws "<dir>: missing tensor 'name'"
   if (t.shape != shape) {
-    throw Error(set_.file_of(name) + ": tensor '" + name + "': expected shape " + shape_str(shape) +
-                ", found " + shape_str(t.shape));
+    throw Error(set_.file_of(name) + ": tensor '" + name + "': expected shape " +
+                shape_str(shape) + ", found " + shape_str(t.shape));
   }
   return t;
 }
@@ -102,17 +102,9 @@ const float* CheckpointSource::vector(const std::string& name, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     uint16_t h;
     switch (t.dtype) {
-      case DType::kF32:
-        std::memcpy(&buf[i], src + 4 * i, 4);
-        break;
-      case DType::kBF16:
-        std::memcpy(&h, src + 2 * i, 2);
-        buf[i] = bf16_to_f32(h);
-        break;
-      case DType::kF16:
-        std::memcpy(&h, src + 2 * i, 2);
-        buf[i] = f16_to_f32(h);
-        break;
+      case DType::kF32: std::memcpy(&buf[i], src + 4 * i, 4); break;
+      case DType::kBF16: std::memcpy(&h, src + 2 * i, 2); buf[i] = bf16_to_f32(h); break;
+      case DType::kF16: std::memcpy(&h, src + 2 * i, 2); buf[i] = f16_to_f32(h); break;
     }
   }
   bytes_by_name_[name] = static_cast<uint64_t>(n) * 4;

@@ -31,8 +31,7 @@ class GeneratorTest : public ::testing::TestWithParam<GenCase> {
 
   std::vector<int32_t> prompt(int64_t n, int32_t salt) const {
     std::vector<int32_t> p;
-    for (int64_t i = 0; i < n; ++i)
-      p.push_back(static_cast<int32_t>((31 * i + 7 * salt + 3) % n_vocab()));
+    for (int64_t i = 0; i < n; ++i) p.push_back(static_cast<int32_t>((31 * i + 7 * salt + 3) % n_vocab()));
     return p;
   }
 
@@ -77,8 +76,7 @@ TEST_P(GeneratorTest, PrefillThenDecodeMatchesOnePrefill) {
   }
   ASSERT_EQ(got.size(), full.size());
   for (size_t t = 0; t < toks.size(); ++t)
-    expect_close(&got[t * n_vocab()], &full[t * n_vocab()], n_vocab(),
-                 "position " + std::to_string(t));
+    expect_close(&got[t * n_vocab()], &full[t * n_vocab()], n_vocab(), "position " + std::to_string(t));
 }
 
 TEST_P(GeneratorTest, BatchedSequencesMatchEachAlone) {

@@ -49,8 +49,7 @@ void edit_config(const std::string& dir, const std::function<void(json&)>& edit)
 }
 
 // Rewrites model.safetensors through `edit` on the list of its tensors.
-void edit_tensors(const std::string& dir,
-                  const std::function<void(std::vector<TensorData>&)>& edit) {
+void edit_tensors(const std::string& dir, const std::function<void(std::vector<TensorData>&)>& edit) {
   std::vector<TensorData> ts;
   {
     auto f = SafetensorsFile::open(dir + "/model.safetensors");
@@ -97,23 +96,22 @@ TEST_P(UnsupportedFieldTest, IsRefusedByName) {
   EXPECT_NE(msg.find(std::string("'") + b.key + "'"), std::string::npos) << msg;
 }
 
-INSTANTIATE_TEST_SUITE_P(Fields, UnsupportedFieldTest,
-                         ::testing::Values(BadField{"qwen3_moe", "hidden_act", "\"gelu\""},
-                                           BadField{"qwen3_moe", "attention_bias", "true"},
-                                           BadField{"qwen3_moe", "use_sliding_window", "true"},
-                                           BadField{"qwen3_moe", "rope_scaling",
-                                                    "{\"type\": \"dynamic\", \"factor\": 2}"},
-                                           BadField{"qwen3_moe", "quantization_config",
-                                                    "{\"quant_method\": \"fp8\"}"},
-                                           BadField{"qwen3_moe", "num_experts_per_tok", "99"},
-                                           BadField{"qwen3_moe", "hidden_size", "\"64\""},
-                                           BadField{"qwen3_moe", "num_key_value_heads", "3"},
-                                           BadField{"deepseek_v2", "topk_method", "\"noaux_tc\""},
-                                           BadField{"deepseek_v2", "scoring_func", "\"sigmoid\""},
-                                           BadField{"mixtral", "sliding_window", "4096"}),
-                         [](const ::testing::TestParamInfo<BadField>& info) {
-                           return std::string(info.param.arch) + "_" + info.param.key;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fields, UnsupportedFieldTest,
+    ::testing::Values(BadField{"qwen3_moe", "hidden_act", "\"gelu\""},
+                      BadField{"qwen3_moe", "attention_bias", "true"},
+                      BadField{"qwen3_moe", "use_sliding_window", "true"},
+                      BadField{"qwen3_moe", "rope_scaling", "{\"type\": \"dynamic\", \"factor\": 2}"},
+                      BadField{"qwen3_moe", "quantization_config", "{\"quant_method\": \"fp8\"}"},
+                      BadField{"qwen3_moe", "num_experts_per_tok", "99"},
+                      BadField{"qwen3_moe", "hidden_size", "\"64\""},
+                      BadField{"qwen3_moe", "num_key_value_heads", "3"},
+                      BadField{"deepseek_v2", "topk_method", "\"noaux_tc\""},
+                      BadField{"deepseek_v2", "scoring_func", "\"sigmoid\""},
+                      BadField{"mixtral", "sliding_window", "4096"}),
+    [](const ::testing::TestParamInfo<BadField>& info) {
+      return std::string(info.param.arch) + "_" + info.param.key;
+    });
 
 TEST(LoaderTest, GroupLimitedNeedsDivisibleGroups) {
   const std::string dir = fresh_model("deepseek_v2");

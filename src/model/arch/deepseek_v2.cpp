@@ -153,7 +153,8 @@ void DeepseekV2::write_latents(ForwardState& s, int64_t il, const MlaWeights& w)
   for (int64_t t = 0; t < n; ++t) {
     float* row = s.kv_new.data() + t * width;
     rms_norm(row, w.kv_a_norm, 1, c.kv_lora_rank, static_cast<float>(c.rms_norm_eps), row);
-    rope_.apply(row + c.kv_lora_rank, 1, c.qk_rope_head_dim, s.in->pos[t], RopeStyle::kInterleaved);
+    rope_.apply(row + c.kv_lora_rank, 1, c.qk_rope_head_dim, s.in->pos[t],
+                RopeStyle::kInterleaved);
     const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
     s.kv->store_k(seq, il, s.in->pos[t], row, width);
   }
