@@ -37,6 +37,22 @@ inline int64_t tiled_min_tokens(DType dtype) {
 // the output head read its rows faster end to end (3.7–4.8 ms against 5.1–6.3 from panels).
 constexpr int64_t kPanelMinTokens = 16;
 
+// Cache lines a microkernel call prefetches: `lines` lines from p on, spread evenly over its
+// steps, so that the token blocks sweeping one column block share out the prefetch of the next
+// one rather than the first block issuing all of it (a core has only a dozen or so outstanding
+// misses; a burst of prefetches stalls the loads behind it).
+struct PanelPrefetch {
+  const char* p = nullptr;
+  int64_t lines = 0;
+
+  // The share of token block b of n_blocks in prefetching `bytes` at start: consecutive parts
+  // of the same size that together cover every line.
+  static PanelPrefetch share(const void* start, int64_t bytes, int64_t b, int64_t n_blocks) {
+    const int64_t n_lines = (bytes + 63) / 64, per_block = (n_lines + n_blocks - 1) / n_blocks;
+    return {static_cast<const char*>(start) + b * per_block * 64, per_block};
+  }
+};
+
 // The first n floats of v, grown to hold them, at a 64-byte aligned address: a vector load that
 // straddles two cache lines costs two loads, which cost an earlier prefill kernel 30 %.
 inline float* aligned_floats(std::vector<float>& v, int64_t n) {

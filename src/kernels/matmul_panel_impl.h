@@ -71,14 +71,17 @@ DUET_SIMD_TARGET void pack_panel(const W* w, int64_t ldw, int64_t nr, int64_t kc
   }
 }
 
+using matmul_impl::PanelPrefetch;
+
+
 // y[t * ldy + j] (+)= Σ_k x[t][k0 + k] · f32(panel[k * ldp + j]) for t < T, k < kc,
 // j < nr (the lanes at or past nr are not stored); panel holds kPanelRows readable lanes per
-// column, f32 or bf16 (widened in registers). Unless pf is null, the pf_lines cache lines at
-// pf + k · pf_lines · 64 bytes are prefetched at step k (weights to come, still in memory).
+// column, f32 or bf16 (widened in registers). Along the way the cache lines of pf are
+// prefetched (PanelPrefetch: weights to come, still in memory).
 template <int T, typename W>
 DUET_SIMD_TARGET void panel_block(const float* const* x, int64_t k0, int64_t kc, const W* panel,
                                   int64_t ldp, float* y, int64_t ldy, int64_t nr, bool accumulate,
-                                  const char* pf, int pf_lines) {
+                                  PanelPrefetch pf) {
   V acc[T][kPanelVecs];
   const float* xt[T];
 #pragma GCC unroll 8
@@ -87,10 +90,13 @@ DUET_SIMD_TARGET void panel_block(const float* const* x, int64_t k0, int64_t kc,
 #pragma GCC unroll 8
     for (int v = 0; v < kPanelVecs; ++v) acc[t][v] = S::zero();
   }
+  int64_t pf_due = 0;  // pf.lines per step, counted in kc-ths of a line
 #pragma GCC unroll 2
   for (int64_t k = 0; k < kc; ++k) {
-    if (pf) {
-      for (int i = 0; i < pf_lines; ++i) _mm_prefetch(pf + (k * pf_lines + i) * 64, _MM_HINT_T0);
+    if (pf.p) {
+      for (pf_due += pf.lines; pf_due >= kc; pf_due -= kc, pf.p += 64) {
+        _mm_prefetch(pf.p, _MM_HINT_T0);
+      }
     }
     V wv[kPanelVecs];
 #pragma GCC unroll 8
@@ -107,7 +113,7 @@ DUET_SIMD_TARGET void panel_block(const float* const* x, int64_t k0, int64_t kc,
 
 template <typename W>
 using PanelFn = void (*)(const float* const*, int64_t, int64_t, const W*, int64_t, float*, int64_t,
-                         int64_t, bool, const char*, int);
+                         int64_t, bool, PanelPrefetch);
 
 template <typename W, int... I>
 constexpr std::array<PanelFn<W>, sizeof...(I)> make_panel_table(std::integer_sequence<int, I...>) {
@@ -154,7 +160,7 @@ DUET_SIMD_TARGET void matmul_rows_panel(const W* w, int64_t cols, const float* c
         for (int64_t b = 0; b < tb.n; ++b) {
           const int64_t t0 = tb.begin(b);
           panel_fn(tb.size(b))(x + g0 + t0, k0, kc, panel + k0 * kPanelRows, kPanelRows,
-                               yg + t0 * ldy, ldy, nr, k0 > 0, nullptr, 0);
+                               yg + t0 * ldy, ldy, nr, k0 > 0, PanelPrefetch{});
         }
       }
     }
@@ -196,8 +202,11 @@ DUET_SIMD_TARGET void widen_panel_chunk(const W* src, int64_t j0, int64_t nr, in
 // kPanelDepth columns at a time (contiguous in memory, read front to back). For few token
 // blocks (up to kWidenInRegisterBlocks) and for f32 the microkernels read the panel where it is,
 // widening bf16 in registers; for more, each column block is widened once into an L1 buffer
-// that every token block reads. The first token block prefetches the column block
-// kPanelPrefetchBlocks ahead.
+// that every token block reads. The token blocks share out the prefetch of the column block
+// kPanelPrefetchBlocks ahead (PanelPrefetch::share). Issued by the first block alone, those 256
+// prefetches (bf16) stalled its loads: spread out, a 32000 × 1024 product at 32 tokens on
+// 2 threads went from 114–140 to 131–172 GFLOP/s (medians of 60 calls, cold, alternating runs),
+// and a batch-32 decode step of the small model from 247–275 to 279–296 tokens/s.
 constexpr int64_t kPanelPrefetchBlocks = 1;
 
 template <typename W>
@@ -224,14 +233,14 @@ DUET_SIMD_TARGET void matmul_rows_packed(const W* panels, int64_t cols, const fl
         if (!in_place) widen_panel_chunk(panel + k0 * kP, j0, nr, kc, chunk);
         for (int64_t b = 0; b < tb.n; ++b) {
           const int64_t t0 = tb.begin(b);
-          const char* block_pf = b == 0 ? pf : nullptr;
-          constexpr int kPfLines = static_cast<int>(sizeof(W));  // kP · sizeof(W) bytes a column
+          const PanelPrefetch block_pf = PanelPrefetch::share(
+              pf, kPanelDepth * kP * static_cast<int64_t>(sizeof(W)), b, tb.n);
           if (in_place) {
             panel_fn<W>(tb.size(b))(x + g0 + t0, k0, kc, panel + k0 * kP + j0, kP, yg + t0 * ldy,
-                                    ldy, nr, k0 > 0, block_pf, kPfLines);
+                                    ldy, nr, k0 > 0, block_pf);
           } else {
             panel_fn(tb.size(b))(x + g0 + t0, k0, kc, chunk, kPanelRows, yg + t0 * ldy, ldy, nr,
-                                 k0 > 0, block_pf, kPfLines);
+                                 k0 > 0, block_pf);
           }
         }
       }

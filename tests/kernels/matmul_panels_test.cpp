@@ -3,6 +3,7 @@
 // read them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -141,6 +142,48 @@ TEST(MatmulPanelsTest, PanelsAreReadFromKPanelMinTokensOnWhereTheIsaReadsThem) {
   EXPECT_EQ(matmul_reads_panels(DType::kBF16),
             simd::best_isa() != Isa::kScalar && !simd::has_dpbf16(simd::best_isa()));
   EXPECT_EQ(matmul_reads_panels(DType::kF32), simd::best_isa() != Isa::kScalar);
+}
+
+// The token blocks sweeping a column block prefetch the next one between them: replaying the
+// microkernel's schedule over its kc steps, every line is fetched by exactly one block, at most
+// one line per step while a block's share fits its steps, and fewer than one line per block
+// past the end.
+TEST(MatmulPanelsTest, TokenBlocksSharePrefetchOfTheNextColumnBlock) {
+  using matmul_impl::PanelPrefetch;
+  const char* base = reinterpret_cast<const char*>(uintptr_t{1} << 20);
+  for (int64_t bytes : {int64_t{64}, int64_t{16384}, int64_t{32768}, int64_t{100000}}) {
+    for (int64_t n_blocks : {1, 2, 3, 6}) {
+      for (int64_t kc : {1, 16, 100, 128}) {
+        SCOPED_TRACE(std::to_string(bytes) + " bytes, " + std::to_string(n_blocks) +
+                     " blocks, kc " + std::to_string(kc));
+        const int64_t n_lines = (bytes + 63) / 64;
+        std::vector<int> fetched_by(static_cast<size_t>(n_lines + n_blocks), -1);
+        int64_t end = 0;
+        for (int64_t b = 0; b < n_blocks; ++b) {
+          PanelPrefetch pf = PanelPrefetch::share(base, bytes, b, n_blocks);
+          int64_t pf_due = 0;
+          for (int64_t k = 0; k < kc; ++k) {  // as panel_block
+            int per_step = 0;
+            for (pf_due += pf.lines; pf_due >= kc; pf_due -= kc, pf.p += 64) {
+              const int64_t line = (pf.p - base) / 64;
+              ASSERT_LT(line, static_cast<int64_t>(fetched_by.size()));
+              EXPECT_EQ(fetched_by[static_cast<size_t>(line)], -1) << "line " << line;
+              fetched_by[static_cast<size_t>(line)] = static_cast<int>(b);
+              end = std::max(end, line + 1);
+              ++per_step;
+            }
+            if (pf.lines <= kc) {
+              EXPECT_LE(per_step, 1);
+            }
+          }
+        }
+        for (int64_t line = 0; line < n_lines; ++line) {
+          EXPECT_NE(fetched_by[static_cast<size_t>(line)], -1) << "line " << line;
+        }
+        EXPECT_LT(end - n_lines, n_blocks);
+      }
+    }
+  }
 }
 
 TEST(MatmulPanelsTest, RowSliceKeepsPanelsOnlyFromAPanelStart) {
