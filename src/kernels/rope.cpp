@@ -87,6 +87,27 @@ Rope::Rope(const RopeParams& p) : p_(p) {
 // The angle pos · inv_freq[i] and its cos and sin are computed in double from the f32
 // inv_freq, then rounded to f32 (torch forms the angle in f32, which at position 4000 is off by
 // up to ~2e-4 rad; this is the exact rotation for the f32 inv_freq).
+void Rope::angles(int64_t pos, float* cos, float* sin) const {
+  for (size_t i = 0; i < inv_freq_.size(); ++i) {
+    const double angle = static_cast<double>(pos) * static_cast<double>(inv_freq_[i]);
+    cos[i] = static_cast<float>(std::cos(angle) * p_.cos_sin_scale);
+    sin[i] = static_cast<float>(std::sin(angle) * p_.cos_sin_scale);
+  }
+}
+
+void Rope::rotate(float* x, int64_t n_heads, int64_t stride, const float* cos, const float* sin,
+                  RopeStyle style) const {
+  const int64_t half = p_.dim / 2;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* xh = x + h * stride;
+    if (style == RopeStyle::kNeox) {
+      rotate_neox(xh, half, cos, sin);
+    } else {
+      rotate_interleaved(xh, half, cos, sin);
+    }
+  }
+}
+
 void Rope::apply(float* x, int64_t n_heads, int64_t stride, int64_t pos, RopeStyle style) const {
   const int64_t half = p_.dim / 2;
   constexpr int64_t kStackHalf = 256;
@@ -98,20 +119,8 @@ void Rope::apply(float* x, int64_t n_heads, int64_t stride, int64_t pos, RopeSty
     cos = heap_buf.data();
   }
   float* sin = cos + half;
-  for (int64_t i = 0; i < half; ++i) {
-    double angle =
-        static_cast<double>(pos) * static_cast<double>(inv_freq_[static_cast<size_t>(i)]);
-    cos[i] = static_cast<float>(std::cos(angle) * p_.cos_sin_scale);
-    sin[i] = static_cast<float>(std::sin(angle) * p_.cos_sin_scale);
-  }
-  for (int64_t h = 0; h < n_heads; ++h) {
-    float* xh = x + h * stride;
-    if (style == RopeStyle::kNeox) {
-      rotate_neox(xh, half, cos, sin);
-    } else {
-      rotate_interleaved(xh, half, cos, sin);
-    }
-  }
+  angles(pos, cos, sin);
+  rotate(x, n_heads, stride, cos, sin, style);
 }
 
 double yarn_get_mscale(double scale, double mscale) {

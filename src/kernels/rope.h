@@ -33,6 +33,12 @@ class Rope {
   // position `pos`.
   void apply(float* x, int64_t n_heads, int64_t stride, int64_t pos, RopeStyle style) const;
 
+  // apply() in two halves, for vectors of one position rotated in several calls:
+  // cos[i], sin[i] (i < dim / 2) of position pos's angles, then the rotation by them.
+  void angles(int64_t pos, float* cos, float* sin) const;
+  void rotate(float* x, int64_t n_heads, int64_t stride, const float* cos, const float* sin,
+              RopeStyle style) const;
+
   const std::vector<float>& inv_freq() const { return inv_freq_; }  // [dim / 2]
   const RopeParams& params() const { return p_; }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/grouped_matmul.h"
 #include "kernels/matmul.h"
@@ -87,17 +88,26 @@ void gqa_attention(ForwardState& s, int64_t il, const GqaWeights& w, const Model
   float* k = s.kv_new.data();          // [n, kv_w]
   float* v = k + n * kv_w;             // [n, kv_w]
   project_qkv(s, w, k, v);
-  for (int64_t t = 0; t < n; ++t) {
-    float* qt = s.q.data() + t * q_w;
-    float* kt = k + t * kv_w;
-    if (w.q_norm) rms_norm(qt, w.q_norm, c.n_head, hd, eps, qt);
-    if (w.k_norm) rms_norm(kt, w.k_norm, c.n_head_kv, hd, eps, kt);
-    rope.apply(qt, c.n_head, hd, s.in->pos[t], RopeStyle::kNeox);
-    rope.apply(kt, c.n_head_kv, hd, s.in->pos[t], RopeStyle::kNeox);
-    const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
-    s.kv->store_k(seq, il, s.in->pos[t], kt, kv_w);
-    s.kv->store_v(seq, il, s.in->pos[t], v + t * kv_w, kv_w);
-  }
+  // Per token: q/k norms, rope (the angles once for q and k), and the new K/V rows into the
+  // cache, whose rows the engine reserved before the step: tokens touch disjoint rows.
+  s.pool->parallel_for(n, [&](int64_t t0, int64_t t1) {
+    thread_local std::vector<float> cos_sin;
+    cos_sin.resize(static_cast<size_t>(rope.params().dim));
+    float* cos = cos_sin.data();
+    float* sin = cos + rope.params().dim / 2;
+    for (int64_t t = t0; t < t1; ++t) {
+      float* qt = s.q.data() + t * q_w;
+      float* kt = k + t * kv_w;
+      if (w.q_norm) rms_norm(qt, w.q_norm, c.n_head, hd, eps, qt);
+      if (w.k_norm) rms_norm(kt, w.k_norm, c.n_head_kv, hd, eps, kt);
+      rope.angles(s.in->pos[t], cos, sin);
+      rope.rotate(qt, c.n_head, hd, cos, sin, RopeStyle::kNeox);
+      rope.rotate(kt, c.n_head_kv, hd, cos, sin, RopeStyle::kNeox);
+      const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
+      s.kv->store_k(seq, il, s.in->pos[t], kt, kv_w);
+      s.kv->store_v(seq, il, s.in->pos[t], v + t * kv_w, kv_w);
+    }
+  });
   s.attn_out.resize(static_cast<size_t>(n * q_w));
   GqaShape shape{c.n_head, c.n_head_kv, hd, static_cast<float>(1.0 / std::sqrt(double(hd)))};
   attention_gqa(*s.pool, *s.in, *s.kv, il, shape, s.q.data(), s.attn_out.data());
