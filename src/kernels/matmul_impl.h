@@ -30,12 +30,15 @@ inline int64_t tiled_min_tokens(DType dtype) {
 
 // From this many tokens on a matrix with panels (Matrix::panels) is read from them; below, its
 // rows are read as stored (kDirect). From panels each weight is widened once per column block
-// for all tokens and there are no horizontal sums, which pays off once the arithmetic shows: at
-// the 32 tokens of a batch-32 decode step, timed per operation beside --no-repack on this Ice
-// Lake VM, q/k/v took 1.66–1.72 ms instead of 1.80–2.04, o 1.10–1.16 instead of 1.31–1.51, the
-// output head 17.0–17.3 instead of 17.6–19.8. At 1 and 8 tokens, where the step waits on memory,
-// the output head read its rows faster end to end (3.7–4.8 ms against 5.1–6.3 from panels).
-constexpr int64_t kPanelMinTokens = 16;
+// for all tokens (or in registers, for up to two blocks of tokens) and there are no horizontal
+// sums, which pays off once the arithmetic shows. At the 32 tokens of a batch-32 decode step,
+// timed per operation beside --no-repack on this Ice Lake VM, q/k/v took 1.66–1.72 ms instead
+// of 1.80–2.04, o 1.10–1.16 instead of 1.31–1.51, the output head 17.0–17.3 instead of
+// 17.6–19.8. At 8 tokens the rows were faster (output head 3.7–4.8 ms against 5.1–6.3) until
+// the token blocks shared out the panels' prefetch (PanelPrefetch); since, in alternating
+// batch-8 runs the panels took attention 8.7–12.4 ms per step against 10.1–16.5 and the output
+// head 4.8–8.1 against 5.3–10.1, lower in most pairs. One token still reads the rows.
+constexpr int64_t kPanelMinTokens = 8;
 
 // Cache lines a microkernel call prefetches: `lines` lines from p on, spread evenly over its
 // steps, so that the token blocks sweeping one column block share out the prefetch of the next

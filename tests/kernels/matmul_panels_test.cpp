@@ -86,7 +86,8 @@ TEST(MatmulPanelsTest, ProductsMatchScalarOnEveryIsa) {
     for (int64_t cols : {5, 40, 129, 300}) {
       const PackedMatrix pm(random_matrix(rng, dtype, rows, cols));
       for (int64_t n_tokens :
-           {int64_t{1}, int64_t{8}, kPanelMinTokens, int64_t{17}, int64_t{33}, int64_t{130}}) {
+           {int64_t{1}, kPanelMinTokens - 1, kPanelMinTokens, int64_t{12}, int64_t{17}, int64_t{33},
+            int64_t{130}}) {
         std::vector<float> x = random_values(rng, n_tokens * cols);
         const Expectations want(pm.w, x.data(), n_tokens);
         for (Isa isa : isas) {
