@@ -137,10 +137,12 @@ void DeepseekV2::project_q(ForwardState& s, const MlaWeights& w) const {
              s.scratch.data());
     matmul(*s.pool, w.wq_b, s.scratch.data(), n, s.q.data());
   }
-  for (int64_t t = 0; t < n; ++t) {
-    rope_.apply(s.q.data() + t * c.n_head * qk + c.qk_nope_head_dim, c.n_head, qk, s.in->pos[t],
-                RopeStyle::kInterleaved);
-  }
+  s.pool->parallel_for(n, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      rope_.apply(s.q.data() + t * c.n_head * qk + c.qk_nope_head_dim, c.n_head, qk,
+                  s.in->pos[t], RopeStyle::kInterleaved);
+    }
+  });
 }
 
 // Computes [normed c_kv | roped k_pe] for each token and stores it as the token's latent row
@@ -150,14 +152,17 @@ void DeepseekV2::write_latents(ForwardState& s, int64_t il, const MlaWeights& w)
   const int64_t n = s.n_tokens(), width = kv_k_width();
   s.kv_new.resize(static_cast<size_t>(n * width));
   matmul(*s.pool, w.wkv_a, s.h.data(), n, s.kv_new.data());
-  for (int64_t t = 0; t < n; ++t) {
-    float* row = s.kv_new.data() + t * width;
-    rms_norm(row, w.kv_a_norm, 1, c.kv_lora_rank, static_cast<float>(c.rms_norm_eps), row);
-    rope_.apply(row + c.kv_lora_rank, 1, c.qk_rope_head_dim, s.in->pos[t],
-                RopeStyle::kInterleaved);
-    const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
-    s.kv->store_k(seq, il, s.in->pos[t], row, width);
-  }
+  // Tokens write disjoint rows of the cache, which the engine reserved before the step.
+  s.pool->parallel_for(n, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* row = s.kv_new.data() + t * width;
+      rms_norm(row, w.kv_a_norm, 1, c.kv_lora_rank, static_cast<float>(c.rms_norm_eps), row);
+      rope_.apply(row + c.kv_lora_rank, 1, c.qk_rope_head_dim, s.in->pos[t],
+                  RopeStyle::kInterleaved);
+      const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
+      s.kv->store_k(seq, il, s.in->pos[t], row, width);
+    }
+  });
 }
 
 // s.attn_out = [n_tokens, n_head * v_dim] from s.q and the latent cache.
