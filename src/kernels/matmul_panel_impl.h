@@ -73,7 +73,6 @@ DUET_SIMD_TARGET void pack_panel(const W* w, int64_t ldw, int64_t nr, int64_t kc
 
 using matmul_impl::PanelPrefetch;
 
-
 // y[t * ldy + j] (+)= Σ_k x[t][k0 + k] · f32(panel[k * ldp + j]) for t < T, k < kc,
 // j < nr (the lanes at or past nr are not stored); panel holds kPanelRows readable lanes per
 // column, f32 or bf16 (widened in registers). Along the way the cache lines of pf are
