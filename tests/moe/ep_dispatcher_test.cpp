@@ -74,8 +74,9 @@ void expect_same_as_local(const Case& c, int64_t D, int64_t K,
       const bool planned = rep >= 2;
       if (planned) ep.plan_step(most);
       const std::vector<float> got = run_one(ep, r);
-      if (c.backend == All2AllBackend::kHighThroughput)
+      if (c.backend == All2AllBackend::kHighThroughput) {
         EXPECT_EQ(ep.last_dispatch_bounded(), planned);
+      }
       ASSERT_EQ(got.size(), want.size());
       for (size_t i = 0; i < got.size(); ++i)
         ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::abs(want[i]))) << "rank " << ctx.rank();
