@@ -86,11 +86,14 @@ void run_latency_ep(const LatencyOptions& o, DistContext& ctx) {
               total_tps / ctx.world_size());
 }
 
-// Decode time per kind of operation (summed over layers), per step and as a share of decode.
+// Decode time per kind of operation (summed over layers), per step and as a share of decode;
+// the parts an operation times itself ("attn.qkv") indented under it.
 void print_op_seconds(const GenerateStats& st, int64_t steps) {
   std::printf("decode time by operation (all layers; ms/step, share of decode):\n");
   for (const auto& [name, s] : st.decode_op_seconds) {
-    std::printf("  %-16s %8.2f  %5.1f %%\n", name.c_str(), steps ? s / steps * 1e3 : 0.0,
+    const bool part = name.find('.') != std::string::npos;
+    std::printf("  %s%-*s %8.2f  %5.1f %%\n", part ? "  " : "", part ? 14 : 16, name.c_str(),
+                steps ? s / steps * 1e3 : 0.0,
                 st.decode_seconds > 0 ? 100.0 * s / st.decode_seconds : 0.0);
   }
 }

@@ -12,6 +12,11 @@ void run_plain(const std::vector<Operation>& ops, ForwardState& state) {
 
 void run_plain_timed(const std::vector<Operation>& ops, ForwardState& state, OpSeconds& seconds) {
   using Clock = std::chrono::steady_clock;
+  struct Scope {  // the parts' timers see `seconds` only while this call runs
+    ForwardState& state;
+    ~Scope() { state.op_seconds = nullptr; }
+  } scope{state};
+  state.op_seconds = &seconds;
   for (const Operation& op : ops) {
     if (op.is_yield()) continue;
     const Clock::time_point t0 = Clock::now();

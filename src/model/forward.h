@@ -4,8 +4,10 @@
 // the list plainly or interleaves two micro-batches' lists at the yields.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,6 +79,11 @@ class KvStore {
   void store_v(int32_t seq_id, int64_t il, int64_t pos, const float* src, int64_t n);
 };
 
+// Wall seconds spent in each kind of operation, summed over layers and calls: the key is the
+// operation's name without its layer prefix ("L3.attn" counts as "attn"), or the name of a part
+// an operation times itself ("attn.qkv", SubOpTimer).
+using OpSeconds = std::map<std::string, double>;
+
 // State of one micro-batch while its operations run. Buffers are reused across steps.
 struct ForwardState {
   const ForwardInput* in = nullptr;
@@ -100,8 +107,34 @@ struct ForwardState {
   std::vector<MatmulGroup> proj;    // projections that run as one pool job (attention's q/k/v)
   std::vector<float> logits;        // [out_rows, n_vocab]
   uint64_t expert_bytes_read = 0;   // weights of the routed experts run so far (benchmarks)
+  OpSeconds* op_seconds = nullptr;  // set while a profiled step runs: parts of operations
 
   int64_t n_tokens() const { return in->n_tokens(); }
+};
+
+// Adds the wall time from here to the end of its scope (or to stop()) to
+// (*state.op_seconds)[name] when the step is profiled; does nothing otherwise. For the parts of
+// an operation: `bench latency --profile-ops` prints them under the operation's own line.
+class SubOpTimer {
+ public:
+  SubOpTimer(ForwardState& s, const char* name)
+      : seconds_(s.op_seconds), name_(name),
+        t0_(seconds_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{}) {}
+  ~SubOpTimer() { stop(); }
+  SubOpTimer(const SubOpTimer&) = delete;
+  SubOpTimer& operator=(const SubOpTimer&) = delete;
+
+  void stop() {
+    if (!seconds_) return;
+    (*seconds_)[name_] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    seconds_ = nullptr;
+  }
+
+ private:
+  OpSeconds* seconds_;
+  const char* name_;
+  std::chrono::steady_clock::time_point t0_;
 };
 
 struct Operation {

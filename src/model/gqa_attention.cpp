@@ -82,12 +82,15 @@ void gqa_attention(ForwardState& s, int64_t il, const GqaWeights& w, const Model
   const int64_t n = s.n_tokens(), hd = c.head_dim;
   const int64_t q_w = c.n_head * hd, kv_w = c.n_head_kv * hd;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  SubOpTimer qkv_time(s, "attn.qkv");  // with the norm before it
   norm_into_h(s, w.norm, c.n_embd, eps);
   s.q.resize(static_cast<size_t>(n * q_w));
   s.kv_new.resize(static_cast<size_t>(2 * n * kv_w));
   float* k = s.kv_new.data();          // [n, kv_w]
   float* v = k + n * kv_w;             // [n, kv_w]
   project_qkv(s, w, k, v);
+  qkv_time.stop();
+  SubOpTimer rope_time(s, "attn.rope_kv");
   // Per token: q/k norms, rope (the angles once for q and k), and the new K/V rows into the
   // cache, whose rows the engine reserved before the step: tokens touch disjoint rows.
   s.pool->parallel_for(n, [&](int64_t t0, int64_t t1) {
@@ -108,9 +111,13 @@ void gqa_attention(ForwardState& s, int64_t il, const GqaWeights& w, const Model
       s.kv->store_v(seq, il, s.in->pos[t], v + t * kv_w, kv_w);
     }
   });
+  rope_time.stop();
+  SubOpTimer attend_time(s, "attn.attend");
   s.attn_out.resize(static_cast<size_t>(n * q_w));
   GqaShape shape{c.n_head, c.n_head_kv, hd, static_cast<float>(1.0 / std::sqrt(double(hd)))};
   attention_gqa(*s.pool, *s.in, *s.kv, il, shape, s.q.data(), s.attn_out.data());
+  attend_time.stop();
+  SubOpTimer o_time(s, "attn.o");
   s.scratch.resize(static_cast<size_t>(n * c.n_embd));
   matmul(*s.pool, w.wo, s.attn_out.data(), n, s.scratch.data());
   add_inplace(s.scratch.data(), n * c.n_embd, s.x.data());

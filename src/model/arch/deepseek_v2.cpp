@@ -227,10 +227,17 @@ void DeepseekV2::absorbed_attention(ForwardState& s, int64_t il, const MlaWeight
 void DeepseekV2::attention(ForwardState& s, int64_t il) const {
   const MlaWeights& w = attn_[il];
   const int64_t n = s.n_tokens(), D = config_.n_embd;
+  SubOpTimer q_time(s, "attn.q");  // with the norm before it
   norm_into_h(s, w.norm, D, static_cast<float>(config_.rms_norm_eps));
   project_q(s, w);
+  q_time.stop();
+  SubOpTimer latent_time(s, "attn.latents");
   write_latents(s, il, w);
+  latent_time.stop();
+  SubOpTimer attend_time(s, "attn.attend");
   absorbed_attention(s, il, w);
+  attend_time.stop();
+  SubOpTimer o_time(s, "attn.o");
   s.scratch.resize(static_cast<size_t>(n * D));
   matmul(*s.pool, w.wo, s.attn_out.data(), n, s.scratch.data());
   add_inplace(s.scratch.data(), n * D, s.x.data());
