@@ -116,25 +116,25 @@ struct ForwardState {
 // (*state.op_seconds)[name] when the step is profiled; does nothing otherwise. For the parts of
 // an operation: `bench latency --profile-ops` prints them under the operation's own line.
 class SubOpTimer {
+  using Clock = std::chrono::steady_clock;
+
  public:
   SubOpTimer(ForwardState& s, const char* name)
-      : seconds_(s.op_seconds), name_(name),
-        t0_(seconds_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{}) {}
+      : seconds_(s.op_seconds), name_(name), t0_(seconds_ ? Clock::now() : Clock::time_point{}) {}
   ~SubOpTimer() { stop(); }
   SubOpTimer(const SubOpTimer&) = delete;
   SubOpTimer& operator=(const SubOpTimer&) = delete;
 
   void stop() {
     if (!seconds_) return;
-    (*seconds_)[name_] +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    (*seconds_)[name_] += std::chrono::duration<double>(Clock::now() - t0_).count();
     seconds_ = nullptr;
   }
 
  private:
   OpSeconds* seconds_;
   const char* name_;
-  std::chrono::steady_clock::time_point t0_;
+  Clock::time_point t0_;
 };
 
 struct Operation {

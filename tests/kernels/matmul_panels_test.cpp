@@ -91,9 +91,7 @@ TEST(MatmulPanelsTest, ProductsMatchScalarOnEveryIsa) {
         std::vector<float> x = random_values(rng, n_tokens * cols);
         const Expectations want(pm.w, x.data(), n_tokens);
         for (Isa isa : isas) {
-          const std::string what = std::string(simd::isa_name(isa)) + " " + dtype_name(dtype) +
-                                   " cols " + std::to_string(cols) + " n_tokens " +
-                                   std::to_string(n_tokens);
+          const std::string what = case_name(isa, dtype, cols, n_tokens);
           std::vector<float> got(static_cast<size_t>(n_tokens * ldy), kGuard);
           matmul_impl::matmul_rows_with(isa, Path::kAuto, pm.view(), x.data(), n_tokens, got.data(),
                                         ldy, r_begin, r_end);

@@ -97,6 +97,12 @@ inline std::vector<Isa> simd_isas() {
   return isas;
 }
 
+// The label of one product case in failure messages: "avx512 bf16 cols 129 n_tokens 17".
+inline std::string case_name(Isa isa, DType dtype, int64_t cols, int64_t n_tokens) {
+  return std::string(simd::isa_name(isa)) + " " + dtype_name(dtype) + " cols " +
+         std::to_string(cols) + " n_tokens " + std::to_string(n_tokens);
+}
+
 // x rounded to bf16 and back, as kernels that multiply bf16 pairs see it.
 inline std::vector<float> rounded(const float* x, int64_t n) {
   std::vector<float> r(static_cast<size_t>(n));
