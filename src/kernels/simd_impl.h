@@ -20,7 +20,9 @@ enum class Isa {
   // kAvx512 and vdpbf16ps: products with bf16 weights multiply x rounded to bf16, in pairs.
   kAvx512Bf16,
   // For tests: kAvx512Bf16's kernels with vdpbf16ps emulated on AVX-512F, so they run (bit for
-  // bit as the instruction, short of denormals) on CPUs without it. Never chosen by best_isa().
+  // bit as the instruction, short of denormals) on CPUs without it. best_isa() picks it only
+  // when DUET_MATMUL_ISA=avx512bf16-emulated asks for it (the suite runs its numerics tests so
+  // on every AVX-512 CPU).
   kAvx512Bf16Emulated,
 };
 
@@ -62,8 +64,9 @@ inline bool has_dpbf16(Isa isa) {
   return isa == Isa::kAvx512Bf16 || isa == Isa::kAvx512Bf16Emulated;
 }
 
-// The instruction set the kernels use, or `requested` if that names one (as isa_name spells it,
-// not the emulation) the CPU runs: the widest it runs. Throws duet::Error on any other name.
+// The instruction set the kernels use: `requested` if that names one (as isa_name spells it) the
+// CPU runs, else (null or empty) the widest it runs, never the emulation. Throws duet::Error on
+// any other name.
 Isa choose_isa(const char* requested);
 
 // choose_isa(getenv("DUET_MATMUL_ISA")), decided once: the widest instruction set this CPU

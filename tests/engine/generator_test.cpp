@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "engine/decisive_prompts.h"
 #include "engine/tiny_models.h"
 #include "kernels/matmul.h"
 
@@ -183,15 +184,6 @@ INSTANTIATE_TEST_SUITE_P(AllArchs, GeneratorTest,
 
 class KvDtypeGenerateTest : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
 
-std::vector<GenerateRequest> greedy_requests(int64_t n_vocab) {
-  std::vector<GenerateRequest> reqs(3);
-  for (int i = 0; i < 3; ++i) {
-    for (int j = 0; j < 5 + 4 * i; ++j) reqs[i].prompt.push_back((53 * j + 17 * i + 2) % n_vocab);
-    reqs[i].max_tokens = 8;
-  }
-  return reqs;
-}
-
 // Every architecture with f32 and with bf16 weights, and the test names for them.
 const auto kArchsAndWeights =
     ::testing::Combine(::testing::Values("qwen3_moe", "deepseek_v2", "mixtral"),
@@ -203,11 +195,23 @@ std::string arch_and_weights_name(
          (std::get<1>(info.param) == DType::kBF16 ? "_bf16_weights" : "_f32_weights");
 }
 
+// The decisive prompts of a tiny model (test::decisive_prompts), 8 greedy tokens each.
+std::vector<GenerateRequest> decisive_requests(const std::string& arch, DType weights) {
+  std::vector<GenerateRequest> reqs;
+  for (std::vector<int32_t>& prompt : test::decisive_prompts(arch, weights)) {
+    reqs.emplace_back();
+    reqs.back().prompt = std::move(prompt);
+    reqs.back().max_tokens = 8;
+  }
+  return reqs;
+}
+
 // Greedy tokens with bf16 K/V rows equal those with f32 rows on the tiny models (f32 and bf16
-// weights): rounding K/V to bf16 moves their logits by about 2e-3 (GQA) to 7e-2 (MLA's latent) of
-// the row's largest logit on the golden test's prompt, which stays below the gaps between the
-// top two tokens of these requests. `auto` follows the weights, and the decode steps' KV bytes
-// (bench latency's figure) halve with bf16.
+// weights), on any instruction set. Rounding K/V to bf16 moves logits by about 2e-3 (GQA) to 7e-2
+// (MLA's latent) of the row's largest logit, and can send a token to another expert where a
+// random model's top-k margin is small, so the requests are decisive prompts: their margins and
+// top-2 logit gaps are checked to exceed what the roundings move. `auto` follows the weights, and
+// the decode steps' KV bytes (bench latency's figure) halve with bf16.
 TEST_P(KvDtypeGenerateTest, Bf16GreedyTokensEqualF32) {
   const auto& [arch, weights] = GetParam();
   std::unique_ptr<Model> model = Model::load(test::tiny_model_dir(arch, weights));
@@ -217,7 +221,7 @@ TEST_P(KvDtypeGenerateTest, Bf16GreedyTokensEqualF32) {
   EXPECT_EQ(f32.kv_cache().dtype(), DType::kF32);
   EXPECT_EQ(bf16.kv_cache().dtype(), DType::kBF16);
   EXPECT_EQ(automatic.kv_cache().dtype(), weights);
-  const std::vector<GenerateRequest> reqs = greedy_requests(model->config().n_vocab);
+  const std::vector<GenerateRequest> reqs = decisive_requests(arch, weights);
   GenerateStats st_f32, st_bf16;
   const std::vector<GenerateResult> want = f32.generate(reqs, &st_f32);
   const std::vector<GenerateResult> got = bf16.generate(reqs, &st_bf16);
@@ -243,7 +247,8 @@ TEST_P(RepackGenerateTest, GreedyTokensEqualWithoutRepack) {
   EXPECT_EQ(packed->weight_bytes() > as_stored->weight_bytes(), matmul_reads_panels(weights));
   ThreadPool pool(2);
   Generator a(*packed, pool), b(*as_stored, pool);
-  const std::vector<GenerateRequest> reqs = greedy_requests(packed->config().n_vocab);
+  // Panels and rows sum in another order (differences of 1e-6): decisive prompts.
+  const std::vector<GenerateRequest> reqs = decisive_requests(arch, weights);
   const std::vector<GenerateResult> want = b.generate(reqs);
   const std::vector<GenerateResult> got = a.generate(reqs);
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << i;

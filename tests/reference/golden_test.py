@@ -1,8 +1,11 @@
 #!/usr/bin/python3
 """Golden-logits test: duet against the independent NumPy reference.
 
-    /usr/bin/python3 tests/reference/golden_test.py --duet build/duet [-k pattern] [-v]
+    /usr/bin/python3 tests/reference/golden_test.py --duet build/duet [--isa NAME] [-k pattern] [-v]
     (or DUET=build/duet /usr/bin/python3 tests/reference/golden_test.py)
+
+--isa runs the engine's kernels on that instruction set (DUET_MATMUL_ISA: avx512bf16,
+avx512bf16-emulated, avx512, avx2, scalar); a CPU without it exits with 77 (CTest: skipped).
 
 For each configuration: `duet make-model` writes a random model directory (fixed seed), `duet
 generate --dump-logits` runs a 32-token prompt and 4 greedy steps, and the reference recomputes
@@ -13,16 +16,20 @@ Metric, f32 weights: at every prompt position t,
 and the printed "max rel err" is the largest left side divided by the right side's scale. The
 greedy ids must equal the reference's greedy continuation (run through its KV cache).
 
-bf16 weights: the reference reads the same bf16 tensors widened to f32 and rounds the K/V rows
-it caches (DeepSeek: the latent) to bf16, as duet's KV cache does by default for bf16 weights
-(`--kv-cache-dtype auto`); the argmax of the logits must agree at every prompt position whose
-reference top-1/top-2 gap exceeds 1e-3 * max(1, max |ref row|) (closer calls are reported, not
-failed: the engine may round activations to bf16). Measured: max rel err ≈ 3e-7 (DeepSeek) to 5e-5
-(GQA, where an f32 row and the float64 one now and then round to neighbouring bf16 values); without
-the rounding in the reference it was 2e-3 (GQA) and 7e-2 (DeepSeek). Where the engine multiplies in
-f32 (no AVX-512 BF16, or DUET_MATMUL_ISA set to another instruction set) the logits must also be
-within 2e-3 * max(1, max |ref row|) at every position (measured: 5e-7 DeepSeek, 5e-5 Qwen3, 3e-4
-Mixtral).
+bf16 weights: the reference reads the same bf16 tensors widened to f32 and computes with the
+numerics the engine uses on the instruction set in use:
+  - it rounds the K/V rows it caches (DeepSeek: the latent) to bf16, as duet's KV cache does by
+    default for bf16 weights (`--kv-cache-dtype auto`);
+  - where the engine multiplies bf16 pairs (avx512bf16 and its emulation: vdpbf16ps, as llama.cpp
+    and oneDNN on such CPUs), it rounds the input of every product with a bf16 weight to bf16
+    (ref_common.DecoderModel.act_bf16); elsewhere it keeps them f32, as the engine does.
+The logits must be within 2e-3 * max(1, max |ref row|) at every position and the argmax must agree
+wherever the reference's top-1/top-2 gap exceeds 1e-3 of that scale. Measured (Zen 4): f32
+products 5e-7 (DeepSeek), 5e-5 (Qwen3), 3e-4 (Mixtral); bf16-rounded products 3e-4 (Qwen3), 6e-4
+(Mixtral, DeepSeek), median 6e-8. Against a reference that does not round the products' inputs,
+the bf16 path is off by 5e-3 (Qwen3), 7e-2 (DeepSeek) and 0.32 (Mixtral): there rounding alone
+sends one token of one layer to another expert (a top-2 margin of 7e-4); the report line names
+where the two references first route apart, with both margins.
 """
 
 import argparse
@@ -39,6 +46,7 @@ import numpy as np
 sys.dont_write_bytecode = True  # keep the source tree free of __pycache__
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from ref_common import first_parting  # noqa: E402
 from ref_model import greedy, load_model, read_config, top2_gap  # noqa: E402
 
 SEED = 1234
@@ -46,7 +54,9 @@ N_PROMPT = 32
 MAX_TOKENS = 4
 RTOL = 1e-4          # f32 logits, relative to max(1, max |ref row|)
 BF16_TIE_RTOL = 1e-3  # bf16: argmax compared where the reference's top-2 gap is larger than this
-BF16_RTOL = 2e-3  # bf16 logits where the engine multiplies in f32 (measured 5e-7 to 3e-4)
+BF16_RTOL = 2e-3  # bf16 logits against the reference of the same numerics (measured 5e-7 to 6e-4)
+SKIP_EXIT = 77  # CTest's SKIP_RETURN_CODE: the CPU lacks the requested instruction set
+ISA = ""  # --isa: the engine's instruction set (DUET_MATMUL_ISA); "" = the engine's choice
 COMMAND_TIMEOUT = 120
 
 YARN_DS = {"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32,
@@ -91,9 +101,10 @@ def prompt_ids(n_vocab):
 
 
 def run(cmd):
-    """Runs a command; fails the test with its output when it exits non-zero."""
+    """Runs a command (the engine on ISA); fails the test with its output when it exits non-zero."""
+    env = dict(os.environ, DUET_MATMUL_ISA=ISA) if ISA else None
     done = subprocess.run(cmd, capture_output=True, text=True, errors="replace",
-                          timeout=COMMAND_TIMEOUT)
+                          timeout=COMMAND_TIMEOUT, env=env)
     if done.returncode != 0:
         raise AssertionError(f"command failed ({done.returncode}): {' '.join(cmd)}\n"
                              f"stdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-4000:]}")
@@ -124,18 +135,33 @@ def accepted_generations(ref_ids, eos):
     return ok
 
 
-def rounds_activations():
-    """Whether duet's kernels round activations to bf16 here (vdpbf16ps: a CPU with AVX-512 BF16,
-    unless DUET_MATMUL_ISA picks another instruction set), which moves bf16 logits by more than
-    BF16_RTOL; only their argmax is checked then."""
-    isa = os.environ.get("DUET_MATMUL_ISA", "")
-    if isa:
-        return isa == "avx512bf16"
+def cpu_flags():
     try:
         with open("/proc/cpuinfo") as f:
-            return "avx512_bf16" in f.read().split()
+            return set(f.read().split())
     except OSError:
-        return False
+        return set()
+
+
+AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"}
+ISA_FLAGS = {"avx512bf16": AVX512 | {"avx512_bf16"}, "avx512bf16-emulated": AVX512, "avx512": AVX512,
+             "avx2": {"avx2", "fma"}, "scalar": set()}
+
+
+def engine_isa():
+    """The instruction set the engine's kernels use: ISA, else DUET_MATMUL_ISA, else the widest
+    the CPU runs (as simd::choose_isa)."""
+    isa = ISA or os.environ.get("DUET_MATMUL_ISA", "")
+    if isa:
+        return isa
+    flags = cpu_flags()
+    return next(name for name in ("avx512bf16", "avx512", "avx2", "scalar") if ISA_FLAGS[name] <= flags)
+
+
+def rounds_activations():
+    """Whether duet's kernels round the inputs of products with bf16 weights to bf16 (vdpbf16ps
+    or its emulation)."""
+    return engine_isa() in ("avx512bf16", "avx512bf16-emulated")
 
 
 def row_scale(ref):
@@ -173,6 +199,7 @@ class GoldenTest(unittest.TestCase):
             # duet's default --kv-cache-dtype auto keeps bf16 K/V rows for bf16 weights: the
             # reference rounds what it caches the same way.
             model.kv_bf16 = case.dtype == "bf16"
+            model.act_bf16 = rounds_activations()
             missing, extra = model.tensor_name_mismatch()
             self.assertEqual((missing[:8], extra[:8]), ([], []), "tensor names differ from the HF layout")
             ref = greedy(model, prompt, MAX_TOKENS)
@@ -184,6 +211,8 @@ class GoldenTest(unittest.TestCase):
                 self.check_f32(case, model, ref, duet, got["generated"], eos_ids(model_dir))
             else:
                 self.check_bf16(case, ref, duet)
+                if model.act_bf16:
+                    self.report_rounding(case, model_dir, prompt, model, duet)
             report(case, f"engine {t_engine:.2f}s")
 
     def check_f32(self, case, model, ref, duet, generated, eos):
@@ -216,11 +245,26 @@ class GoldenTest(unittest.TestCase):
                      f"({int((~decidable).sum())} near ties)")
         bad = np.nonzero(decidable & ~agree)[0]
         self.assertEqual(bad.tolist(), [], f"argmax differs; reference top-2 gaps there {gaps[bad].tolist()}")
-        if not rounds_activations():
-            self.assertLessEqual(
-                err.max(), BF16_RTOL,
-                f"bf16 logits differ at positions {np.nonzero(err > BF16_RTOL)[0].tolist()} "
-                f"(worst rel err {err.max():.3g})")
+        self.assertLessEqual(
+            err.max(), BF16_RTOL,
+            f"bf16 logits differ at positions {np.nonzero(err > BF16_RTOL)[0].tolist()} "
+            f"(worst rel err {err.max():.3g})")
+
+    def report_rounding(self, case, model_dir, prompt, rounding, duet):
+        """What rounding the products' inputs does: the engine against a reference that does not
+        round them, and where the two references first route a token apart."""
+        plain = load_model(model_dir)
+        plain.kv_bf16 = True
+        plain_logits = plain.forward(prompt)
+        err = np.abs(duet - plain_logits).max(axis=1) / row_scale(plain_logits)
+        parting = first_parting(plain.stats, rounding.stats)
+        # Routing calls go MoE layer by MoE layer, prompt token by token.
+        moe_layer, token = divmod(parting[0], len(prompt)) if parting else (0, 0)
+        where = "no token routed apart" if parting is None else (
+            f"token {token} first routed apart in MoE layer {moe_layer} (0-based), top-k margin "
+            f"{parting[1]:.3g} unrounded, {parting[2]:.3g} rounded")
+        report(case, f"against unrounded products: max rel err {err.max():.3g} at position "
+                     f"{int(np.argmax(err))}; {where}")
 
 
 def _make_test(case):
@@ -235,10 +279,15 @@ for _case in CASES:
 
 
 def main():
-    global DUET
+    global DUET, ISA
     ap = argparse.ArgumentParser(add_help=False)
     ap.add_argument("--duet", default=os.environ.get("DUET"))
+    ap.add_argument("--isa", default="", choices=[""] + sorted(ISA_FLAGS))
     args, rest = ap.parse_known_args()
+    if args.isa and not ISA_FLAGS[args.isa] <= cpu_flags():
+        print(f"golden_test: this CPU lacks {args.isa}; skipped", file=sys.stderr)
+        return SKIP_EXIT
+    ISA = args.isa
     if args.duet:
         DUET = os.path.abspath(args.duet)
         if not os.access(DUET, os.X_OK):

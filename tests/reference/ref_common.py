@@ -45,9 +45,10 @@ def softmax(x, axis=-1):
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
-def swiglu(x, w_gate, w_up, w_down):
-    """down(silu(gate(x)) * up(x)); x [n_tokens, n_embd], w_gate/w_up [n_ff, n_embd], w_down [n_embd, n_ff]."""
-    return (silu(x @ w_gate.T) * (x @ w_up.T)) @ w_down.T
+def swiglu(mm, x, gate, up, down):
+    """down(silu(gate(x)) * up(x)) through mm(x, name) = x @ W[name].T; x [n_tokens, n_embd],
+    gate/up name [n_ff, n_embd] weights, down [n_embd, n_ff]."""
+    return mm(silu(mm(x, gate)) * mm(x, up), down)
 
 
 def top_k(scores, k):
@@ -70,10 +71,23 @@ class RoutingStats:
         self.min_margin = math.inf  # smallest top-k selection margin seen (probability units)
         self.n_routed = 0           # tokens routed
         self.n_group_changed = 0    # tokens whose group-limited pick differs from plain greedy
+        self.picks = []             # (sorted expert ids, margin) per routed token, in call order
 
     def note(self, scores, k):
-        self.min_margin = min(self.min_margin, selection_margin(scores, k))
+        margin = selection_margin(scores, k)
+        self.min_margin = min(self.min_margin, margin)
         self.n_routed += 1
+        self.picks.append((tuple(sorted(top_k(scores, k).tolist())), margin))
+
+
+def first_parting(a, b):
+    """Where two runs of the same model and tokens first route a token differently:
+    (index of that routing call, margin in run a, margin in run b), or None. Calls go layer by
+    layer, token by token within a forward pass, so the index locates the layer and token."""
+    for i, ((ea, ma), (eb, mb)) in enumerate(zip(a.picks, b.picks)):
+        if ea != eb:
+            return i, ma, mb
+    return None
 
 
 # ---- rotary position embedding -------------------------------------------------------------
@@ -194,6 +208,12 @@ def causal_attention(q, k, v, q_pos, scale, sliding_window=None):
     q [n_head, n_tokens, d_k]; k [n_head, n_kv, d_k]; v [n_head, n_kv, d_v], key j at position j.
     Returns [n_tokens, n_head * d_v] (heads concatenated, head-major).
     """
+    out = np.einsum("hts,hsd->htd", attention_probs(q, k, q_pos, scale, sliding_window), v)
+    return out.transpose(1, 0, 2).reshape(q.shape[1], -1)
+
+
+def attention_probs(q, k, q_pos, scale, sliding_window=None):
+    """Causal softmax(q·kᵀ · scale) [n_head, n_tokens, n_kv]; shapes as causal_attention."""
     k_pos = np.arange(k.shape[1])
     q_pos = np.asarray(q_pos)
     visible = k_pos[None, :] <= q_pos[:, None]  # [n_tokens, n_kv]
@@ -201,8 +221,7 @@ def causal_attention(q, k, v, q_pos, scale, sliding_window=None):
         visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
     scores = np.einsum("htd,hsd->hts", q, k) * scale
     scores = np.where(visible[None], scores, -np.inf)
-    out = np.einsum("hts,hsd->htd", softmax(scores, axis=-1), v)
-    return out.transpose(1, 0, 2).reshape(q.shape[1], -1)
+    return softmax(scores, axis=-1)
 
 
 class LayerCache:
@@ -256,10 +275,23 @@ class DecoderModel:
         # attending, as duet does with a bf16 KV cache (`--kv-cache-dtype bf16`, and `auto` on
         # bf16 weights). Off: the cache is float64 like everything else.
         self.kv_bf16 = False
+        # Round the input of every product with a bf16 weight to bf16 (nearest even) before
+        # multiplying, as duet's kernels do on CPUs with AVX-512 BF16 (vdpbf16ps multiplies bf16
+        # pairs; DUET_MATMUL_ISA=avx512bf16 or its emulation), and as llama.cpp and oneDNN do there.
+        # Products with f32 weights, and MLA's q·W_UK (duet's matmul_xw), keep their input.
+        self.act_bf16 = False
 
     def kv_round(self, x):
         """x as the KV cache keeps it (see kv_bf16)."""
         return bf16_round(x) if self.kv_bf16 else x
+
+    def act_round(self, x, name):
+        """x as duet's kernels read it for a product with the weight `name` (see act_bf16)."""
+        return bf16_round(x) if self.act_bf16 and self.store.dtype(name) == "BF16" else x
+
+    def mm(self, x, name):
+        """x @ W.T for the weight `name` [n_out, n_in]; x [n_tokens, n_in] -> [n_tokens, n_out]."""
+        return self.act_round(x, name) @ self.w(name).T
 
     def w(self, name):
         """A weight as float64, loaded once."""
@@ -300,8 +332,7 @@ class DecoderModel:
         if cache is not None:
             cache.n_past += len(ids)
         x = rms_norm(x, self.w("model.norm.weight"), self.eps)
-        head = embd if self.tied else self.w("lm_head.weight")  # [n_vocab, n_embd]
-        return x @ head.T
+        return self.mm(x, "model.embed_tokens.weight" if self.tied else "lm_head.weight")
 
     def new_cache(self):
         return KvCache(self.n_layer)
@@ -321,8 +352,8 @@ class DecoderModel:
         raise NotImplementedError
 
     def dense_mlp(self, prefix, x):
-        return swiglu(x, self.w(prefix + "gate_proj.weight"), self.w(prefix + "up_proj.weight"),
-                      self.w(prefix + "down_proj.weight"))
+        return swiglu(self.mm, x, prefix + "gate_proj.weight", prefix + "up_proj.weight",
+                      prefix + "down_proj.weight")
 
     def routed_experts(self, x, experts, weights, expert_fn):
         """sum_j weights[t, j] * expert_fn(experts[t, j], x[t]) for every token t.

@@ -13,7 +13,7 @@ w / (sum w + 1e-20) (top_k > 1 and norm_topk_prob) or w * routed_scaling_factor,
 
 import numpy as np
 
-from ref_common import (ConfigError, DecoderModel, apply_rope_neox, causal_attention,
+from ref_common import (ConfigError, DecoderModel, apply_rope_neox, attention_probs, bf16_round, causal_attention,
                         default_inv_freq, extend_or_pass, rms_norm, rope_cos_sin, selection_margin,
                         softmax, top_k, yarn_get_mscale, yarn_inv_freq)
 
@@ -99,7 +99,7 @@ class DeepseekV2(DecoderModel):
         return names
 
     def linear(self, name, x, has_bias=False):
-        y = x @ self.w(name + ".weight").T
+        y = self.mm(x, name + ".weight")
         return y + self.w(name + ".bias") if has_bias else y
 
     def rope(self, x, cos, sin):
@@ -122,9 +122,10 @@ class DeepseekV2(DecoderModel):
         ckv, k_pe = kv_a[:, :self.kv_lora_rank], kv_a[:, self.kv_lora_rank:]
         # The latent duet caches is [normed ckv | roped k_pe]; K and V are expanded from it here.
         ckv = self.kv_round(rms_norm(ckv, self.w(p + "kv_a_layernorm.weight"), self.eps))
-        kv = self.linear(p + "kv_b_proj", ckv)
-        kv = kv.reshape(n_tokens, self.n_head, self.n_nope + self.n_v).transpose(1, 0, 2)  # [n_head, n_tokens, nope+v]
-        k_nope, v = kv[..., :self.n_nope], kv[..., self.n_nope:]
+        # kv_b_proj per head: [n_head, nope + v, kv_lora_rank]
+        w_kv_b = self.w(p + "kv_b_proj.weight").reshape(self.n_head, self.n_nope + self.n_v, self.kv_lora_rank)
+        k_nope = np.einsum("tc,hdc->htd", ckv, w_kv_b[:, :self.n_nope])  # [n_head, n_tokens, nope]
+        v = np.einsum("tc,hdc->htd", ckv, w_kv_b[:, self.n_nope:])  # [n_head, n_tokens, v]
 
         cos, sin = rope_cos_sin(self.inv_freq, pos, self.rope_scale)
         q_pe = self.rope(q_pe, cos, sin)
@@ -133,7 +134,15 @@ class DeepseekV2(DecoderModel):
         key = np.concatenate([k_nope, np.broadcast_to(k_pe, (self.n_head,) + k_pe.shape[1:])], axis=-1)
         key = extend_or_pass(cache, "k", key, axis=1)
         v = extend_or_pass(cache, "v", v, axis=1)
-        out = causal_attention(query, key, v, pos, self.kq_scale)  # [n_tokens, n_head * v_head_dim]
+        ckv_all = extend_or_pass(cache, "ckv", ckv, axis=0)  # [n_kv, kv_lora_rank]
+        if self.act_bf16 and self.store.dtype(p + "kv_b_proj.weight") == "BF16":
+            # duet attends in the latent space and multiplies the attended latent, rounded like
+            # any product's input, by each head's W_UV; unrounded, that is the same as P·v.
+            probs = attention_probs(query, key, pos, self.kq_scale)  # [n_head, n_tokens, n_kv]
+            lat = bf16_round(np.einsum("hts,sc->htc", probs, ckv_all))  # [n_head, n_tokens, kv_lora_rank]
+            out = np.einsum("htc,hdc->thd", lat, w_kv_b[:, self.n_nope:]).reshape(n_tokens, -1)
+        else:
+            out = causal_attention(query, key, v, pos, self.kq_scale)  # [n_tokens, n_head * v_head_dim]
         return self.linear(p + "o_proj", out, self.bias)
 
     def route(self, scores):
@@ -166,7 +175,7 @@ class DeepseekV2(DecoderModel):
         p = f"model.layers.{il}.mlp."
         if not self.is_moe(il):
             return self.dense_mlp(p, x)
-        probs = softmax(x @ self.w(p + "gate.weight").T)  # [n_tokens, n_expert]
+        probs = softmax(self.mm(x, p + "gate.weight"))  # [n_tokens, n_expert]
         routed = [self.route(row) for row in probs]
         experts = np.stack([r[0] for r in routed])  # [n_tokens, n_expert_used]
         weights = np.stack([r[1] for r in routed])

@@ -35,9 +35,9 @@ class Mixtral(DecoderModel):
         p = f"model.layers.{il}.self_attn."
         n_tokens = x.shape[0]
         hd = self.head_dim
-        q = (x @ self.w(p + "q_proj.weight").T).reshape(n_tokens, self.n_head, hd).transpose(1, 0, 2)
-        k = (x @ self.w(p + "k_proj.weight").T).reshape(n_tokens, self.n_head_kv, hd).transpose(1, 0, 2)
-        v = (x @ self.w(p + "v_proj.weight").T).reshape(n_tokens, self.n_head_kv, hd).transpose(1, 0, 2)
+        q = self.mm(x, p + "q_proj.weight").reshape(n_tokens, self.n_head, hd).transpose(1, 0, 2)
+        k = self.mm(x, p + "k_proj.weight").reshape(n_tokens, self.n_head_kv, hd).transpose(1, 0, 2)
+        v = self.mm(x, p + "v_proj.weight").reshape(n_tokens, self.n_head_kv, hd).transpose(1, 0, 2)
         cos, sin = rope_cos_sin(self.inv_freq, pos, self.rope_scale)
         q = apply_rope_neox(q, cos, sin)  # [n_head, n_tokens, hd]
         k = apply_rope_neox(k, cos, sin)  # [n_head_kv, n_tokens, hd]
@@ -46,11 +46,11 @@ class Mixtral(DecoderModel):
         group = self.n_head // self.n_head_kv  # query head h reads kv head h // group
         out = causal_attention(q, np.repeat(k, group, axis=0), np.repeat(v, group, axis=0), pos,
                                hd ** -0.5, self.sliding_window)
-        return out @ self.w(p + "o_proj.weight").T
+        return self.mm(out, p + "o_proj.weight")
 
     def ffn(self, il, x):
         p = f"model.layers.{il}.block_sparse_moe."
-        probs = softmax(x @ self.w(p + "gate.weight").T)  # [n_tokens, n_expert]
+        probs = softmax(self.mm(x, p + "gate.weight"))  # [n_tokens, n_expert]
         experts = np.stack([top_k(row, self.n_expert_used) for row in probs])  # [n_tokens, n_expert_used]
         for row in probs:
             self.stats.note(row, self.n_expert_used)
@@ -59,6 +59,6 @@ class Mixtral(DecoderModel):
 
         def expert(e, xs):
             q = f"{p}experts.{e}."
-            return swiglu(xs, self.w(q + "w1.weight"), self.w(q + "w3.weight"), self.w(q + "w2.weight"))
+            return swiglu(self.mm, xs, q + "w1.weight", q + "w3.weight", q + "w2.weight")
 
         return self.routed_experts(x, experts, weights, expert)

@@ -50,9 +50,9 @@ class Qwen3Moe(DecoderModel):
         p = f"model.layers.{il}.self_attn."
         n_tokens = x.shape[0]
         hd = self.head_dim
-        q = (x @ self.w(p + "q_proj.weight").T).reshape(n_tokens, self.n_head, hd)
-        k = (x @ self.w(p + "k_proj.weight").T).reshape(n_tokens, self.n_head_kv, hd)
-        v = (x @ self.w(p + "v_proj.weight").T).reshape(n_tokens, self.n_head_kv, hd)
+        q = self.mm(x, p + "q_proj.weight").reshape(n_tokens, self.n_head, hd)
+        k = self.mm(x, p + "k_proj.weight").reshape(n_tokens, self.n_head_kv, hd)
+        v = self.mm(x, p + "v_proj.weight").reshape(n_tokens, self.n_head_kv, hd)
         q = rms_norm(q, self.w(p + "q_norm.weight"), self.eps).transpose(1, 0, 2)  # [n_head, n_tokens, hd]
         k = rms_norm(k, self.w(p + "k_norm.weight"), self.eps).transpose(1, 0, 2)  # [n_head_kv, n_tokens, hd]
         v = v.transpose(1, 0, 2)
@@ -63,13 +63,13 @@ class Qwen3Moe(DecoderModel):
         v = extend_or_pass(cache, "v", self.kv_round(v), axis=1)
         group = self.n_head // self.n_head_kv  # query head h reads kv head h // group
         out = causal_attention(q, np.repeat(k, group, axis=0), np.repeat(v, group, axis=0), pos, hd ** -0.5)
-        return out @ self.w(p + "o_proj.weight").T
+        return self.mm(out, p + "o_proj.weight")
 
     def ffn(self, il, x):
         p = f"model.layers.{il}.mlp."
         if not self.is_sparse(il):
             return self.dense_mlp(p, x)
-        probs = softmax(x @ self.w(p + "gate.weight").T)  # [n_tokens, n_expert]
+        probs = softmax(self.mm(x, p + "gate.weight"))  # [n_tokens, n_expert]
         experts = np.stack([top_k(row, self.n_expert_used) for row in probs])  # [n_tokens, n_expert_used]
         for row in probs:
             self.stats.note(row, self.n_expert_used)
@@ -79,7 +79,7 @@ class Qwen3Moe(DecoderModel):
 
         def expert(e, xs):
             q = f"{p}experts.{e}."
-            return swiglu(xs, self.w(q + "gate_proj.weight"), self.w(q + "up_proj.weight"),
-                          self.w(q + "down_proj.weight"))
+            return swiglu(self.mm, xs, q + "gate_proj.weight", q + "up_proj.weight",
+                          q + "down_proj.weight")
 
         return self.routed_experts(x, experts, weights, expert)

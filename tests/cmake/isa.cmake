@@ -1,0 +1,16 @@
+# Every CI machine runs the numerics tests (the GoogleTest ones below and the golden logits,
+# golden.cmake) once per instruction set of DUET_ISAS (tests/tests.cmake) its CPU has, the AVX-512
+# BF16 kernels at least through their bit-exact emulation wherever AVX-512 exists; a set the CPU
+# lacks is reported skipped (exit code 77).
+# The tests whose results depend on the kernels' numerics: whole forward passes (greedy tokens of
+# every architecture, paged and batched, with expert parallelism and the serving engine) and the
+# products that read packed panels or run grouped. The kernels' own tests cover every instruction
+# set in one run already.
+set(_duet_numerics_filter
+    "AllArchs/GeneratorTest.*:Arch/PagedForwardTest.*:Archs/*:LlmEngineTest.*:LlmEngineDp.*:Ranks/LlmEngineDpTest.*:MatmulPanelsTest.*:GroupedMatmulTest.*")
+foreach(_duet_isa ${DUET_ISAS})
+  add_test(NAME numerics_${_duet_isa} COMMAND duet_tests --gtest_filter=${_duet_numerics_filter})
+  set_tests_properties(numerics_${_duet_isa} PROPERTIES
+                       ENVIRONMENT "DUET_TEST_ISA=${_duet_isa}" SKIP_RETURN_CODE 77
+                       TIMEOUT 300 LABELS "isa")
+endforeach()
