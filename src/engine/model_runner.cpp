@@ -19,9 +19,9 @@ const std::vector<float>& ModelRunner::forward(const ForwardInput& in, KvStore& 
   state_.in = &in;
   state_.kv = &kv;
   if (op_seconds_) {
-    run_plain_timed(model_.operations(), state_, *op_seconds_);
+    run_plain_timed(model_.operations(in.mode), state_, *op_seconds_);
   } else {
-    run_plain(model_.operations(), state_);
+    run_plain(model_.operations(in.mode), state_);
   }
   state_.in = nullptr;
   state_.kv = nullptr;

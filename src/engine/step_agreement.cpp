@@ -7,18 +7,6 @@
 
 namespace duet {
 
-const char* forward_mode_name(ForwardMode mode) {
-  switch (mode) {
-    case ForwardMode::kIdle:
-      return "idle";
-    case ForwardMode::kDecode:
-      return "decode";
-    case ForwardMode::kPrefill:
-      return "prefill";
-  }
-  return "?";
-}
-
 int64_t StepPlan::group_tokens() const {
   int64_t n = 0;
   for (const StepOffer& o : offers) n += o.n_tokens;

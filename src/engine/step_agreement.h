@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dist/coordinator.h"
+#include "model/forward.h"
 
 namespace duet {
 
@@ -25,12 +26,6 @@ struct StepOffer {
   bool can_split = false;
 };
 
-// The group's kind of step: prefill as soon as any rank prefills (SGLang's DP-attention
-// agreement on the forward mode), so every rank runs the same operation list.
-enum class ForwardMode { kIdle, kDecode, kPrefill };
-
-const char* forward_mode_name(ForwardMode mode);
-
 // When a step runs as two micro-batches (vLLM's DBO thresholds; SGLang's TBO uses the same
 // decision with its own split). Off unless enabled.
 struct MicroBatchPolicy {
@@ -40,7 +35,9 @@ struct MicroBatchPolicy {
 };
 
 struct StepPlan {
-  ForwardMode mode = ForwardMode::kIdle;  // kIdle: no rank has work; the group stops or waits
+  // Prefill as soon as any rank prefills (SGLang's DP-attention agreement on the forward mode), so
+  // every rank runs the same operation list. kIdle: no rank has work; the group stops or waits.
+  ForwardMode mode = ForwardMode::kIdle;
   bool dummy = false;                     // this rank has no tokens and runs the dummy batch
   // Tokens every rank's batch is padded to: the largest rank's (1 for the dummy batch at least).
   int64_t padded_tokens = 0;

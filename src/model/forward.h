@@ -1,7 +1,10 @@
 // What a forward pass reads and writes: the batch description (ForwardInput), the KV store it
 // attends over, and the per-micro-batch state that the operations pass along (ForwardState).
-// A forward pass is a list of named Operations with yield markers; an executor (engine/) runs
-// the list plainly or interleaves two micro-batches' lists at the yields.
+// A forward pass is a list of Operations (a kind and a layer index each) with yield markers that
+// end numbered stages; an executor (engine/) runs the list plainly or interleaves two
+// micro-batches' lists at the yields. The model builds one list per forward mode
+// (Model::operations), and check_operations() proves at build time that no operation overwrites
+// a buffer a later one still reads (the contract of each kind is in forward.cpp).
 #pragma once
 
 #include <chrono>
@@ -19,6 +22,14 @@
 
 namespace duet {
 
+// The kind of step a forward pass takes for the whole group of ranks: prefill as soon as any rank
+// processes prompt tokens (prefill or mixed batches), decode when every token is a sequence's
+// next one. Each mode has its own operation list (later: where its yields go).
+enum class ForwardMode { kIdle, kDecode, kPrefill };
+inline constexpr ForwardMode kForwardModes[] = {ForwardMode::kDecode, ForwardMode::kPrefill};
+
+const char* forward_mode_name(ForwardMode mode);
+
 // The tokens [first, first + n_tokens) of a batch belong to sequence seq_id and sit at positions
 // n_past, n_past + 1, ...
 struct SeqSpan {
@@ -29,6 +40,8 @@ struct SeqSpan {
 };
 
 struct ForwardInput {
+  // Which operation list runs: the group's agreed mode (prefill for any batch with prompt tokens).
+  ForwardMode mode = ForwardMode::kPrefill;
   std::vector<int32_t> tokens;    // [n_tokens]
   std::vector<int64_t> pos;       // [n_tokens]
   std::vector<int32_t> span_of;   // [n_tokens] index into spans
@@ -85,27 +98,36 @@ class KvStore {
 using OpSeconds = std::map<std::string, double>;
 
 // State of one micro-batch while its operations run. Buffers are reused across steps.
+// Lifetimes: "across" buffers carry data from one operation to a later one, and the contract of
+// each operation kind (forward.cpp) says which it reads and writes, so check_operations can prove
+// a list safe; "within" buffers are temporaries of one operation, garbage once it returns.
 struct ForwardState {
   const ForwardInput* in = nullptr;
   KvStore* kv = nullptr;
   Dispatcher* dispatcher = nullptr;
   ThreadPool* pool = nullptr;
 
-  std::vector<float> x;             // [n_tokens, n_embd] residual stream
-  std::vector<float> h;             // [n_tokens, n_embd] normed input of the current sublayer
-  std::vector<float> attn_out;      // [n_tokens, n_head * v_dim] attention output before o_proj
-  std::vector<float> q;             // [n_tokens, n_head * qk_dim]
-  std::vector<float> kv_new;        // [n_tokens, ...] new K/V rows or MLA latents
-  std::vector<float> scratch;       // architecture-specific temporaries
-  std::vector<float> scratch2;
-  std::vector<float> router_logits; // [n_tokens, n_expert]
+  // Across: the residual stream, from embed to output. [n_tokens, n_embd]
+  std::vector<float> x;
+  // Across: the normed input of a MoE sublayer, from moe_route until combine_recv (the
+  // dispatcher sends it, and the local one lets the experts read it in place). Within: the normed
+  // input of attention, a dense MLP and the output head. [n_tokens, n_embd]
+  std::vector<float> h;
+  std::vector<float> attn_out;      // within attn: [n_tokens, n_head * v_dim] before o_proj
+  std::vector<float> q;             // within attn: [n_tokens, n_head * qk_dim]
+  std::vector<float> kv_new;        // within attn: [n_tokens, ...] new K/V rows or MLA latents
+  std::vector<float> scratch;       // within one operation: architecture-specific temporaries
+  std::vector<float> scratch2;      // within one operation
+  std::vector<float> router_logits; // within moe_route: [n_tokens, n_expert]
+  // Across, moe_route until combine_recv (the dispatcher reads them when it sends and combines):
   std::vector<int32_t> topk_ids;    // [n_tokens, n_expert_used]
   std::vector<float> topk_weights;  // [n_tokens, n_expert_used]
-  std::vector<float> shared_out;    // [n_tokens, n_embd] shared experts' output
-  ExpertBatch* expert_batch = nullptr;  // between dispatch_recv and combine_send
+  // Across, shared_experts until combine_recv: the shared experts' output. [n_tokens, n_embd]
+  std::vector<float> shared_out;
+  ExpertBatch* expert_batch = nullptr;  // across, dispatch_recv until combine_send
   MlpScratch mlp;
   std::vector<MatmulGroup> proj;    // projections that run as one pool job (attention's q/k/v)
-  std::vector<float> logits;        // [out_rows, n_vocab]
+  std::vector<float> logits;        // across, output until the step's end: [out_rows, n_vocab]
   uint64_t expert_bytes_read = 0;   // weights of the routed experts run so far (benchmarks)
   OpSeconds* op_seconds = nullptr;  // set while a profiled step runs: parts of operations
 
@@ -137,10 +159,40 @@ class SubOpTimer {
   Clock::time_point t0_;
 };
 
-struct Operation {
-  std::string name;                        // "L3.attn", "L3.dispatch_send", ...
-  std::function<void(ForwardState&)> run;  // empty for a yield marker
-  bool is_yield() const { return !run; }
+
+// What an operation does; its name (op_kind_name) is what profiles and traces print.
+enum class OpKind {
+  kEmbed,          // x = embedding rows of the tokens
+  kAttn,           // x += attention(norm(x)); writes KV rows
+  kMlp,            // x += dense MLP(norm(x))
+  kMoeRoute,       // h = norm(x); top-k experts of each token
+  kDispatchSend,   // posts h's rows to their experts' ranks (the send half)
+  kSharedExperts,  // shared_out = shared experts(h)
+  kDispatchRecv,   // waits for the rows this rank's experts process
+  kExperts,        // runs the local experts on them
+  kCombineSend,    // posts the experts' outputs back to their tokens' ranks
+  kCombineRecv,    // waits for them; x += weighted outputs (+ shared_out)
+  kOutput,         // logits of the requested rows
+  kYield,          // a marker: the end of a stage, where an executor may switch micro-batches
 };
+
+const char* op_kind_name(OpKind kind);
+
+struct Operation {
+  OpKind kind = OpKind::kYield;
+  int32_t il = -1;     // layer index; -1 for embed and output
+  int32_t stage = -1;  // yields only: the stage this marker ends, 0, 1, ... in list order
+  std::function<void(ForwardState&)> run;  // empty for a yield
+
+  bool is_yield() const { return kind == OpKind::kYield; }
+  std::string name() const;  // "L3.attn", "embed", "L3.yield1" (stage 1), for logs and traces
+};
+
+// Numbers the yields of `ops` in order (Operation::stage) and checks the list: every buffer an
+// operation reads was written by the operation that kind expects (the same layer's), and no
+// operation writes a buffer that an earlier one holds for a later one (the dispatcher reads h and
+// writes into x asynchronously from dispatch_send until combine_recv). Throws duet::Error naming
+// both operations and the buffer otherwise.
+void check_operations(std::vector<Operation>& ops);
 
 }  // namespace duet

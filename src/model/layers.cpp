@@ -84,43 +84,47 @@ void dispatch_send(ForwardState& s, const FfnWeights& w, int64_t D) {
 
 void append_ffn_ops(std::vector<Operation>& ops, int64_t il, const FfnWeights& w, int64_t n_embd,
                     float eps) {
-  const std::string L = "L" + std::to_string(il) + ".";
   const FfnWeights* wp = &w;  // the weights outlive the operation list (both owned by the model)
   const int64_t D = n_embd;
+  const auto add = [&](OpKind kind, std::function<void(ForwardState&)> run) {
+    Operation op;
+    op.kind = kind;
+    op.il = static_cast<int32_t>(il);
+    op.run = std::move(run);
+    ops.push_back(std::move(op));
+  };
   if (!w.is_moe) {
-    ops.push_back({L + "mlp", [wp, D, eps](ForwardState& s) { dense_ffn(s, *wp, D, eps); }});
+    add(OpKind::kMlp, [wp, D, eps](ForwardState& s) { dense_ffn(s, *wp, D, eps); });
     return;
   }
-  ops.push_back({L + "moe_route", [wp, D, eps](ForwardState& s) { moe_route(s, *wp, D, eps); }});
-  ops.push_back({L + "dispatch_send", [wp, D](ForwardState& s) { dispatch_send(s, *wp, D); }});
-  ops.push_back({L + "yield", nullptr});
+  add(OpKind::kMoeRoute, [wp, D, eps](ForwardState& s) { moe_route(s, *wp, D, eps); });
+  add(OpKind::kDispatchSend, [wp, D](ForwardState& s) { dispatch_send(s, *wp, D); });
+  add(OpKind::kYield, nullptr);
   if (w.has_shared) {
-    ops.push_back({L + "shared_experts", [wp](ForwardState& s) {
-                     s.shared_out.resize(s.h.size());
-                     mlp_forward(*s.pool, wp->shared, s.h.data(), s.n_tokens(), s.mlp,
-                                 s.shared_out.data());
-                   }});
+    add(OpKind::kSharedExperts, [wp](ForwardState& s) {
+      s.shared_out.resize(s.h.size());
+      mlp_forward(*s.pool, wp->shared, s.h.data(), s.n_tokens(), s.mlp, s.shared_out.data());
+    });
   }
-  ops.push_back({L + "dispatch_recv",
-                 [](ForwardState& s) { s.expert_batch = &s.dispatcher->dispatch_recv(); }});
-  ops.push_back({L + "experts", [wp](ForwardState& s) {
-                   DUET_CHECK(s.expert_batch->first_expert == wp->first_expert,
-                              "dispatcher's experts start at " << s.expert_batch->first_expert
-                              << ", the model's at " << wp->first_expert);
-                   s.expert_bytes_read += run_experts(*s.pool, wp->experts, *s.expert_batch, s.mlp);
-                 }});
-  ops.push_back({L + "combine_send", [](ForwardState& s) {
-                   s.dispatcher->combine_send();
-                   s.expert_batch = nullptr;
-                 }});
-  ops.push_back({L + "yield", nullptr});
-  ops.push_back({L + "combine_recv", [wp](ForwardState& s) {
-                   s.dispatcher->combine_recv();
-                   if (wp->has_shared) {
-                     add_inplace(s.shared_out.data(), static_cast<int64_t>(s.shared_out.size()),
-                                 s.x.data());
-                   }
-                 }});
+  add(OpKind::kDispatchRecv,
+      [](ForwardState& s) { s.expert_batch = &s.dispatcher->dispatch_recv(); });
+  add(OpKind::kExperts, [wp](ForwardState& s) {
+    DUET_CHECK(s.expert_batch->first_expert == wp->first_expert,
+               "dispatcher's experts start at " << s.expert_batch->first_expert
+                                                << ", the model's at " << wp->first_expert);
+    s.expert_bytes_read += run_experts(*s.pool, wp->experts, *s.expert_batch, s.mlp);
+  });
+  add(OpKind::kCombineSend, [](ForwardState& s) {
+    s.dispatcher->combine_send();
+    s.expert_batch = nullptr;
+  });
+  add(OpKind::kYield, nullptr);
+  add(OpKind::kCombineRecv, [wp](ForwardState& s) {
+    s.dispatcher->combine_recv();
+    if (wp->has_shared) {
+      add_inplace(s.shared_out.data(), static_cast<int64_t>(s.shared_out.size()), s.x.data());
+    }
+  });
 }
 
 }  // namespace duet

@@ -41,8 +41,9 @@ class Model {
   static std::vector<RecordingSource::Request> list_weights(const ModelConfig& config);
 
   const ModelConfig& config() const { return config_; }
-  // The whole forward pass: embedding, every layer, output head. Built once at load.
-  const std::vector<Operation>& operations() const { return ops_; }
+  // The whole forward pass of a step in `mode` (decode or prefill): embedding, every layer, output
+  // head. Built and checked (check_operations) once at load.
+  const std::vector<Operation>& operations(ForwardMode mode) const;
   // Elements per position per layer in the KV store's k and v rows.
   virtual int64_t kv_k_width() const = 0;
   virtual int64_t kv_v_width() const = 0;
@@ -91,7 +92,7 @@ class Model {
   void build_operations();
 
   std::unique_ptr<WeightSource> source_;  // keeps mapped files and conversions alive
-  std::vector<Operation> ops_;
+  std::vector<Operation> ops_[3];  // by ForwardMode (kIdle's stays empty)
   uint64_t weight_bytes_ = 0;
   uint64_t panel_bytes_ = 0;
   uint64_t dense_bytes_per_step_ = 0;
