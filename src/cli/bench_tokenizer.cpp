@@ -13,7 +13,7 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace duet {
 

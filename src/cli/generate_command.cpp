@@ -13,7 +13,7 @@
 #include "engine/generator.h"
 #include "engine/kv_dtype.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace duet {
 

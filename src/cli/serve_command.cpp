@@ -17,9 +17,9 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/llm_engine.h"
-#include "model/chat_template.h"
+#include "text/chat_template.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "server/api_server.h"
 
 namespace duet {

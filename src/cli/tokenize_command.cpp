@@ -16,8 +16,8 @@
 
 #include "cli/commands.h"
 #include "core/error.h"
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace duet {
 

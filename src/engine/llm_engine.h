@@ -33,7 +33,7 @@
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "model/model.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "moe/dispatcher.h"
 
 namespace duet {

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace duet {
 

@@ -8,7 +8,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "model/safetensors.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 namespace duet {
 

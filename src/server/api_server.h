@@ -10,8 +10,8 @@
 #include <string>
 
 #include "engine/llm_engine.h"
-#include "model/chat_template.h"
-#include "model/tokenizer.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 #include "server/protocol.h"
 
 namespace httplib {

@@ -1,0 +1,97 @@
+// Pre-tokenizer regexes (PCRE2) and the UTF-8 validity scan they rely on.
+#include "text/tokenizer_regex.h"
+
+#include <memory>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "core/error.h"
+
+namespace duet {
+
+size_t valid_utf8_prefix(std::string_view s) {
+  size_t i = 0;
+  const size_t n = s.size();
+  while (i < n) {
+    unsigned char c = s[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    uint32_t cp;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return i;
+    }
+    if (i + len > n) return i;
+    for (size_t k = 1; k < len; ++k) {
+      unsigned char cc = s[i + k];
+      if ((cc & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    static constexpr uint32_t kMinForLen[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMinForLen[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
+    i += len;
+  }
+  return n;
+}
+
+TokenRegex::TokenRegex(const std::string& pattern, bool literal, const std::string& source_name) {
+  // PCRE2_UCP may not be combined with PCRE2_LITERAL (and a literal needs no classes anyway).
+  uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
+  int err = 0;
+  PCRE2_SIZE err_offset = 0;
+  code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options, &err,
+                        &err_offset, nullptr);
+  if (code_ == nullptr) {
+    PCRE2_UCHAR message[256];
+    pcre2_get_error_message(err, message, sizeof(message));
+    DUET_ERROR(source_name << ": bad regex '" << pattern << "': "
+                           << reinterpret_cast<char*>(message) << " at offset " << err_offset);
+  }
+  pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // without JIT, pcre2_match interprets
+}
+
+TokenRegex::~TokenRegex() {
+  pcre2_code_free(code_);
+}
+
+void TokenRegex::find_all(std::string_view text, std::vector<TextSpan>* out) const {
+  struct MatchDataDeleter {
+    void operator()(pcre2_match_data* md) const { pcre2_match_data_free(md); }
+  };
+  // One ovector pair is enough: only the whole match is used.
+  thread_local std::unique_ptr<pcre2_match_data, MatchDataDeleter> match_data(
+      pcre2_match_data_create(1, nullptr));
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  const size_t n = text.size();
+  size_t offset = 0;
+  while (offset < n) {
+    // The caller validated the UTF-8 once; without NO_UTF_CHECK PCRE2 would re-check per call.
+    int rc = pcre2_match(code_, subject, n, offset, PCRE2_NO_UTF_CHECK, match_data.get(), nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) return;
+    if (rc < 0) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(rc, message, sizeof(message));
+      DUET_ERROR("tokenizer regex match failed: " << reinterpret_cast<char*>(message));
+    }
+    const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match_data.get());
+    size_t begin = ovector[0], end = ovector[1];
+    if (end > begin) {
+      out->push_back({begin, end});
+      offset = end;
+    } else {  // an empty match yields no piece; step over one character
+      offset = end + 1;
+      while (offset < n && (static_cast<unsigned char>(text[offset]) & 0xC0) == 0x80) ++offset;
+    }
+  }
+}
+
+}  // namespace duet
