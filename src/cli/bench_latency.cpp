@@ -11,7 +11,6 @@
 #include "cli/kv_cache_option.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "engine/dp_generator.h"
 #include "engine/generator.h"
 #include "engine/kv_dtype.h"
 #include "kernels/bandwidth.h"
@@ -47,6 +46,18 @@ std::vector<GenerateRequest> make_requests(const LatencyOptions& o, int64_t n_vo
   return reqs;
 }
 
+// Decode time per kind of operation (summed over layers), per step and as a share of decode;
+// the parts an operation times itself ("attn.qkv") indented under it.
+void print_op_seconds(const GenerateStats& st, int64_t steps) {
+  std::printf("decode time by operation (all layers; ms/step, share of decode):\n");
+  for (const auto& [name, s] : st.decode_op_seconds) {
+    const bool part = name.find('.') != std::string::npos;
+    std::printf("  %s%-*s %8.2f  %5.1f %%\n", part ? "  " : "", part ? 14 : 16, name.c_str(),
+                steps ? s / steps * 1e3 : 0.0,
+                st.decode_seconds > 0 ? 100.0 * s / st.decode_seconds : 0.0);
+  }
+}
+
 // Expert parallelism: every rank decodes its own batch of o.batch sequences (DP attention) and
 // the experts are spread over the ranks. Rank 0 prints each rank's speed and the share of its
 // decode step time spent waiting on communication.
@@ -54,10 +65,11 @@ void run_latency_ep(const LatencyOptions& o, DistContext& ctx) {
   ThreadPool pool(rank_threads(o.threads, o.dist, &ctx));
   RankModel rm = load_rank_model(o.model_dir, o.dist, &ctx);
   const ModelConfig& c = rm.model->config();
-  DpGenerator gen(*rm.model, pool, *rm.dispatcher, ctx.coord(), o.kv_dtype);
+  Generator gen(*rm.model, pool, o.kv_dtype, rm.group);
   const std::vector<GenerateRequest> reqs = make_requests(o, c.n_vocab, ctx.rank());
   gen.generate(reqs);  // warm-up
-  DpStats st;
+  gen.profile_ops(o.profile_ops);
+  GenerateStats st;
   gen.generate(reqs, &st);
   const auto micro = [](double v) { return static_cast<int64_t>(v * 1e6); };
   const std::vector<int64_t> all = ctx.coord().all_gather(
@@ -84,17 +96,9 @@ void run_latency_ep(const LatencyOptions& o, DistContext& ctx) {
   }
   std::printf("decode: %.1f tok/s over all ranks, %.1f tok/s per rank\n", total_tps,
               total_tps / ctx.world_size());
-}
-
-// Decode time per kind of operation (summed over layers), per step and as a share of decode;
-// the parts an operation times itself ("attn.qkv") indented under it.
-void print_op_seconds(const GenerateStats& st, int64_t steps) {
-  std::printf("decode time by operation (all layers; ms/step, share of decode):\n");
-  for (const auto& [name, s] : st.decode_op_seconds) {
-    const bool part = name.find('.') != std::string::npos;
-    std::printf("  %s%-*s %8.2f  %5.1f %%\n", part ? "  " : "", part ? 14 : 16, name.c_str(),
-                steps ? s / steps * 1e3 : 0.0,
-                st.decode_seconds > 0 ? 100.0 * s / st.decode_seconds : 0.0);
+  if (o.profile_ops) {
+    std::printf("rank 0, ");  // the receive halves' times include waiting for the other ranks
+    print_op_seconds(st, st.decode_steps);
   }
 }
 
@@ -181,7 +185,6 @@ void run_latency_single(const LatencyOptions& o) {
 
 void run_latency(const LatencyOptions& o) {
   launch_ranks(o.dist, o.model_dir, [&](DistContext* ctx) {
-    if (ctx && o.profile_ops) DUET_ERROR("--profile-ops times a single rank's steps only");
     if (ctx)
       run_latency_ep(o, *ctx);
     else

@@ -109,7 +109,12 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
   rm.model = Model::load(model_dir, lo);
   if (ctx) {
     EpDispatcherOptions eo{parse_all2all_backend(o.all2all), o.ll_max_tokens};
-    rm.dispatcher = std::make_unique<EpDispatcher>(ctx->comm(), rm.placement, eo);
+    Communicator* comm = &ctx->comm();
+    const ExpertPlacement placement = rm.placement;
+    rm.group.coord = &ctx->coord();
+    rm.group.dispatchers = [comm, placement, eo](int) {
+      return std::make_unique<EpDispatcher>(*comm, placement, eo);
+    };
     // The whole model's bytes: this rank's plus the experts it left to the others.
     int64_t n_moe = 0;
     for (int64_t il = 0; il < c.n_layer; ++il) n_moe += c.is_moe_layer(il);

@@ -13,6 +13,7 @@
 
 #include "dist/dist_context.h"
 #include "model/model.h"
+#include "engine/step_runner.h"
 #include "moe/ep_dispatcher.h"
 #include "moe/expert_placement.h"
 
@@ -40,12 +41,13 @@ void add_dist_options(CLI::App* cmd, DistOptions& o);
 void launch_ranks(const DistOptions& o, const std::string& model_dir,
                   const std::function<void(DistContext*)>& fn);
 
-// One rank's share of the model: only its experts' weights, and the dispatcher that reaches the
-// others (null on a single rank).
+// One rank's share of the model: only its experts' weights, and where its steps run: the group
+// (its coordinator, and a factory of expert-parallel dispatchers that reach the other ranks, one
+// per micro-batch slot); a default StepGroup on a single rank.
 struct RankModel {
   ExpertPlacement placement;
   std::unique_ptr<Model> model;
-  std::unique_ptr<EpDispatcher> dispatcher;
+  StepGroup group;
 };
 
 // Loads this rank's part of the model and prints the start-up report on stderr: which experts

@@ -9,7 +9,6 @@
 #include "cli/kv_cache_option.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
-#include "engine/dp_generator.h"
 #include "engine/generator.h"
 #include "engine/kv_dtype.h"
 #include "model/model.h"
@@ -96,25 +95,15 @@ void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
   req.prompt_logits = !o.dump_logits.empty();
   if (!o.ignore_eos) req.stop_ids = c.eos_token_ids;
 
+  // The request is rank 0's; on several ranks the others take part in every step with dummy
+  // batches, and its logits (--dump-logits) are rank 0's own.
+  Generator gen(*model, pool, o.kv_dtype, rm.group);
+  std::vector<GenerateRequest> mine;
+  if (!ctx || ctx->rank() == 0) mine.push_back(req);
   GenerateStats st;
-  GenerateResult r;
-  if (!ctx) {
-    Generator gen(*model, pool, o.kv_dtype);
-    r = gen.generate({req}, &st)[0];
-  } else {
-    if (req.prompt_logits) DUET_ERROR("--dump-logits is not supported with several ranks");
-    DpGenerator gen(*model, pool, *rm.dispatcher, ctx->coord(), o.kv_dtype);
-    std::vector<GenerateRequest> mine;
-    if (ctx->rank() == 0) mine.push_back(req);
-    DpStats ds;
-    std::vector<GenerateResult> out = gen.generate(mine, &ds);
-    if (ctx->rank() != 0) return;
-    r = out[0];
-    st.prompt_tokens = ds.prompt_tokens;
-    st.generated_tokens = ds.generated_tokens;
-    st.prefill_seconds = ds.prefill_seconds;
-    st.decode_seconds = ds.decode_seconds;
-  }
+  std::vector<GenerateResult> out = gen.generate(mine, &st);
+  if (ctx && ctx->rank() != 0) return;
+  const GenerateResult& r = out[0];
 
   if (!tok && std::ifstream(o.model_dir + "/tokenizer.json")) tok = Tokenizer::load(o.model_dir);
   if (tok) {

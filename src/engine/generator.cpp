@@ -7,20 +7,40 @@
 namespace duet {
 
 namespace {
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
 }
+
+// "" if the request can run, else why not.
+std::string problem_of(const GenerateRequest& r, const ModelConfig& c) {
+  try {
+    validate_request(r, c);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 }  // namespace
 
-Generator::Generator(const Model& model, ThreadPool& pool, KvCacheDtype kv_dtype)
+Generator::Generator(const Model& model, ThreadPool& pool, KvCacheDtype kv_dtype,
+                     const StepGroup& group)
     : model_(model),
       kv_(model.config().n_layer, model.kv_k_width(), model.kv_v_width(),
           resolve_kv_dtype(kv_dtype, model)),
-      runner_(model, pool) {}
+      steps_(model, pool, group) {}
+
+void Generator::reserve(const ForwardInput& in) {
+  for (const SeqSpan& span : in.spans) kv_.reserve(span.seq_id, span.n_past + span.n_tokens);
+}
 
 const std::vector<float>& Generator::forward(const ForwardInput& in) {
-  for (const SeqSpan& span : in.spans) kv_.reserve(span.seq_id, span.n_past + span.n_tokens);
-  return runner_.forward(in, kv_);
+  DUET_CHECK(steps_.solo(), "Generator::forward runs one rank's batch alone; use generate()");
+  reserve(in);
+  return steps_.runner().forward(in, kv_);
 }
 
 void validate_request(const GenerateRequest& r, const ModelConfig& c) {
@@ -38,9 +58,26 @@ void validate_request(const GenerateRequest& r, const ModelConfig& c) {
   }
 }
 
+void Generator::validate_everywhere(const std::vector<GenerateRequest>& requests) {
+  std::string problem;
+  for (const GenerateRequest& r : requests) {
+    if (problem.empty()) problem = problem_of(r, model_.config());
+  }
+  if (steps_.solo()) {
+    if (!problem.empty()) DUET_ERROR(problem);
+    return;
+  }
+  // Shared first, so that a bad request stops every rank, not only its own.
+  const std::vector<int64_t> bad = steps_.coord().all_gather({problem.empty() ? 0 : 1});
+  if (!problem.empty()) DUET_ERROR(problem);
+  for (size_t r = 0; r < bad.size(); ++r) {
+    if (bad[r]) DUET_ERROR("rank " << r << " rejected its requests");
+  }
+}
+
 std::vector<GenerateResult> Generator::generate(const std::vector<GenerateRequest>& requests,
                                                 GenerateStats* stats) {
-  for (const GenerateRequest& r : requests) validate_request(r, model_.config());
+  validate_everywhere(requests);
   const int64_t n_vocab = model_.config().n_vocab;
   const size_t n_req = requests.size();
   std::vector<GenerateResult> results(n_req);
@@ -51,21 +88,10 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
     seq_ids.add();
   }
   GenerateStats st;
-
-  // Prefill: all prompts in one batch.
-  auto t0 = std::chrono::steady_clock::now();
-  ForwardInput in;
-  for (size_t i = 0; i < n_req; ++i) {
-    const GenerateRequest& r = requests[i];
-    in.add(seq_ids[i], 0, r.prompt.data(), static_cast<int64_t>(r.prompt.size()),
-           r.prompt_logits);
-    st.prompt_tokens += static_cast<int64_t>(r.prompt.size());
-  }
-  const std::vector<float>* logits = &forward(in);
   std::vector<int32_t> last(n_req);
   std::vector<bool> live(n_req, false);
-  int64_t row = 0;
-  auto emit = [&](size_t i, const float* row_logits) {
+  // Samples request i's next token from its logits row; the request stays live unless it ended.
+  const auto emit = [&](size_t i, const float* row_logits) {
     const GenerateRequest& r = requests[i];
     const int32_t tok = samplers[i].sample(row_logits, n_vocab);
     results[i].tokens.push_back(tok);
@@ -73,63 +99,89 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
     last[i] = tok;
     bool stop = false;
     for (int32_t s : r.stop_ids) stop |= s == tok;
+    live[i] = false;
     if (stop) {
       results[i].finish_reason = "stop";
-      live[i] = false;
     } else if (static_cast<int64_t>(results[i].tokens.size()) >= r.max_tokens) {
       results[i].finish_reason = "length";
-      live[i] = false;
     } else {
       live[i] = true;
     }
   };
+
+  // Step 0 prefills every prompt in one batch; each later step decodes one token per live
+  // sequence. A rank whose requests have all finished offers an empty batch (the dummy).
+  ForwardInput in;
   for (size_t i = 0; i < n_req; ++i) {
     const GenerateRequest& r = requests[i];
-    const int64_t n_rows = r.prompt_logits ? static_cast<int64_t>(r.prompt.size()) : 1;
-    if (r.prompt_logits) {
-      results[i].prompt_logits.assign(logits->begin() + row * n_vocab,
-                                      logits->begin() + (row + n_rows) * n_vocab);
-    }
-    const float* last_row = logits->data() + (row + n_rows - 1) * n_vocab;
-    if (r.max_tokens == 0) {
-      results[i].finish_reason = "length";
-    } else {
-      emit(i, last_row);
-    }
-    row += n_rows;
+    in.add(seq_ids[i], 0, r.prompt.data(), static_cast<int64_t>(r.prompt.size()),
+           r.prompt_logits);
+    st.prompt_tokens += static_cast<int64_t>(r.prompt.size());
   }
-  st.prefill_seconds = seconds_since(t0);
-
-  // Decode: one token per live sequence per step.
-  t0 = std::chrono::steady_clock::now();
-  const uint64_t expert_bytes0 = runner_.expert_bytes_read();
+  std::vector<size_t> who;  // decode steps: the request of each logits row
+  ModelRunner& runner = steps_.runner();
   // Unset on every way out, so the runner never keeps a pointer to this call's stats.
   struct OpSecondsScope {
     ModelRunner& runner;
     ~OpSecondsScope() { runner.set_op_seconds(nullptr); }
-  } op_seconds_scope{runner_};
-  if (profile_ops_) runner_.set_op_seconds(&st.decode_op_seconds);
+  } op_seconds_scope{runner};
   const uint64_t kv_row_bytes = static_cast<uint64_t>(model_.config().n_layer) *
                                 (model_.kv_k_width() + model_.kv_v_width()) *
                                 dtype_size(kv_.dtype());
-  for (;;) {
-    ForwardInput step;
-    std::vector<size_t> who;
+  uint64_t expert_bytes0 = 0;  // read when the first decode step starts
+  const StepStats steps0 = steps_.stats();
+  for (bool prefill = true;; prefill = false) {
+    reserve(in);
+    const bool decoding = !prefill && in.n_tokens() > 0;
+    runner.set_op_seconds(decoding && profile_ops_ ? &st.decode_op_seconds : nullptr);
+    const Clock::time_point t0 = Clock::now();
+    const double wait0 = runner.dispatch_wait_seconds();
+    const double agree0 = steps_.stats().agree_seconds;
+    const StepRunner::Launch step = steps_.run(in, kv_, prefill);
+    if (!step.plan.runs()) break;
+    if (step.logits && prefill) {
+      int64_t row = 0;
+      for (size_t i = 0; i < n_req; ++i) {
+        const GenerateRequest& r = requests[i];
+        const int64_t n_rows = r.prompt_logits ? static_cast<int64_t>(r.prompt.size()) : 1;
+        const float* rows = step.logits->data() + row * n_vocab;
+        if (r.prompt_logits) results[i].prompt_logits.assign(rows, rows + n_rows * n_vocab);
+        if (r.max_tokens == 0) {
+          results[i].finish_reason = "length";
+        } else {
+          emit(i, rows + (n_rows - 1) * n_vocab);
+        }
+        row += n_rows;
+      }
+    } else if (step.logits) {
+      for (size_t r = 0; r < who.size(); ++r) emit(who[r], step.logits->data() + r * n_vocab);
+    }
+    const double s = seconds_since(t0);
+    if (prefill) {
+      st.prefill_seconds += s;
+      expert_bytes0 = runner.expert_bytes_read();
+    } else if (decoding) {
+      st.decode_seconds += s;
+      st.decode_comm_seconds += runner.dispatch_wait_seconds() - wait0;
+      if (!steps_.solo()) st.decode_comm_seconds += steps_.stats().agree_seconds - agree0;
+      ++st.decode_steps;
+    }
+    ForwardInput next;
+    who.clear();
     for (size_t i = 0; i < n_req; ++i) {
       if (!live[i]) continue;
-      const int64_t n_past = static_cast<int64_t>(requests[i].prompt.size() +
-                                                  results[i].tokens.size()) - 1;
-      step.add(seq_ids[i], n_past, &last[i], 1, false);
+      const int64_t n_past =
+          static_cast<int64_t>(requests[i].prompt.size() + results[i].tokens.size()) - 1;
+      next.add(seq_ids[i], n_past, &last[i], 1, false);
       st.decode_kv_bytes += static_cast<uint64_t>(n_past + 1) * kv_row_bytes;
       who.push_back(i);
     }
-    if (who.empty()) break;
-    logits = &forward(step);
-    ++st.decode_steps;
-    for (size_t r = 0; r < who.size(); ++r) emit(who[r], logits->data() + r * n_vocab);
+    in = std::move(next);
   }
-  st.decode_seconds = seconds_since(t0);
-  st.decode_expert_bytes = runner_.expert_bytes_read() - expert_bytes0;
+  st.decode_expert_bytes = runner.expert_bytes_read() - expert_bytes0;
+  st.steps = steps_.stats().steps - steps0.steps;
+  st.dummy_steps = steps_.stats().dummy_steps - steps0.dummy_steps;
+  if (!steps_.solo()) st.sync_seconds = steps_.stats().agree_seconds - steps0.agree_seconds;
   if (stats) *stats = st;
   return results;
 }

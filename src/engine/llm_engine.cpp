@@ -42,15 +42,14 @@ double seconds(Clock::duration d) {
 }  // namespace
 
 LlmEngine::LlmEngine(const Model& model, ThreadPool& pool, const Tokenizer* tokenizer,
-                     const EngineConfig& config, const EngineDp& dp)
+                     const EngineConfig& config, const StepGroup& group)
     : model_(model),
       tokenizer_(tokenizer),
       max_model_len_(model.config().max_position_embeddings),
       blocks_(pool_shape(model, config), pool_blocks(model, config)),
       kv_(blocks_),
       scheduler_(config.scheduler, kv_),
-      runner_(model, pool, dp.dispatcher),
-      dp_(dp) {
+      steps_(model, pool, group) {
   publish_state();
   thread_ = std::thread([this] { run(); });
 }
@@ -91,7 +90,7 @@ std::shared_ptr<RequestStream> LlmEngine::submit(EngineRequest req) {
   if (!req.ignore_eos)
     req.stop_ids.insert(req.stop_ids.end(), c.eos_token_ids.begin(), c.eos_token_ids.end());
 
-  DUET_CHECK(!dp_.coord || dp_.coord->is_master(), "submit() on rank " << dp_.coord->rank());
+  DUET_CHECK(steps_.coord().is_master(), "submit() on rank " << steps_.coord().rank());
   std::unique_ptr<Live> live = make_live(std::move(req), next_id_.fetch_add(1));
   std::shared_ptr<RequestStream> stream = live->stream;
   {
@@ -128,10 +127,9 @@ std::string LlmEngine::wait_stopped() {
 void LlmEngine::run() {
   std::string error;
   try {
-    if (dp_.coord)
-      loop_dp();
-    else
-      loop();
+    std::vector<int64_t> load(static_cast<size_t>(steps_.coord().world_size()), 0);
+    while (step(load)) {
+    }
   } catch (const std::exception& e) {
     error = e.what();
     std::fprintf(stderr, "error: engine loop stopped: %s\n", e.what());
@@ -145,47 +143,37 @@ void LlmEngine::run() {
   stopped_cv_.notify_all();
 }
 
-void LlmEngine::loop() {
-  {
-    for (;;) {
-      std::vector<std::unique_ptr<Live>> fresh;
-      {
-        std::unique_lock<std::mutex> lock(inbox_mu_);
-        inbox_cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !live_.empty(); });
-        if (stop_) return;
-        fresh.swap(inbox_);
-      }
-      for (auto& l : fresh) {
-        scheduler_.add(l->seq.get());
-        const uint64_t id = l->seq->id;
-        live_.emplace(id, std::move(l));
-      }
-      reap_aborted();
-      if (!step() && !live_.empty()) {
-        // Nothing could run (should not happen: every admitted request fits the pool alone).
-        std::unique_lock<std::mutex> lock(inbox_mu_);
-        inbox_cv_.wait_for(lock, std::chrono::milliseconds(10));
-      }
-      publish_state();
-    }
-  }
-}
+bool LlmEngine::step(std::vector<int64_t>& load) {
+  retired_.clear();  // the step that could refer to them has ended
+  if (!exchange_control(load)) return false;
+  reap_aborted();
 
-bool LlmEngine::step() {
-  SchedulerStep plan = scheduler_.schedule();
-  if (plan.empty()) return false;
+  const SchedulerStep plan = scheduler_.schedule();
   uint64_t prompt_tokens = 0, generated = 0;
-  execute(plan, &prompt_tokens, &generated);
-  metrics_.add_tokens(prompt_tokens, generated, plan.preempted.size());
+  bool has_prefill = false;
+  ForwardInput in = build_input(plan, &prompt_tokens, &has_prefill);
+
+  const StepRunner::Launch launch = steps_.run(in, kv_, has_prefill);
+
+  if (launch.logits) generated = process_outputs(plan, *launch.logits);
+  exchange_outputs(load, prompt_tokens, generated, plan.preempted.size());
+  if (steps_.solo() && !launch.plan.runs() && !live_.empty()) {
+    // Nothing could run (should not happen: every admitted request fits the pool alone).
+    std::unique_lock<std::mutex> lock(inbox_mu_);
+    inbox_cv_.wait_for(lock, std::chrono::milliseconds(10));
+  }
   return true;
 }
 
-void LlmEngine::execute(const SchedulerStep& plan, uint64_t* prompt_tokens, uint64_t* generated) {
+ForwardInput LlmEngine::build_input(const SchedulerStep& plan, uint64_t* prompt_tokens,
+                                    bool* has_prefill) {
   ForwardInput in;
   for (const ScheduledChunk& c : plan.chunks) {
     Sequence& s = *c.seq;
     in.add(s.kv_seq, c.n_past, s.tokens.data() + c.n_past, c.n_tokens, /*all_logits=*/false);
     if (!c.sample) in.out_rows.pop_back();  // a middle chunk of a prefill: no logits needed
+    // A chunk of prompt tokens, or of a preempted sequence recomputing its tokens.
+    *has_prefill |= c.n_tokens > 1 || c.n_past < s.n_prompt;
     // Prompt positions computed for the first time (a recomputation after preemption only
     // counts the part of the prompt it had not reached before).
     const int64_t first_new = std::max(c.n_past, s.n_prompt_counted);
@@ -195,16 +183,21 @@ void LlmEngine::execute(const SchedulerStep& plan, uint64_t* prompt_tokens, uint
       s.n_prompt_counted = end;
     }
   }
-  const std::vector<float>& logits = runner_.forward(in, kv_);
+  return in;
+}
+
+uint64_t LlmEngine::process_outputs(const SchedulerStep& plan, const std::vector<float>& logits) {
   const int64_t n_vocab = model_.config().n_vocab;
+  uint64_t generated = 0;
   int64_t row = 0;
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.sample) continue;
     Live& live = *live_.at(c.seq->id);
-    ++*generated;
+    ++generated;
     emit(live, logits.data() + row * n_vocab);
     ++row;
   }
+  return generated;
 }
 
 bool LlmEngine::emit(Live& live, const float* logits) {
@@ -249,6 +242,7 @@ void LlmEngine::finish(uint64_t id, const std::string& reason, const std::string
   scheduler_.remove(live.seq.get());
   metrics_.finished(reason, seconds(Clock::now() - live.arrival));  // before the reader wakes
   live.stream->finish(reason, tail);
+  retired_.push_back(std::move(it->second));
   live_.erase(it);
 }
 

@@ -1,15 +1,16 @@
-// The serving engine: one thread that loops scheduler step → forward pass → sampling → stop
-// checks → output to each request's stream, over a paged KV cache. HTTP threads hand requests
-// in with submit() and read their output from the returned RequestStream.
-//
-// With data-parallel attention and expert parallelism (EngineDp), every rank runs one engine
-// with its own scheduler, KV cache and requests, and the experts are spread over the ranks.
-// Rank 0 is the front end: submit() is called there only, and each step it hands the new
-// requests to the least loaded ranks (running + waiting), which send each step's output of
-// their requests back to it (llm_engine_dp.cpp). Every step all ranks exchange their token
-// counts; a rank with nothing to run takes part with a one-token dummy batch, so the experts'
-// all-to-alls always have every rank. A failed or silent rank fails every engine (the
-// collectives' watchdog): their requests end with an error and alive() turns false.
+// The serving engine: one thread that loops over steps, on one rank or on every rank of a
+// data-parallel group alike (a single rank is a group of one). A step is five phases:
+//   1. control plane (llm_engine_dp.cpp): rank 0 takes the new requests in and hands each to the
+//      least loaded rank (running + waiting), with the ids whose clients left, or says stop;
+//   2. schedule: the Scheduler picks this rank's batch and reserves its KV rows;
+//   3. launch: the one step path (StepRunner) agrees on the step with every rank and runs this
+//      rank's batch, or the dummy batch if it has none while another rank has work;
+//   4. process outputs: sample, detokenize, stop checks, push to each request's stream;
+//   5. output return (llm_engine_dp.cpp): the other ranks send their requests' output to rank 0,
+//      which feeds the HTTP streams and the metrics.
+// HTTP threads hand requests in with submit() (on rank 0) and read their output from the
+// returned RequestStream. A failed or silent rank fails every engine (the collectives'
+// watchdog): their requests end with an error and alive() turns false.
 #pragma once
 
 #include <algorithm>
@@ -27,7 +28,7 @@
 #include "engine/block_pool.h"
 #include "engine/engine_metrics.h"
 #include "engine/kv_dtype.h"
-#include "engine/model_runner.h"
+#include "engine/step_runner.h"
 #include "engine/output_text.h"
 #include "engine/paged_kv_cache.h"
 #include "engine/request.h"
@@ -45,19 +46,14 @@ struct EngineConfig {
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;  // of the KV rows; auto: the weights'
 };
 
-// The engine's place in a data-parallel group; both null on a single rank. Every rank must use
-// the same EngineConfig.
-struct EngineDp {
-  Coordinator* coord = nullptr;
-  Dispatcher* dispatcher = nullptr;  // this rank's expert-parallel dispatcher
-};
-
 class LlmEngine {
  public:
-  // model, pool and tokenizer (may be null: no text, no stop strings) must outlive the engine.
-  // Throws duet::Error on a bad config or a pool too small for one block. Starts the loop thread.
+  // model, pool, tokenizer (may be null: no text, no stop strings) and the group's coordinator
+  // (StepGroup; none: a single rank) must outlive the engine. Every rank of a group uses the same
+  // EngineConfig. Throws duet::Error on a bad config or a pool too small for one block. Starts the
+  // loop thread.
   LlmEngine(const Model& model, ThreadPool& pool, const Tokenizer* tokenizer,
-            const EngineConfig& config, const EngineDp& dp = {});
+            const EngineConfig& config, const StepGroup& group = {});
   // Stops the loop (in a group: rank 0's stops every rank's); unfinished requests finish with
   // reason "abort".
   ~LlmEngine();
@@ -99,13 +95,16 @@ class LlmEngine {
 
   // A new request's engine state; stop_ids must already include eos where it applies.
   std::unique_ptr<Live> make_live(EngineRequest req, uint64_t id);
-  // The loop thread's body: loop() or loop_dp(), then marks the engine stopped.
+  // The loop thread's body: steps until rank 0 says stop, then marks the engine stopped.
   void run();
-  void loop();
-  // One scheduler step and forward pass; false when there was nothing to run.
-  bool step();
-  // Runs `plan`'s forward pass and emits its tokens; adds to the step counters.
-  void execute(const SchedulerStep& plan, uint64_t* prompt_tokens, uint64_t* generated);
+  // One step of the group (the five phases above); false once rank 0 said stop. `load` is every
+  // rank's running + waiting requests as of the last step (rank 0 hands out requests by it).
+  bool step(std::vector<int64_t>& load);
+  // Schedule phase's input: this rank's batch for `plan`; counts the prompt tokens computed for
+  // the first time and whether any chunk processes prompt tokens.
+  ForwardInput build_input(const SchedulerStep& plan, uint64_t* prompt_tokens, bool* has_prefill);
+  // Process-outputs phase: samples and emits each sampled chunk's token; returns how many.
+  uint64_t process_outputs(const SchedulerStep& plan, const std::vector<float>& logits);
 
   // Data-parallel group (llm_engine_dp.cpp).
   struct Remote {  // rank 0: a request running on another rank
@@ -115,20 +114,25 @@ class LlmEngine {
     int64_t n_generated = 0;
     int rank = 0;
   };
-  void loop_dp();
+  // Control plane, every rank: rank 0 waits for work, makes the step's control message and
+  // shares it; everyone acts on it. False if it says stop.
+  bool exchange_control(const std::vector<int64_t>& load);
   // Rank 0: the step's control message (stop, new requests and their ranks, aborts).
   std::string make_control(const std::vector<int64_t>& load, bool stop);
   // Everyone: acts on rank 0's message (the others add their new requests and drop the
   // aborted ones); false if it says stop.
   bool apply_control(const std::string& msg);
-  // Everyone: one step of the group; false once rank 0 said stop.
-  bool step_dp(std::vector<int64_t>& load);
-  void run_dummy();
+  // Output return, every rank: the other ranks' output of their requests reaches rank 0, which
+  // updates the metrics; every rank learns every rank's load.
+  void exchange_outputs(std::vector<int64_t>& load, uint64_t prompt_tokens, uint64_t generated,
+                        uint64_t preempted);
   // Other ranks: the output of their requests since the last step; rank 0 applies it.
   std::string take_outbox();
   void apply_outbox(const std::string& msg);
   // Samples the next token of `live` from `logits` [n_vocab]; true when the request finished.
   bool emit(Live& live, const float* logits);
+  // Ends a request: its stream finishes, its KV blocks return to the pool, and its state moves to
+  // retired_ until no step in flight can refer to its Sequence.
   void finish(uint64_t id, const std::string& reason, const std::string& tail = "");
   void reap_aborted();
   void fail_all(const std::string& error);
@@ -140,10 +144,13 @@ class LlmEngine {
   BlockPool blocks_;
   PagedKvCache kv_;                                 // engine thread only
   Scheduler scheduler_;                             // engine thread only
-  ModelRunner runner_;                              // engine thread only
+  StepRunner steps_;                                // engine thread only
   EngineMetrics metrics_;                           // internally locked
   std::map<uint64_t, std::unique_ptr<Live>> live_;  // engine thread only
-  const EngineDp dp_;
+  // Finished requests' state, kept until the step that might still refer to their Sequence has
+  // ended (freed at the start of the next step; the overlapped scheduler will keep them one
+  // step longer). Engine thread only.
+  std::vector<std::unique_ptr<Live>> retired_;
   std::map<uint64_t, Remote> remote_;                             // rank 0, engine thread only
   std::map<uint64_t, std::shared_ptr<RequestStream>> forwarded_;  // other ranks: output to send
   std::string stop_error_;                                        // GUARDED_BY(inbox_mu_)

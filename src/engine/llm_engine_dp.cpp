@@ -1,11 +1,8 @@
-// The serving engine's data-parallel step (see llm_engine.h). Each step, every rank of the group:
-//   1. receives rank 0's control message: stop, the new requests with the rank each goes to,
-//      and the requests whose clients left;
-//   2. schedules its own requests and shares its token count and load (all-gather);
-//   3. runs its forward pass, or the one-token dummy batch if it has nothing while another rank
-//      has work, so the experts' all-to-alls have every rank;
-//   4. sends the output of its requests (tokens, text, finish) to rank 0, which feeds the HTTP
-//      streams and the metrics.
+// The serving engine's control plane (see llm_engine.h), beside the step path: before each step
+// rank 0 makes and shares the control message (stop, the new requests with the rank each goes
+// to, the requests whose clients left); after it the other ranks send the output of their
+// requests (tokens, text, finish) to rank 0, which feeds the HTTP streams and the metrics, and
+// every rank shares its load. On a single rank the same functions run without a message.
 // Messages are JSON on the coordinator (small: one token and its text per request per step).
 #include <algorithm>
 #include <chrono>
@@ -26,10 +23,17 @@ using json = nlohmann::json;
 // other ranks' watchdog from taking an idle rank 0 for a dead one.
 constexpr std::chrono::milliseconds kIdleWait{20};
 
-// The counts each rank shares after scheduling, in this order.
-enum Count { kTokens, kRunning, kWaiting, kBlocksUsed, kNumCounts };
-// The counts each rank shares after its forward pass.
-enum Output { kOutboxBytes, kPromptTokens, kGenerated, kPreempted, kNumOutputs };
+// The counts each rank shares after its step, in this order.
+enum Output {
+  kOutboxBytes,
+  kPromptTokens,
+  kGenerated,
+  kPreempted,
+  kRunning,
+  kWaiting,
+  kBlocksUsed,
+  kNumOutputs
+};
 
 json request_to_json(const EngineRequest& r) {
   json j = {{"prompt", r.prompt},         {"max_tokens", r.max_tokens},
@@ -60,10 +64,24 @@ std::string dump(const json& j) {
 
 }  // namespace
 
-void LlmEngine::loop_dp() {
-  std::vector<int64_t> load(static_cast<size_t>(dp_.coord->world_size()), 0);
-  while (step_dp(load)) {
+bool LlmEngine::exchange_control(const std::vector<int64_t>& load) {
+  Coordinator& coord = steps_.coord();
+  std::string ctrl;
+  if (coord.is_master()) {
+    bool stop = false;
+    {
+      std::unique_lock<std::mutex> lock(inbox_mu_);
+      if (steps_.solo()) {
+        inbox_cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !live_.empty(); });
+      } else if (live_.empty() && remote_.empty()) {
+        inbox_cv_.wait_for(lock, kIdleWait, [&] { return stop_ || !inbox_.empty(); });
+      }
+      stop = stop_;
+    }
+    ctrl = make_control(load, stop);
   }
+  if (!steps_.solo()) coord.broadcast(ctrl, 0);
+  return apply_control(ctrl);
 }
 
 std::string LlmEngine::make_control(const std::vector<int64_t>& load_in, bool stop) {
@@ -97,8 +115,8 @@ std::string LlmEngine::make_control(const std::vector<int64_t>& load_in, bool st
 bool LlmEngine::apply_control(const std::string& msg) {
   const json ctrl = json::parse(msg);
   if (ctrl.at("stop").get<bool>()) return false;
-  if (dp_.coord->is_master()) return true;  // it made the message and acted on it then
-  const int me = dp_.coord->rank();
+  if (steps_.coord().is_master()) return true;  // it made the message and acted on it then
+  const int me = steps_.coord().rank();
   for (const json& n : ctrl.at("new")) {
     if (n.at("rank").get<int>() != me) continue;
     const uint64_t id = n.at("id").get<uint64_t>();
@@ -114,84 +132,39 @@ bool LlmEngine::apply_control(const std::string& msg) {
   return true;
 }
 
-bool LlmEngine::step_dp(std::vector<int64_t>& load) {
-  Coordinator& coord = *dp_.coord;
+void LlmEngine::exchange_outputs(std::vector<int64_t>& load, uint64_t prompt_tokens,
+                                 uint64_t generated, uint64_t preempted) {
+  Coordinator& coord = steps_.coord();
   const int world = coord.world_size();
-  std::string ctrl;
-  if (coord.is_master()) {
-    bool stop = false;
-    {
-      std::unique_lock<std::mutex> lock(inbox_mu_);
-      if (live_.empty() && remote_.empty())
-        inbox_cv_.wait_for(lock, kIdleWait, [&] { return stop_ || !inbox_.empty(); });
-      stop = stop_;
-    }
-    ctrl = make_control(load, stop);
+  if (steps_.solo()) {
+    metrics_.add_tokens(prompt_tokens, generated, preempted);
+    publish_state();
+    load[0] = scheduler_.n_running() + scheduler_.n_waiting();
+    return;
   }
-  coord.broadcast(ctrl, 0);
-  if (!apply_control(ctrl)) return false;
-  reap_aborted();
-
-  const SchedulerStep plan = scheduler_.schedule();
-  int64_t n_tokens = 0;
-  for (const ScheduledChunk& c : plan.chunks) n_tokens += c.n_tokens;
-  const std::vector<int64_t> counts = coord.all_gather(
-      {n_tokens, scheduler_.n_running(), scheduler_.n_waiting(), blocks_.n_used()});
-  int64_t total_tokens = 0, most = 1;  // an idle rank runs the one-token dummy batch
-  for (int r = 0; r < world; ++r) {
-    const int64_t* c = &counts[static_cast<size_t>(r) * kNumCounts];
-    total_tokens += c[kTokens];
-    most = std::max(most, c[kTokens]);
-    load[r] = c[kRunning] + c[kWaiting];
-  }
-  uint64_t prompt = 0, generated = 0;
-  if (total_tokens > 0) {
-    dp_.dispatcher->plan_step(most);  // the step's forward mode, the same on every rank
-    if (plan.empty())
-      run_dummy();
-    else
-      execute(plan, &prompt, &generated);
-  }
-
   // The other ranks' output travels to rank 0, one broadcast per rank that has any.
   std::string out = coord.is_master() ? std::string() : take_outbox();
   const std::vector<int64_t> outs = coord.all_gather(
-      {static_cast<int64_t>(out.size()), static_cast<int64_t>(prompt),
-       static_cast<int64_t>(generated), static_cast<int64_t>(plan.preempted.size())});
+      {static_cast<int64_t>(out.size()), static_cast<int64_t>(prompt_tokens),
+       static_cast<int64_t>(generated), static_cast<int64_t>(preempted), scheduler_.n_running(),
+       scheduler_.n_waiting(), blocks_.n_used()});
   for (int r = 1; r < world; ++r) {
     if (outs[static_cast<size_t>(r) * kNumOutputs + kOutboxBytes] == 0) continue;
     std::string bytes = coord.rank() == r ? out : std::string();
     coord.broadcast(bytes, r);
     if (coord.is_master()) apply_outbox(bytes);
   }
+  int64_t sum[kNumOutputs] = {};
+  for (int r = 0; r < world; ++r) {
+    const int64_t* o = &outs[static_cast<size_t>(r) * kNumOutputs];
+    for (int i = 0; i < kNumOutputs; ++i) sum[i] += o[i];
+    load[static_cast<size_t>(r)] = o[kRunning] + o[kWaiting];
+  }
   if (coord.is_master()) {
-    int64_t sum[kNumOutputs] = {}, state[kNumCounts] = {};
-    for (int r = 0; r < world; ++r) {
-      for (int i = 0; i < kNumOutputs; ++i)
-        sum[i] += outs[static_cast<size_t>(r) * kNumOutputs + i];
-      for (int i = 0; i < kNumCounts; ++i)
-        state[i] += counts[static_cast<size_t>(r) * kNumCounts + i];
-    }
     metrics_.add_tokens(sum[kPromptTokens], sum[kGenerated], sum[kPreempted]);
-    metrics_.set_state(state[kRunning], state[kWaiting], state[kBlocksUsed],
+    metrics_.set_state(sum[kRunning], sum[kWaiting], sum[kBlocksUsed],
                        blocks_.n_blocks() * world);
   }
-  return true;
-}
-
-void LlmEngine::run_dummy() {
-  const int32_t seq = kv_.add_sequence();
-  struct Release {
-    PagedKvCache& kv;
-    int32_t seq;
-    ~Release() { kv.remove_sequence(seq); }
-  } release{kv_, seq};
-  if (!kv_.reserve(seq, 1)) DUET_ERROR("no KV block is free for the dummy batch");
-  ForwardInput in;
-  const int32_t tok = 0;
-  in.add(seq, 0, &tok, 1, /*all_logits=*/false);
-  in.out_rows.clear();  // nobody reads its logits
-  runner_.forward(in, kv_);
 }
 
 std::string LlmEngine::take_outbox() {

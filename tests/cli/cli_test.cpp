@@ -199,9 +199,34 @@ TEST_F(CliTest, ProfileOpsPrintsDecodeTimePerOperation) {
     EXPECT_NE(r.out.find(op, table), std::string::npos) << op << " in " << r.out;
   }
   EXPECT_EQ(r.out.find("L0."), std::string::npos) << r.out;
-  expect_error(run_duet(bench + " --enable-expert-parallel --data-parallel-size 2 "
-                                "--distributed-backend inproc"),
-               "--profile-ops times a single rank's steps only");
+  // With expert parallelism: rank 0's table, the dispatch and combine halves included.
+  RunResult ep = run_duet(bench + " --enable-expert-parallel --data-parallel-size 2 "
+                                  "--distributed-backend inproc");
+  ASSERT_EQ(ep.exit_code, 0) << ep.out;
+  const size_t ep_table = ep.out.find("rank 0, decode time by operation");
+  ASSERT_NE(ep_table, std::string::npos) << ep.out;
+  for (const char* op : {"\n  attn ", "\n  experts ", "\n  dispatch_recv ", "\n  combine_recv "}) {
+    EXPECT_NE(ep.out.find(op, ep_table), std::string::npos) << op << " in " << ep.out;
+  }
+}
+
+// --dump-logits on 2 and 4 ranks (the request is rank 0's; the others run dummy batches beside
+// it) writes the single-rank dump byte for byte.
+TEST_F(CliTest, DumpLogitsOnSeveralRanksEqualsOneRank) {
+  const std::string args = "generate " + dir_ + " --prompt-ids 5,6,7,8,9,10,11,12,13 --max-tokens 3 ";
+  const std::string one = dir_ + "/dump1.json";
+  ASSERT_EQ(run_duet(args + "--dump-logits " + one).exit_code, 0);
+  std::vector<std::string> backends = {"inproc"};
+  if (std::system("command -v mpirun >/dev/null 2>&1") == 0) backends.push_back("mpi");
+  for (const std::string& b : backends) {
+    for (int n : {2, 4}) {
+      const std::string dump = dir_ + "/dump_" + b + std::to_string(n) + ".json";
+      RunResult r = run_duet(args + "--dump-logits " + dump + " --data-parallel-size " +
+                             std::to_string(n) + " --enable-expert-parallel --distributed-backend " + b);
+      ASSERT_EQ(r.exit_code, 0) << b << " " << n << ": " << r.out;
+      EXPECT_EQ(test::read_file(dump), test::read_file(one)) << b << " on " << n << " ranks";
+    }
+  }
 }
 
 TEST_F(CliTest, UnknownOptionsAreRejected) {

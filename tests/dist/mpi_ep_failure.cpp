@@ -19,7 +19,8 @@
 #include "core/error.h"
 #include "dist/mpi_backend.h"
 #include "dist/mpi_ep_util.h"
-#include "engine/dp_generator.h"
+#include "engine/generator.h"
+#include "moe/borrowed_dispatcher.h"
 
 namespace duet {
 namespace {
@@ -47,7 +48,7 @@ void run_until_victim_fails(int sig, const char* sig_name, std::chrono::millisec
     std::fflush(stdout);
     raise(sig);
   });
-  DpGenerator gen(*share.model, pool, d, ctx.coord());
+  Generator gen(*share.model, pool, KvCacheDtype::kAuto, test::borrowing_group(ctx.coord(), d));
   GenerateRequest req = test::ep_requests(1)[0];
   req.max_tokens = 2 * kFailStep + 4;
   ctx.coord().barrier();

@@ -16,7 +16,8 @@
 
 #include "dist/mpi_backend.h"
 #include "dist/mpi_ep_util.h"
-#include "engine/dp_generator.h"
+#include "engine/generator.h"
+#include "moe/borrowed_dispatcher.h"
 
 namespace duet {
 namespace {
@@ -43,11 +44,11 @@ class MpiEpGenerate : public ::testing::TestWithParam<MpiEpCase> {
     test::RankShare share = test::load_rank_share(dir, ctx);
     EXPECT_LT(share.model->weight_bytes(), whole->weight_bytes()) << "rank " << ctx.rank();
     EpDispatcher ep(ctx.comm(), share.place, {c.backend, 64});
-    DpGenerator gen(*share.model, pool, ep, ctx.coord());
+    Generator gen(*share.model, pool, KvCacheDtype::kAuto, test::borrowing_group(ctx.coord(), ep));
     const std::vector<size_t> idx = mine(ctx.rank(), ctx.world_size());
     std::vector<GenerateRequest> my_reqs;
     for (size_t i : idx) my_reqs.push_back(reqs[i]);
-    DpStats st;
+    GenerateStats st;
     const std::vector<GenerateResult> got = gen.generate(my_reqs, &st);
     ASSERT_EQ(got.size(), idx.size());
     for (size_t j = 0; j < idx.size(); ++j) {
@@ -129,7 +130,7 @@ TEST(MpiEpBusy, SlowPrefillIsWaitedFor) {
   test::RankShare share = test::load_rank_share(dir, ctx);
   EpDispatcher ep(ctx.comm(), share.place, {});
   test::HookedDispatcher d(ep, ctx.rank() == 1 ? 1 : 0, [&] { std::this_thread::sleep_for(busy); });
-  DpGenerator gen(*share.model, pool, d, ctx.coord());
+  Generator gen(*share.model, pool, KvCacheDtype::kAuto, test::borrowing_group(ctx.coord(), d));
   const auto t0 = std::chrono::steady_clock::now();
   const std::vector<GenerateResult> got = gen.generate(reqs);
   const double s = test::seconds_since(t0);

@@ -12,7 +12,8 @@
 
 #include "core/error.h"
 #include "dist/inproc_backend.h"
-#include "engine/dp_generator.h"
+#include "engine/generator.h"
+#include "moe/borrowed_dispatcher.h"
 #include "engine/generator.h"
 #include "moe/ep_dispatcher.h"
 #include "engine/ep_requests.h"
@@ -53,11 +54,11 @@ class EpGenerateTest : public ::testing::TestWithParam<EpCase> {
       EXPECT_LT(m->weight_bytes(), full_bytes_);  // only this rank's experts are resident
       ThreadPool pool(1);
       EpDispatcher ep(ctx.comm(), place, {c.backend, 64});
-      DpGenerator gen(*m, pool, ep, ctx.coord(), c.kv);
+      Generator gen(*m, pool, c.kv, test::borrowing_group(ctx.coord(), ep));
       std::vector<GenerateRequest> my_reqs;
       const std::vector<size_t> idx = mine(ctx.rank());
       for (size_t i : idx) my_reqs.push_back(reqs[i]);
-      DpStats st;
+      GenerateStats st;
       const std::vector<GenerateResult> got = gen.generate(my_reqs, &st);
       std::lock_guard<std::mutex> lock(mu);
       for (size_t j = 0; j < idx.size(); ++j) {
@@ -166,7 +167,7 @@ TEST(EpFailure, StalledRankStopsTheOthersWithinTheWatchdog) {
         ThreadPool pool(1);
         EpDispatcher ep(ctx.comm(), place, {});
         StallingDispatcher d(ep, ctx.rank() == 2, /*at=*/3 * 2 + 1);  // in decode step 3
-        DpGenerator gen(*m, pool, d, ctx.coord());
+        Generator gen(*m, pool, KvCacheDtype::kAuto, test::borrowing_group(ctx.coord(), d));
         try {
           gen.generate({reqs[static_cast<size_t>(ctx.rank())]});
         } catch (...) {

@@ -14,6 +14,7 @@
 #include "engine/generator.h"
 #include "engine/llm_engine.h"
 #include "engine/tiny_models.h"
+#include "moe/borrowed_dispatcher.h"
 #include "moe/ep_dispatcher.h"
 
 namespace duet {
@@ -102,7 +103,7 @@ TEST_P(LlmEngineDpTest, RequestsSpreadOverRanksGetSingleRankTokens) {
     RankParts p = load_rank(dir, ctx, dc.backend);
     ThreadPool pool(1);
     LlmEngine engine(*p.model, pool, nullptr, small_config(),
-                     EngineDp{&ctx.coord(), p.dispatcher.get()});
+                     test::borrowing_group(ctx.coord(), *p.dispatcher));
     if (ctx.rank() == 0) {
       std::vector<std::shared_ptr<RequestStream>> streams;
       for (const EngineRequest& r : reqs) streams.push_back(engine.submit(r));
@@ -148,7 +149,7 @@ TEST(LlmEngineDp, AbortReachesTheRankHoldingTheRequest) {
     RankParts p = load_rank(dir, ctx);
     ThreadPool pool(1);
     LlmEngine engine(*p.model, pool, nullptr, small_config(),
-                     EngineDp{&ctx.coord(), p.dispatcher.get()});
+                     test::borrowing_group(ctx.coord(), *p.dispatcher));
     if (ctx.rank() != 0) {
       EXPECT_EQ(engine.wait_stopped(), "");
       EXPECT_EQ(engine.metrics().snapshot().finished.at("abort"), 1u);
@@ -189,7 +190,7 @@ TEST(LlmEngineDp, SilentRankFailsTheEngineWithinTheWatchdog) {
           return;
         }
         LlmEngine engine(*p.model, pool, nullptr, small_config(),
-                         EngineDp{&ctx.coord(), p.dispatcher.get()});
+                         test::borrowing_group(ctx.coord(), *p.dispatcher));
         std::shared_ptr<RequestStream> s = engine.submit(greedy({1, 2, 3}, 400));
         ASSERT_TRUE(s);
         const auto t0 = std::chrono::steady_clock::now();

@@ -1,0 +1,82 @@
+// The one step path (DESIGN §3) for any group of ranks, a single rank being a group of one:
+//
+//   front end (Generator, LlmEngine)      StepRunner::run                    front end
+//   schedule: pick the batch, reserve  →  agree with every rank (plan_step)  →  process outputs:
+//   its KV rows, build ForwardInput       tell the dispatchers the shape        sample, stop
+//                                         run the batch, or the dummy batch     checks, streams
+//
+// Every rank calls run() once per step, with its batch or an empty one; all ranks then take the
+// same plan (forward mode, padding, micro-batches or not), and a rank with nothing to do runs a
+// one-token dummy batch so the experts' all-to-alls always have every rank. run() returns the
+// plan and this rank's logits; what the front end does with them is its own.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "dist/coordinator.h"
+#include "engine/kv_cache.h"
+#include "engine/model_runner.h"
+#include "engine/step_agreement.h"
+#include "model/forward.h"
+#include "model/model.h"
+
+namespace duet {
+
+// Where a step path sits: its group's coordinator (null: a group of one) and the factory of its
+// micro-batch slots' dispatchers (empty: the single-rank LocalDispatcher). Every rank of a group
+// uses the same policy.
+struct StepGroup {
+  Coordinator* coord = nullptr;
+  DispatcherFactory dispatchers;
+  MicroBatchPolicy micro_batch;
+};
+
+// What the step path did, for benchmarks and tests.
+struct StepStats {
+  int64_t steps = 0;          // steps the group ran (not idle)
+  int64_t dummy_steps = 0;    // of which this rank ran the dummy batch
+  double agree_seconds = 0;   // in the agreement's all-gather
+};
+
+class StepRunner {
+ public:
+  // model, pool and group.coord (if set) must outlive the runner.
+  StepRunner(const Model& model, ThreadPool& pool, const StepGroup& group = {});
+
+  struct Launch {
+    StepPlan plan;                               // the group's agreed plan
+    const std::vector<float>* logits = nullptr;  // this rank's [in.out_rows, n_vocab], or null
+                                                 // (idle or dummy step); valid until next run()
+  };
+
+  // Collective: one step of the group. `in` is this rank's batch (empty: nothing to run here),
+  // its KV rows reserved in `kv`; has_prefill says whether it processes prompt tokens. Sets
+  // in.mode to the group's mode. Throws duet::Error if the group fails (a rank is missing).
+  Launch run(ForwardInput& in, KvStore& kv, bool has_prefill);
+
+  Coordinator& coord() { return *coord_; }
+  bool solo() const { return coord_->world_size() == 1; }
+  ModelRunner& runner() { return runner_; }
+  const StepStats& stats() const { return stats_; }
+
+ private:
+  // Whether `in` can be cut into two non-empty micro-batches (two sequences, or a prompt chunk
+  // of two tokens or more, which the two-chunk split may cut).
+  static bool can_split(const ForwardInput& in, bool has_prefill);
+  void run_dummy(ForwardMode mode);
+
+  std::unique_ptr<Coordinator> solo_;  // the coordinator of a group of one
+  Coordinator* coord_;
+  MicroBatchPolicy policy_;
+  ModelRunner runner_;
+  // The dummy batch: token 0 at position 0 of a sequence of its own, in a one-row cache of its
+  // own, so that it never takes a row of the front end's KV store.
+  KvCache dummy_kv_;
+  ForwardInput dummy_in_;
+  StepStats stats_;
+};
+
+}  // namespace duet
