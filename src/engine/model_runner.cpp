@@ -10,8 +10,8 @@ ModelRunner::ModelRunner(const Model& model, ThreadPool& pool,
                          const DispatcherFactory& make_dispatcher, int n_slots)
     : model_(model) {
   DUET_CHECK(n_slots >= 1 && n_slots <= kMaxSlots, "ModelRunner: " << n_slots << " slots");
-  DUET_CHECK(make_dispatcher || (model.expert_begin() == 0 &&
-                                 model.expert_end() == model.config().n_expert),
+  DUET_CHECK(make_dispatcher ||
+                 (model.expert_begin() == 0 && model.expert_end() == model.config().n_expert),
              "a model holding experts [" << model.expert_begin() << ", " << model.expert_end()
                                          << ") needs an expert-parallel dispatcher");
   for (int i = 0; i < n_slots; ++i) {
@@ -30,7 +30,9 @@ ModelRunner::Slot& ModelRunner::slot(int i) {
   return *slots_[static_cast<size_t>(i)];
 }
 
-Dispatcher& ModelRunner::dispatcher(int i) { return *slot(i).dispatcher; }
+Dispatcher& ModelRunner::dispatcher(int i) {
+  return *slot(i).dispatcher;
+}
 
 const std::vector<float>& ModelRunner::forward(const ForwardInput& in, KvStore& kv, int i) {
   ForwardState& state = slot(i).state;

@@ -18,7 +18,8 @@ std::string StepPlan::describe() const {
   s << forward_mode_name(mode);
   if (!runs()) return s.str();
   s << " padded " << padded_tokens;
-  if (micro_batch) s << " micro-batch " << micro_batch_split << "|" << padded_tokens - micro_batch_split;
+  if (micro_batch)
+    s << " micro-batch " << micro_batch_split << "|" << padded_tokens - micro_batch_split;
   if (dummy) s << " dummy";
   return s.str();
 }

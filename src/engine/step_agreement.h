@@ -38,7 +38,7 @@ struct StepPlan {
   // Prefill as soon as any rank prefills (SGLang's DP-attention agreement on the forward mode), so
   // every rank runs the same operation list. kIdle: no rank has work; the group stops or waits.
   ForwardMode mode = ForwardMode::kIdle;
-  bool dummy = false;                     // this rank has no tokens and runs the dummy batch
+  bool dummy = false;  // this rank has no tokens and runs the dummy batch
   // Tokens every rank's batch is padded to: the largest rank's (1 for the dummy batch at least).
   int64_t padded_tokens = 0;
   // All ranks split their step into two micro-batches; false on every rank otherwise.

@@ -11,8 +11,7 @@ StepRunner::StepRunner(const Model& model, ThreadPool& pool, const StepGroup& gr
       coord_(group.coord ? group.coord : solo_.get()),
       policy_(group.micro_batch),
       runner_(model, pool, group.dispatchers),
-      dummy_kv_(model.config().n_layer, model.kv_k_width(), model.kv_v_width(),
-                DType::kF32) {
+      dummy_kv_(model.config().n_layer, model.kv_k_width(), model.kv_v_width(), DType::kF32) {
   const int32_t seq = dummy_kv_.add_sequence();
   dummy_kv_.reserve(seq, 1);
   const int32_t tok = 0;
@@ -31,8 +30,7 @@ void StepRunner::run_dummy(ForwardMode mode) {
 
 StepRunner::Launch StepRunner::run(ForwardInput& in, KvStore& kv, bool has_prefill) {
   using Clock = std::chrono::steady_clock;
-  const StepOffer mine{in.n_tokens(), has_prefill && in.n_tokens() > 0,
-                       can_split(in, has_prefill)};
+  const StepOffer mine{in.n_tokens(), has_prefill && in.n_tokens() > 0, can_split(in, has_prefill)};
   const Clock::time_point t0 = Clock::now();
   Launch launch{agree(*coord_, mine, policy_)};
   stats_.agree_seconds += std::chrono::duration<double>(Clock::now() - t0).count();

@@ -36,9 +36,9 @@ struct StepGroup {
 
 // What the step path did, for benchmarks and tests.
 struct StepStats {
-  int64_t steps = 0;          // steps the group ran (not idle)
-  int64_t dummy_steps = 0;    // of which this rank ran the dummy batch
-  double agree_seconds = 0;   // in the agreement's all-gather
+  int64_t steps = 0;         // steps the group ran (not idle)
+  int64_t dummy_steps = 0;   // of which this rank ran the dummy batch
+  double agree_seconds = 0;  // in the agreement's all-gather
 };
 
 class StepRunner {

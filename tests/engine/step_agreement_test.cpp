@@ -14,8 +14,12 @@
 namespace duet {
 namespace {
 
-StepOffer decode(int64_t n, bool can_split = true) { return {n, false, can_split}; }
-StepOffer prefill(int64_t n, bool can_split = true) { return {n, true, can_split}; }
+StepOffer decode(int64_t n, bool can_split = true) {
+  return {n, false, can_split};
+}
+StepOffer prefill(int64_t n, bool can_split = true) {
+  return {n, true, can_split};
+}
 constexpr StepOffer kIdle{};
 
 MicroBatchPolicy split_policy(int64_t decode_threshold = 4, int64_t prefill_threshold = 16) {
@@ -112,7 +116,8 @@ TEST_P(StepAgreementRanksTest, EveryRankAgreesOnEveryStep) {
     const int r = ctx.rank();
     std::vector<std::string> mine;
     for (const std::vector<StepOffer>& step : schedule) {
-      mine.push_back(agree(ctx.coord(), step[static_cast<size_t>(r)], split_policy(4, 64)).describe());
+      mine.push_back(
+          agree(ctx.coord(), step[static_cast<size_t>(r)], split_policy(4, 64)).describe());
     }
     std::lock_guard<std::mutex> lock(mu);
     seen[static_cast<size_t>(r)] = mine;
@@ -121,10 +126,8 @@ TEST_P(StepAgreementRanksTest, EveryRankAgreesOnEveryStep) {
     const std::string dummy = r == 0 ? "" : " dummy";
     const std::vector<std::string> want{
         "prefill padded " + std::to_string(10 + n - 1),  // below the prefill threshold of 64
-        "decode padded 8 micro-batch 4|4",
-        "decode padded 8 micro-batch 4|4" + dummy,
-        "decode padded 1" + dummy,
-        "idle"};
+        "decode padded 8 micro-batch 4|4", "decode padded 8 micro-batch 4|4" + dummy,
+        "decode padded 1" + dummy, "idle"};
     EXPECT_EQ(seen[static_cast<size_t>(r)], want) << "rank " << r << " of " << n;
   }
 }

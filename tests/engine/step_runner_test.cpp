@@ -135,10 +135,10 @@ TEST_P(StepRunnerTest, EveryRankRunsTheAgreedPlanOfEveryStep) {
   for (int r = 0; r < world; ++r) {
     const size_t i = static_cast<size_t>(r);
     const bool works1 = r <= 1, works2 = r == world - 1;
-    const std::vector<std::string> want{
-        "prefill padded " + std::to_string(prefill_max),
-        "decode padded 2" + std::string(works1 ? "" : " dummy"),
-        "decode padded 1" + std::string(works2 ? "" : " dummy"), "idle"};
+    const std::vector<std::string> want{"prefill padded " + std::to_string(prefill_max),
+                                        "decode padded 2" + std::string(works1 ? "" : " dummy"),
+                                        "decode padded 1" + std::string(works2 ? "" : " dummy"),
+                                        "idle"};
     EXPECT_EQ(plans[i], want) << "rank " << r << " of " << world;
     EXPECT_EQ(got_logits[i], (std::vector<bool>{true, works1, works2, false})) << "rank " << r;
     // The dispatcher learnt each running step's padded shape; it carried the rank's own tokens

@@ -44,7 +44,8 @@ std::string refusal(std::vector<Operation> ops) {
   try {
     check_operations(ops);
   } catch (const Error& e) {
-    // An invariant check's message: "internal error: check failed at ...: ... (operation list: ...)".
+    // An invariant check's message: "internal error: check failed at ...: ... (operation list:
+    // ...)".
     const std::string what = e.what();
     const size_t from = what.find("operation list:");
     if (from == std::string::npos) return what;
@@ -59,13 +60,30 @@ TEST(OperationsTest, ListsNameKindAndLayerAndNumberTheStages) {
   std::unique_ptr<Model> model = Model::load(test::tiny_model_dir("deepseek_v2"));
   for (ForwardMode mode : kForwardModes) {
     const std::vector<Operation>& ops = model->operations(mode);
-    const std::vector<std::string> want{
-        "embed",          "L0.attn",          "L0.mlp",          "L1.attn",
-        "L1.moe_route",   "L1.dispatch_send", "L1.yield0",       "L1.shared_experts",
-        "L1.dispatch_recv", "L1.experts",     "L1.combine_send", "L1.yield1",
-        "L1.combine_recv", "L2.attn",         "L2.moe_route",    "L2.dispatch_send",
-        "L2.yield2",      "L2.shared_experts", "L2.dispatch_recv", "L2.experts",
-        "L2.combine_send", "L2.yield3",       "L2.combine_recv", "output"};
+    const std::vector<std::string> want{"embed",
+                                        "L0.attn",
+                                        "L0.mlp",
+                                        "L1.attn",
+                                        "L1.moe_route",
+                                        "L1.dispatch_send",
+                                        "L1.yield0",
+                                        "L1.shared_experts",
+                                        "L1.dispatch_recv",
+                                        "L1.experts",
+                                        "L1.combine_send",
+                                        "L1.yield1",
+                                        "L1.combine_recv",
+                                        "L2.attn",
+                                        "L2.moe_route",
+                                        "L2.dispatch_send",
+                                        "L2.yield2",
+                                        "L2.shared_experts",
+                                        "L2.dispatch_recv",
+                                        "L2.experts",
+                                        "L2.combine_send",
+                                        "L2.yield3",
+                                        "L2.combine_recv",
+                                        "output"};
     EXPECT_EQ(names(ops), want) << forward_mode_name(mode);
     EXPECT_EQ(ops[at(ops, "L2.experts")].kind, OpKind::kExperts);
     EXPECT_EQ(ops[at(ops, "L2.experts")].il, 2);
