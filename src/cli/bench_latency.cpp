@@ -108,7 +108,7 @@ void run_latency_single(const LatencyOptions& o) {
   lo.repack = o.dist.repack;
   std::unique_ptr<Model> model = Model::load(o.model_dir, lo);
   const ModelConfig& c = model->config();
-  Generator gen(*model, pool, o.kv_dtype);
+  Generator gen(*model, pool, o.kv_dtype, step_group(o.dist));
   const std::vector<GenerateRequest> reqs = make_requests(o, c.n_vocab);
 
   // The limits are the best of a measurement before and one after the run: on a shared machine

@@ -30,7 +30,23 @@ uint64_t resident_bytes() {
 }
 
 // Throws if `world` ranks cannot share the model's experts.
+void check_overlap(const DistOptions& o) {
+  if (o.enable_two_batch_overlap && o.enable_dbo)
+    DUET_ERROR("--enable-two-batch-overlap and --enable-dbo are alternatives: choose one");
+  if ((o.enable_two_batch_overlap || o.enable_dbo) && !o.enable_expert_parallel) {
+    DUET_ERROR((o.enable_dbo ? "--enable-dbo" : "--enable-two-batch-overlap")
+               << " overlaps the experts' all-to-all and needs --enable-expert-parallel");
+  }
+  if (o.dbo_decode_token_threshold < 2 || o.dbo_prefill_token_threshold < 2)
+    DUET_ERROR("--dbo-decode-token-threshold and --dbo-prefill-token-threshold must be >= 2 "
+               "(two micro-batches of at least one token)");
+  if (!(o.tbo_token_distribution_threshold >= 0.0 && o.tbo_token_distribution_threshold <= 0.5))
+    DUET_ERROR("--tbo-token-distribution-threshold must be in [0, 0.5], got "
+               << o.tbo_token_distribution_threshold);
+}
+
 void check_world(const DistOptions& o, const std::string& model_dir, int world) {
+  check_overlap(o);
   if (world <= 1) return;
   if (!o.enable_expert_parallel) {
     DUET_ERROR("--data-parallel-size "
@@ -58,6 +74,19 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
   cmd->add_option("--distributed-backend", o.backend,
                   "mpi (processes under mpirun, the default) | inproc (threads)")
       ->check(CLI::IsMember({"mpi", "inproc"}));
+  cmd->add_flag("--enable-two-batch-overlap", o.enable_two_batch_overlap,
+                "Split steps in two micro-batches interleaved stage by stage on one thread, one's "
+                "computation hiding the other's expert all-to-all (SGLang's TBO)");
+  cmd->add_flag("--enable-dbo", o.enable_dbo,
+                "Split steps in two micro-batches on two threads that hand over at each transfer "
+                "(vLLM's dual batch overlap)");
+  cmd->add_option("--dbo-decode-token-threshold", o.dbo_decode_token_threshold,
+                  "Fewest tokens of a decode-only batch that is split (default 32)");
+  cmd->add_option("--dbo-prefill-token-threshold", o.dbo_prefill_token_threshold,
+                  "Fewest tokens of a batch with a prefill that is split (default 512)");
+  cmd->add_option("--tbo-token-distribution-threshold", o.tbo_token_distribution_threshold,
+                  "Below this share of tokens in the smaller half, cut a sequence in two "
+                  "(default 0.48)");
   cmd->add_option("--all2all-backend", o.all2all,
                   "Expert dispatch algorithm: high_throughput (default) | low_latency")
       ->check(CLI::IsMember({"high_throughput", "low_latency"}));
@@ -99,6 +128,17 @@ void launch_ranks(const DistOptions& o, const std::string& model_dir,
   }
 }
 
+StepGroup step_group(const DistOptions& o) {
+  StepGroup g;
+  g.overlap = o.enable_dbo                 ? OverlapMode::kDbo
+              : o.enable_two_batch_overlap ? OverlapMode::kTbo
+                                           : OverlapMode::kNone;
+  g.micro_batch.decode_token_threshold = o.dbo_decode_token_threshold;
+  g.micro_batch.prefill_token_threshold = o.dbo_prefill_token_threshold;
+  g.tbo_distribution_threshold = o.tbo_token_distribution_threshold;
+  return g;
+}
+
 RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, DistContext* ctx) {
   RankModel rm;
   const int world = ctx ? ctx->world_size() : 1;
@@ -106,6 +146,7 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
   const ModelConfig c = load_config(model_dir);
   rm.placement = place_experts(c.n_expert, world);
   LoadOptions lo{rm.placement.begin(rank), rm.placement.end(rank), o.repack};
+  rm.group = step_group(o);
   rm.model = Model::load(model_dir, lo);
   if (ctx) {
     EpDispatcherOptions eo{parse_all2all_backend(o.all2all), o.ll_max_tokens};
@@ -123,10 +164,11 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
                                                double(rm.model->bytes_per_expert()) * double(n_moe);
     std::fprintf(stderr,
                  "rank %d/%d: %s per MoE layer, weights %.1f MiB of %.1f MiB, resident %.1f MiB "
-                 "(%s, %s)\n",
+                 "(%s, %s, overlap %s)\n",
                  rank, world, rm.placement.describe(rank).c_str(),
                  rm.model->weight_bytes() / 1048576.0, whole / 1048576.0,
-                 resident_bytes() / 1048576.0, o.backend.c_str(), o.all2all.c_str());
+                 resident_bytes() / 1048576.0, o.backend.c_str(), o.all2all.c_str(),
+                 overlap_mode_name(rm.group.overlap));
   }
   return rm;
 }

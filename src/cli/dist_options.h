@@ -26,10 +26,18 @@ struct DistOptions {
   std::string all2all = "high_throughput";
   int64_t ll_max_tokens = 256;  // low_latency: buffer capacity per expert per source rank
   bool repack = true;           // LoadOptions::repack; --no-repack clears it
+  // Two-micro-batch overlap (needs --enable-expert-parallel; one of the two at most).
+  bool enable_two_batch_overlap = false;   // --enable-two-batch-overlap (SGLang's TBO)
+  bool enable_dbo = false;                 // --enable-dbo (vLLM's DBO)
+  int64_t dbo_decode_token_threshold = 32;
+  int64_t dbo_prefill_token_threshold = 512;
+  double tbo_token_distribution_threshold = 0.48;
 };
 
 // Registers --data-parallel-size, --enable-expert-parallel, --distributed-backend,
-// --all2all-backend, --ll-max-tokens and --no-repack on `cmd`.
+// --all2all-backend, --ll-max-tokens, --no-repack and the overlap flags (--enable-two-batch-overlap,
+// --enable-dbo, --dbo-decode-token-threshold, --dbo-prefill-token-threshold,
+// --tbo-token-distribution-threshold) on `cmd`.
 void add_dist_options(CLI::App* cmd, DistOptions& o);
 
 // Runs `fn` once per rank of the run `o` describes for the model in model_dir, with that rank's
@@ -49,6 +57,9 @@ struct RankModel {
   std::unique_ptr<Model> model;
   StepGroup group;
 };
+
+// The overlap settings of `o` (no coordinator, no dispatchers: a single rank's group).
+StepGroup step_group(const DistOptions& o);
 
 // Loads this rank's part of the model and prints the start-up report on stderr: which experts
 // the rank holds, its weight bytes against the whole model's, and the process's resident memory.

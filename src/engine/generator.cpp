@@ -181,6 +181,7 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
   st.decode_expert_bytes = runner.expert_bytes_read() - expert_bytes0;
   st.steps = steps_.stats().steps - steps0.steps;
   st.dummy_steps = steps_.stats().dummy_steps - steps0.dummy_steps;
+  st.micro_batch_steps = steps_.stats().micro_batch_steps - steps0.micro_batch_steps;
   if (!steps_.solo()) st.sync_seconds = steps_.stats().agree_seconds - steps0.agree_seconds;
   if (stats) *stats = st;
   return results;

@@ -46,6 +46,7 @@ struct GenerateStats {
   // The group's steps.
   int64_t steps = 0;        // steps run by the group
   int64_t dummy_steps = 0;  // of which this rank ran the dummy batch
+  int64_t micro_batch_steps = 0;  // of which the group ran as two micro-batches
   double sync_seconds = 0;  // in the steps' agreement (0 on one rank)
   // Of decode_seconds, the time spent waiting on communication: the steps' agreement and the
   // experts' all-to-alls (what overlap would hide). 0 on one rank.

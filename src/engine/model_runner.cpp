@@ -48,6 +48,35 @@ const std::vector<float>& ModelRunner::forward(const ForwardInput& in, KvStore& 
   return state.logits;
 }
 
+const std::vector<float>& ModelRunner::forward_overlapped(const ForwardInput& a,
+                                                       const ForwardInput& b, KvStore& kv,
+                                                       OverlapMode mode) {
+  DUET_CHECK(n_slots() >= 2, "two micro-batches need two slots, the runner has " << n_slots());
+  DUET_CHECK(a.mode == b.mode, "micro-batches of modes " << forward_mode_name(a.mode) << " and "
+                                                         << forward_mode_name(b.mode));
+  ForwardState& sa = slot(0).state;
+  ForwardState& sb = slot(1).state;
+  sa.in = &a;
+  sb.in = &b;
+  sa.kv = sb.kv = &kv;
+  struct Clear {  // the states never keep pointers to this call's inputs
+    ForwardState& a;
+    ForwardState& b;
+    ~Clear() { a.in = b.in = nullptr, a.kv = b.kv = nullptr; }
+  } clear{sa, sb};
+  const std::vector<Operation>& ops = model_.operations(a.mode);
+  if (mode == OverlapMode::kDbo) {
+    if (!dbo_worker_) dbo_worker_ = std::make_unique<DboWorker>();
+    run_dual_batch_overlap(ops, sa, sb, *dbo_worker_);
+  } else {
+    DUET_CHECK(mode == OverlapMode::kTbo, "overlap mode " << overlap_mode_name(mode));
+    run_two_batch_overlap(ops, sa, sb, delta_stages(a.mode));
+  }
+  joined_logits_.assign(sa.logits.begin(), sa.logits.end());
+  joined_logits_.insert(joined_logits_.end(), sb.logits.begin(), sb.logits.end());
+  return joined_logits_;
+}
+
 uint64_t ModelRunner::expert_bytes_read() const {
   uint64_t n = 0;
   for (const auto& s : slots_) n += s->state.expert_bytes_read;

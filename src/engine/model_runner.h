@@ -39,6 +39,12 @@ class ModelRunner {
   // [in.out_rows.size(), n_vocab], valid until the slot's next forward pass.
   const std::vector<float>& forward(const ForwardInput& in, KvStore& kv, int slot = 0);
 
+  // Runs micro-batch `a` in slot 0 and `b` in slot 1 (both of one mode, over the same KV store)
+  // with the overlap executor of `mode` (kTbo or kDbo). Needs two slots. Returns A's logits rows
+  // then B's, valid until the next forward pass.
+  const std::vector<float>& forward_overlapped(const ForwardInput& a, const ForwardInput& b,
+                                               KvStore& kv, OverlapMode mode);
+
   const Model& model() const { return model_; }
   int n_slots() const { return static_cast<int>(slots_.size()); }
   Dispatcher& dispatcher(int slot = 0);
@@ -59,6 +65,8 @@ class ModelRunner {
   const Model& model_;
   std::vector<std::unique_ptr<Slot>> slots_;  // [n_slots]; stable addresses
   OpSeconds* op_seconds_ = nullptr;
+  std::unique_ptr<DboWorker> dbo_worker_;  // micro-batch B's thread for kDbo, made on first use
+  std::vector<float> joined_logits_;       // forward_overlapped's: [A rows + B rows, n_vocab]
 };
 
 }  // namespace duet

@@ -6,31 +6,46 @@
 
 namespace duet {
 
+namespace {
+
+MicroBatchPolicy policy_of(const StepGroup& group) {
+  MicroBatchPolicy p = group.micro_batch;
+  p.enabled = group.overlap != OverlapMode::kNone;
+  return p;
+}
+
+}  // namespace
+
 StepRunner::StepRunner(const Model& model, ThreadPool& pool, const StepGroup& group)
     : solo_(group.coord ? nullptr : std::make_unique<SoloCoordinator>()),
       coord_(group.coord ? group.coord : solo_.get()),
-      policy_(group.micro_batch),
-      runner_(model, pool, group.dispatchers),
+      overlap_(group.overlap),
+      policy_(policy_of(group)),
+      distribution_threshold_(group.tbo_distribution_threshold),
+      runner_(model, pool, group.dispatchers, group.overlap == OverlapMode::kNone ? 1 : 2),
       dummy_kv_(model.config().n_layer, model.kv_k_width(), model.kv_v_width(), DType::kF32) {
-  const int32_t seq = dummy_kv_.add_sequence();
-  dummy_kv_.reserve(seq, 1);
   const int32_t tok = 0;
-  dummy_in_.add(seq, 0, &tok, 1, /*all_logits=*/false);
-  dummy_in_.out_rows.clear();  // nobody reads its logits
+  for (ForwardInput& dummy : dummy_in_) {
+    const int32_t seq = dummy_kv_.add_sequence();
+    dummy_kv_.reserve(seq, 1);
+    dummy.add(seq, 0, &tok, 1, /*all_logits=*/false);
+    dummy.out_rows.clear();  // nobody reads its logits
+  }
 }
 
-bool StepRunner::can_split(const ForwardInput& in, bool has_prefill) {
-  return in.spans.size() >= 2 || (has_prefill && in.n_tokens() >= 2);
-}
-
-void StepRunner::run_dummy(ForwardMode mode) {
-  dummy_in_.mode = mode;
-  runner_.forward(dummy_in_, dummy_kv_);
+void StepRunner::run_dummy(ForwardMode mode, bool pair) {
+  dummy_in_[0].mode = dummy_in_[1].mode = mode;
+  if (pair) {
+    runner_.forward_overlapped(dummy_in_[0], dummy_in_[1], dummy_kv_, overlap_);
+  } else {
+    runner_.forward(dummy_in_[0], dummy_kv_);
+  }
 }
 
 StepRunner::Launch StepRunner::run(ForwardInput& in, KvStore& kv, bool has_prefill) {
   using Clock = std::chrono::steady_clock;
-  const StepOffer mine{in.n_tokens(), has_prefill && in.n_tokens() > 0, can_split(in, has_prefill)};
+  const StepOffer mine{in.n_tokens(), has_prefill && in.n_tokens() > 0,
+                       in.n_tokens() > 0 && can_split_batch(in)};
   const Clock::time_point t0 = Clock::now();
   Launch launch{agree(*coord_, mine, policy_)};
   stats_.agree_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -39,13 +54,19 @@ StepRunner::Launch StepRunner::run(ForwardInput& in, KvStore& kv, bool has_prefi
   ++stats_.steps;
   // The step's shape, the same on every rank: a distributed dispatcher picks its algorithm.
   for (int s = 0; s < runner_.n_slots(); ++s) runner_.dispatcher(s).plan_step(plan.padded_tokens);
+  stats_.micro_batch_steps += plan.micro_batch;
   if (plan.dummy) {
     ++stats_.dummy_steps;
-    run_dummy(plan.mode);
+    run_dummy(plan.mode, plan.micro_batch);
     return launch;
   }
   in.mode = plan.mode;
-  launch.logits = &runner_.forward(in, kv);
+  if (plan.micro_batch) {
+    const MicroBatchSplit split = split_batch(in, distribution_threshold_);
+    launch.logits = &runner_.forward_overlapped(split.a, split.b, kv, overlap_);
+  } else {
+    launch.logits = &runner_.forward(in, kv);
+  }
   return launch;
 }
 

@@ -18,6 +18,7 @@
 #include "core/thread_pool.h"
 #include "dist/coordinator.h"
 #include "engine/kv_cache.h"
+#include "engine/micro_batch_split.h"
 #include "engine/model_runner.h"
 #include "engine/step_agreement.h"
 #include "model/forward.h"
@@ -25,13 +26,17 @@
 
 namespace duet {
 
-// Where a step path sits: its group's coordinator (null: a group of one) and the factory of its
-// micro-batch slots' dispatchers (empty: the single-rank LocalDispatcher). Every rank of a group
-// uses the same policy.
+// Where a step path sits: its group's coordinator (null: a group of one), the factory of its
+// micro-batch slots' dispatchers (empty: the single-rank LocalDispatcher), and how it overlaps.
+// Every rank of a group uses the same overlap settings.
 struct StepGroup {
   Coordinator* coord = nullptr;
   DispatcherFactory dispatchers;
+  // kTbo / kDbo: steps the group agrees to cut (micro_batch's thresholds) run as two micro-batches
+  // with that executor. micro_batch.enabled follows it.
+  OverlapMode overlap = OverlapMode::kNone;
   MicroBatchPolicy micro_batch;
+  double tbo_distribution_threshold = kDefaultTboDistributionThreshold;  // the splitter's
 };
 
 // What the step path did, for benchmarks and tests.
@@ -39,6 +44,7 @@ struct StepStats {
   int64_t steps = 0;         // steps the group ran (not idle)
   int64_t dummy_steps = 0;   // of which this rank ran the dummy batch
   double agree_seconds = 0;  // in the agreement's all-gather
+  int64_t micro_batch_steps = 0;  // steps run as two micro-batches (dummy pairs included)
 };
 
 class StepRunner {
@@ -63,19 +69,19 @@ class StepRunner {
   const StepStats& stats() const { return stats_; }
 
  private:
-  // Whether `in` can be cut into two non-empty micro-batches (two sequences, or a prompt chunk
-  // of two tokens or more, which the two-chunk split may cut).
-  static bool can_split(const ForwardInput& in, bool has_prefill);
-  void run_dummy(ForwardMode mode);
+  // The one-token dummy batch, or a pair of them when the group micro-batches.
+  void run_dummy(ForwardMode mode, bool pair);
 
   std::unique_ptr<Coordinator> solo_;  // the coordinator of a group of one
   Coordinator* coord_;
+  OverlapMode overlap_;
   MicroBatchPolicy policy_;
+  double distribution_threshold_;
   ModelRunner runner_;
-  // The dummy batch: token 0 at position 0 of a sequence of its own, in a one-row cache of its
-  // own, so that it never takes a row of the front end's KV store.
+  // The dummy batches: token 0 at position 0 of a sequence of their own (one per micro-batch), in
+  // a cache of their own, so that they never take a row of the front end's KV store.
   KvCache dummy_kv_;
-  ForwardInput dummy_in_;
+  ForwardInput dummy_in_[2];
   StepStats stats_;
 };
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -208,6 +209,52 @@ TEST_F(CliTest, ProfileOpsPrintsDecodeTimePerOperation) {
   for (const char* op : {"\n  attn ", "\n  experts ", "\n  dispatch_recv ", "\n  combine_recv "}) {
     EXPECT_NE(ep.out.find(op, ep_table), std::string::npos) << op << " in " << ep.out;
   }
+}
+
+// Two-micro-batch overlap on 2 ranks, TBO and DBO, in-process and over MPI: the single rank's
+// greedy tokens and its prompt logits to 1e-5 (the halves' products may sum in another order).
+TEST_F(CliTest, OverlapModesMatchSingleRank) {
+  const std::string args = "generate " + dir_ +
+                           " --prompt-ids 5,6,7,8,9,10,11,12,13 --max-tokens 4 "
+                           "--dbo-prefill-token-threshold 4 --dump-logits ";
+  const std::string one = dir_ + "/overlap1.json";
+  ASSERT_EQ(run_duet(args + one).exit_code, 0);
+  const nlohmann::json want = nlohmann::json::parse(test::read_file(one));
+  std::vector<std::string> backends = {"inproc"};
+  if (std::system("command -v mpirun >/dev/null 2>&1") == 0) backends.push_back("mpi");
+  for (const std::string& b : backends) {
+    for (const std::string mode : {"--enable-two-batch-overlap", "--enable-dbo"}) {
+      const std::string dump = dir_ + "/overlap_" + b + ".json";
+      RunResult r = run_duet(args + dump + " " + mode +
+                             " --data-parallel-size 2 --enable-expert-parallel "
+                             "--distributed-backend " + b);
+      ASSERT_EQ(r.exit_code, 0) << b << " " << mode << ": " << r.out;
+      EXPECT_NE(r.out.find(mode == "--enable-dbo" ? "overlap dbo" : "overlap tbo"),
+                std::string::npos) << r.out;
+      const nlohmann::json got = nlohmann::json::parse(test::read_file(dump));
+      EXPECT_EQ(got["generated"], want["generated"]) << b << " " << mode;
+      ASSERT_EQ(got["logits"].size(), want["logits"].size());
+      for (size_t t = 0; t < want["logits"].size(); ++t) {
+        for (size_t j = 0; j < want["logits"][t].size(); ++j) {
+          const double w = want["logits"][t][j].get<double>();
+          ASSERT_NEAR(got["logits"][t][j].get<double>(), w, 1e-5 * (1 + std::fabs(w)))
+              << b << " " << mode << " position " << t;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CliTest, OverlapFlagsAreChecked) {
+  const std::string args = "generate " + dir_ + " --prompt-ids 1 ";
+  expect_error(run_duet(args + "--enable-dbo"), "needs --enable-expert-parallel");
+  expect_error(run_duet(args + "--enable-two-batch-overlap --enable-dbo --enable-expert-parallel"),
+               "are alternatives");
+  expect_error(run_duet(args + "--enable-dbo --enable-expert-parallel --dbo-decode-token-threshold 1"),
+               "must be >= 2");
+  expect_error(run_duet(args + "--enable-two-batch-overlap --enable-expert-parallel "
+                               "--tbo-token-distribution-threshold 0.7"),
+               "must be in [0, 0.5]");
 }
 
 // --dump-logits on 2 and 4 ranks (the request is rank 0's; the others run dummy batches beside
