@@ -104,6 +104,7 @@ void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
   std::vector<GenerateResult> out = gen.generate(mine, &st);
   if (ctx && ctx->rank() != 0) return;
   const GenerateResult& r = out[0];
+  if (r.finish_reason == "error") DUET_ERROR(r.error);
 
   if (!tok && std::ifstream(o.model_dir + "/tokenizer.json")) tok = Tokenizer::load(o.model_dir);
   if (tok) {

@@ -47,6 +47,12 @@ bool CommHandle::done() const {
   return task_->done;
 }
 
+bool CommHandle::settle(std::chrono::milliseconds limit) const {
+  if (!task_) return true;
+  std::unique_lock<std::mutex> lock(task_->mu);
+  return task_->cv.wait_for(lock, limit, [this] { return task_->done; });
+}
+
 CommThread::CommThread(std::string name, std::chrono::milliseconds watchdog)
     : name_(std::move(name)),
       watchdog_(watchdog),

@@ -47,6 +47,10 @@ class CommHandle {
   void wait();
   // Whether wait() would return at once.
   bool done() const;
+  // Waits up to `limit` for the collective to finish, error or not; true if it has. Never throws:
+  // for owners of the collective's buffers that must outlive it (a destructor after wait() gave
+  // up on a stuck communication thread).
+  bool settle(std::chrono::milliseconds limit) const;
   bool valid() const { return task_ != nullptr; }
 
  private:

@@ -18,6 +18,7 @@ Communicator::Communicator(std::unique_ptr<CollectiveOps> ops, std::chrono::mill
     : ops_(std::move(ops)),
       rank_(ops_->rank()),
       world_size_(ops_->world_size()),
+      watchdog_(watchdog),
       thread_("comm rank " + std::to_string(rank_), watchdog) {}
 
 Communicator::~Communicator() = default;

@@ -64,6 +64,7 @@ class Communicator {
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  std::chrono::milliseconds watchdog() const { return watchdog_; }
 
   // Asynchronous forms: queue the collective on the communication thread and return at once.
   // Buffers (and the count vectors' contents, which are copied) must stay valid and untouched
@@ -87,6 +88,7 @@ class Communicator {
   std::unique_ptr<CollectiveOps> ops_;  // used only on thread_
   int rank_;
   int world_size_;
+  std::chrono::milliseconds watchdog_;
   CommThread thread_;  // last: joined first on destruction, while ops_ still exists
 };
 

@@ -93,13 +93,20 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
   // Samples request i's next token from its logits row; the request stays live unless it ended.
   const auto emit = [&](size_t i, const float* row_logits) {
     const GenerateRequest& r = requests[i];
-    const int32_t tok = samplers[i].sample(row_logits, n_vocab);
+    live[i] = false;
+    int32_t tok = 0;
+    try {
+      tok = samplers[i].sample(row_logits, n_vocab);
+    } catch (const Error& e) {  // this request only: the others go on
+      results[i].finish_reason = "error";
+      results[i].error = e.what();
+      return;
+    }
     results[i].tokens.push_back(tok);
     ++st.generated_tokens;
     last[i] = tok;
     bool stop = false;
     for (int32_t s : r.stop_ids) stop |= s == tok;
-    live[i] = false;
     if (stop) {
       results[i].finish_reason = "stop";
     } else if (static_cast<int64_t>(results[i].tokens.size()) >= r.max_tokens) {

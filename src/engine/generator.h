@@ -31,7 +31,8 @@ struct GenerateRequest {
 struct GenerateResult {
   std::vector<int32_t> tokens;       // generated ids (including a final stop id)
   std::vector<float> prompt_logits;  // [prompt.size(), n_vocab] if asked
-  std::string finish_reason;         // "stop" or "length"
+  std::string finish_reason;         // "stop", "length", or "error" (see error)
+  std::string error;                 // why the request ended early ("error"): e.g. NaN logits
 };
 
 struct GenerateStats {

@@ -74,18 +74,27 @@ int64_t KvCache::n_sequences() const {
   return std::count_if(seqs_.begin(), seqs_.end(), [](const auto& s) { return s != nullptr; });
 }
 
+// The row of (seq_id, il, pos), checked: pos must be reserved, il a layer.
+KvCache::Seq& KvCache::row_seq(int32_t seq_id, int64_t il, int64_t pos) {
+  Seq& s = seq(seq_id);
+  DUET_CHECK(pos >= 0 && pos < s.capacity && il >= 0 && il < n_layer_,
+             "KV position " << pos << " of layer " << il << " of seq " << seq_id << " (capacity "
+                            << s.capacity << ", " << n_layer_ << " layers)");
+  return s;
+}
+
 void* KvCache::k(int32_t seq_id, int64_t il, int64_t pos) {
-  Seq& s = *seqs_[seq_id];
+  Seq& s = row_seq(seq_id, il, pos);
   return s.k.data() + (il * s.capacity + pos) * k_width_ * elem_;
 }
 
 void* KvCache::v(int32_t seq_id, int64_t il, int64_t pos) {
-  Seq& s = *seqs_[seq_id];
+  Seq& s = row_seq(seq_id, il, pos);
   return s.v.data() + (il * s.capacity + pos) * v_width_ * elem_;
 }
 
 KvRows KvCache::rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) {
-  Seq& s = *seqs_[seq_id];
+  Seq& s = seq(seq_id);
   DUET_CHECK(pos >= 0 && pos < s.capacity && n_max >= 1,
              "KV position " << pos << " of seq " << seq_id << " (capacity " << s.capacity << ")");
   KvRows r;

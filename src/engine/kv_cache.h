@@ -41,6 +41,7 @@ class KvCache final : public KvStore {
     std::vector<std::byte> k;  // [n_layer, capacity, k_width] dtype_
     std::vector<std::byte> v;  // [n_layer, capacity, v_width] dtype_
   };
+  Seq& row_seq(int32_t seq_id, int64_t il, int64_t pos);
   Seq& seq(int32_t seq_id);
   const Seq& seq(int32_t seq_id) const;
 

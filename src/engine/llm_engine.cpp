@@ -202,7 +202,13 @@ uint64_t LlmEngine::process_outputs(const SchedulerStep& plan, const std::vector
 
 bool LlmEngine::emit(Live& live, const float* logits) {
   Sequence& seq = *live.seq;
-  const int32_t tok = live.sampler.sample(logits, model_.config().n_vocab);
+  int32_t tok = 0;
+  try {
+    tok = live.sampler.sample(logits, model_.config().n_vocab);
+  } catch (const Error& e) {  // this request ends with the error; the others go on
+    finish(seq.id, "abort", "", e.what());
+    return true;
+  }
   seq.tokens.push_back(tok);
   const Clock::time_point now = Clock::now();
   if (seq.n_generated() == 1) {
@@ -236,12 +242,13 @@ bool LlmEngine::emit(Live& live, const float* logits) {
   return true;
 }
 
-void LlmEngine::finish(uint64_t id, const std::string& reason, const std::string& tail) {
+void LlmEngine::finish(uint64_t id, const std::string& reason, const std::string& tail,
+                       const std::string& error) {
   auto it = live_.find(id);
   Live& live = *it->second;
   scheduler_.remove(live.seq.get());
   metrics_.finished(reason, seconds(Clock::now() - live.arrival));  // before the reader wakes
-  live.stream->finish(reason, tail);
+  live.stream->finish(reason, tail, error);
   retired_.push_back(std::move(it->second));
   live_.erase(it);
 }

@@ -133,7 +133,9 @@ class LlmEngine {
   bool emit(Live& live, const float* logits);
   // Ends a request: its stream finishes, its KV blocks return to the pool, and its state moves to
   // retired_ until no step in flight can refer to its Sequence.
-  void finish(uint64_t id, const std::string& reason, const std::string& tail = "");
+  // `error`, if any, reaches the client as the request's error (HTTP 503 body or stream event).
+  void finish(uint64_t id, const std::string& reason, const std::string& tail = "",
+              const std::string& error = "");
   void reap_aborted();
   void fail_all(const std::string& error);
   void publish_state();

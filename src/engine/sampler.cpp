@@ -22,7 +22,23 @@ Sampler::Sampler(const SamplingParams& p) : p_(p) {
   rng_.seed(p.seed ? *p.seed : std::random_device{}());
 }
 
+namespace {
+
+// Throws if a logit is NaN or infinite: argmax would return an arbitrary id and the sort's
+// comparator would not be a strict weak ordering.
+void check_finite(const float* logits, int64_t n_vocab) {
+  for (int64_t i = 0; i < n_vocab; ++i) {
+    if (!std::isfinite(logits[i])) {
+      DUET_ERROR("the logits are not finite (" << logits[i] << " at token id " << i
+                                               << "): no token can be sampled");
+    }
+  }
+}
+
+}  // namespace
+
 int32_t Sampler::sample(const float* logits, int64_t n_vocab) {
+  check_finite(logits, n_vocab);
   if (p_.temperature == 0.0f) return argmax(logits, n_vocab);
   cand_.resize(static_cast<size_t>(n_vocab));
   for (int64_t i = 0; i < n_vocab; ++i) cand_[i] = {logits[i] / p_.temperature, (int32_t)i};

@@ -21,7 +21,9 @@ class Sampler {
   // Throws duet::Error for out-of-range parameters.
   explicit Sampler(const SamplingParams& p);
 
-  // logits: [n_vocab] f32. Greedy picks the lowest id among equal maxima.
+  // logits: [n_vocab] f32. Greedy picks the lowest id among equal maxima. Throws duet::Error
+  // naming the first token id whose logit is NaN or infinite (the model's numerics broke down for
+  // this sequence: no token can be chosen); the caller ends that request with the error.
   int32_t sample(const float* logits, int64_t n_vocab);
 
  private:

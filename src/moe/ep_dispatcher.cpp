@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
@@ -32,6 +34,19 @@ All2AllBackend parse_all2all_backend(const std::string& name) {
 
 const char* all2all_backend_name(All2AllBackend b) {
   return b == All2AllBackend::kHighThroughput ? "high_throughput" : "low_latency";
+}
+
+EpDispatcher::~EpDispatcher() {
+  const std::chrono::milliseconds limit = 2 * comm_.watchdog() + std::chrono::minutes(1);
+  for (const CommHandle* h : {&counts_pending_, &pending_}) {
+    if (h->settle(limit)) continue;
+    std::fprintf(stderr,
+                 "error: rank %d: an expert transfer is still running %lld ms after it was given "
+                 "up on; ending the process rather than freeing its buffers\n",
+                 rank_, static_cast<long long>(limit.count()));
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
 }
 
 EpDispatcher::EpDispatcher(Communicator& comm, const ExpertPlacement& placement,
@@ -210,6 +225,12 @@ void EpDispatcher::ht_dispatch_send() {
                              ops.all_to_all_bounded(send_.data(), send_bytes_, send_bytes_,
                                                     recv_.data(), capacity, &recv_bytes_);
                              for (int s = 0; s < n_rank_; ++s) {
+                               if (s != rank_ && recv_bytes_[s] % (4 * W) != 0) {
+                                 DUET_ERROR("high_throughput dispatch: rank "
+                                            << s << " sent " << recv_bytes_[s]
+                                            << " bytes, not a whole number of " << 4 * W
+                                            << "-byte records");
+                               }
                                recv_rows_[s] = s == rank_ ? send_rows_[s] : recv_bytes_[s] / 4 / W;
                              }
                            });

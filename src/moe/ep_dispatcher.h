@@ -49,6 +49,12 @@ class EpDispatcher final : public Dispatcher {
   // dispatcher takes part in every dispatch and combine (a rank with no tokens included).
   EpDispatcher(Communicator& comm, const ExpertPlacement& placement,
                const EpDispatcherOptions& opt);
+  // Waits for a transfer still in flight (the tasks on the communication thread read and write
+  // this dispatcher's buffers): after a receive half gave up on a stuck communication thread,
+  // the task may still run. The backends' watchdogs end every collective; if one is still
+  // running after twice the watchdog time and a minute more, the process ends with an error
+  // rather than free memory the task would write.
+  ~EpDispatcher() override;
 
   void dispatch_send(const RoutedTokens& tokens) override;
   ExpertBatch& dispatch_recv() override;

@@ -119,14 +119,27 @@ void EpDispatcher::ll_dispatch_recv() {
   blk_row_.resize(static_cast<size_t>(n_rank_ * L));
   batch_.offsets.assign(static_cast<size_t>(L + 1), 0);
   for (int s = 0; s < n_rank_; ++s) {
+    // A message from another rank is the counts, then the rows they count: check both against
+    // what arrived before reading either.
+    const int64_t got = s == rank_ ? ll_own_bytes_ : recv_bytes_[s];
+    if (got < L * 4) {
+      DUET_ERROR("low_latency dispatch: rank " << s << " sent " << got << " bytes, fewer than its "
+                                               << L << " row counts");
+    }
     int64_t rows = 0;
     for (int64_t l = 0; l < L; ++l) {
       const int64_t c = get_count(block(s) + l);
-      DUET_CHECK(c >= 0 && rows + c <= lay.R,
-                 "low_latency: rank " << s << " sent " << c << " rows for expert " << l);
+      if (c < 0 || rows + c > lay.R) {
+        DUET_ERROR("low_latency dispatch: rank " << s << " sent " << c << " rows for expert " << l
+                                                 << " (room for " << lay.R - rows << ")");
+      }
       blk_row_[s * L + l] = rows;
       rows += c;
       batch_.offsets[l + 1] += c;
+    }
+    if (got != (L + rows * D) * 4) {
+      DUET_ERROR("low_latency dispatch: rank " << s << " sent " << got << " bytes for " << rows
+                                               << " rows, expected " << (L + rows * D) * 4);
     }
   }
   for (int64_t l = 0; l < L; ++l) batch_.offsets[l + 1] += batch_.offsets[l];

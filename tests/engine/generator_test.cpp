@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "engine/decisive_prompts.h"
+#include "engine/poisoned_model.h"
 #include "engine/tiny_models.h"
 #include "kernels/matmul.h"
 
@@ -255,6 +256,31 @@ TEST_P(RepackGenerateTest, GreedyTokensEqualWithoutRepack) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, RepackGenerateTest, kArchsAndWeights, arch_and_weights_name);
+
+}  // namespace
+}  // namespace duet
+
+namespace duet {
+namespace {
+
+// A request whose logits turn NaN (its prompt holds a token whose embedding is NaN) ends with an
+// error naming the problem; the other request of the same batch gets its tokens as if alone.
+TEST(GeneratorNonFiniteTest, NanLogitsEndOnlyThatRequest) {
+  std::unique_ptr<Model> model = Model::load(test::poisoned_model_dir(7));
+  ThreadPool pool(2);
+  Generator gen(*model, pool);
+  GenerateRequest bad, good;
+  bad.prompt = {3, 7, 9};
+  good.prompt = {3, 8, 9, 11};
+  bad.max_tokens = good.max_tokens = 4;
+  const std::vector<GenerateResult> got = gen.generate({bad, good});
+  EXPECT_EQ(got[0].finish_reason, "error");
+  EXPECT_TRUE(got[0].tokens.empty());
+  EXPECT_NE(got[0].error.find("not finite"), std::string::npos) << got[0].error;
+  const GenerateResult alone = gen.generate({good})[0];
+  EXPECT_EQ(got[1].finish_reason, "length");
+  EXPECT_EQ(got[1].tokens, alone.tokens);
+}
 
 }  // namespace
 }  // namespace duet

@@ -124,3 +124,24 @@ TEST(KvDtypeTest, ParsesTheFlagAndAutoFollowsTheWeights) {
 
 }  // namespace
 }  // namespace duet
+
+namespace duet {
+namespace {
+
+// Writing a row past what was reserved, before position 0 or in a layer that does not exist is
+// an invariant failure, not a write into someone else's memory.
+TEST(KvCacheTest, RowsOutsideTheReservationAreRefused) {
+  KvCache kv(2, 8, 8, DType::kF32);
+  const int32_t seq = kv.add_sequence();
+  kv.reserve(seq, 3);
+  const int64_t cap = kv.capacity(seq);
+  EXPECT_NE(kv.k(seq, 1, cap - 1), nullptr);
+  EXPECT_THROW(kv.k(seq, 0, cap), Error);
+  EXPECT_THROW(kv.v(seq, 0, cap), Error);
+  EXPECT_THROW(kv.k(seq, 0, -1), Error);
+  EXPECT_THROW(kv.v(seq, 2, 0), Error);
+  EXPECT_THROW(kv.k(seq + 1, 0, 0), Error);
+}
+
+}  // namespace
+}  // namespace duet

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "engine/generator.h"
+#include "engine/poisoned_model.h"
 #include "engine/tiny_models.h"
 
 namespace duet {
@@ -163,6 +164,54 @@ TEST_F(LlmEngineTest, RefusesRequestsThatCanNeverRun) {
   bad.sampling.top_p = 0;
   EXPECT_THROW(e->submit(bad), Error);
   EXPECT_EQ(drain(*e->submit(greedy(prompt(20, 1), 12))).size(), 12u);  // 32 positions: fits
+}
+
+}  // namespace
+}  // namespace duet
+
+namespace duet {
+namespace {
+
+// Serving: the request whose logits are NaN ends with an error on its stream; the one beside it
+// in the same steps completes, and the engine keeps serving.
+TEST(LlmEngineNonFiniteTest, NanLogitsEndOnlyThatRequest) {
+  std::unique_ptr<Model> model = Model::load(test::poisoned_model_dir(7));
+  ThreadPool pool(2);
+  EngineConfig c;
+  c.scheduler = {8, 64};
+  c.block_size = 4;
+  c.kv_cache_gib = 1.0 / 1024;
+  LlmEngine engine(*model, pool, nullptr, c);
+  const auto request = [](std::vector<int32_t> prompt) {
+    EngineRequest r;
+    r.prompt = std::move(prompt);
+    r.max_tokens = 5;
+    r.ignore_eos = true;
+    return r;
+  };
+  std::shared_ptr<RequestStream> bad = engine.submit(request({3, 7, 9}));
+  std::shared_ptr<RequestStream> good = engine.submit(request({3, 8, 9, 11}));
+  const auto finish = [](RequestStream& s, std::vector<int32_t>* toks) {
+    for (int i = 0; i < 1000; ++i) {
+      StreamDelta d = s.wait(std::chrono::milliseconds(100));
+      toks->insert(toks->end(), d.tokens.begin(), d.tokens.end());
+      if (d.finished) return d;
+    }
+    ADD_FAILURE() << "stream never finished";
+    return StreamDelta{};
+  };
+  std::vector<int32_t> bad_toks, good_toks;
+  const StreamDelta b = finish(*bad, &bad_toks);
+  EXPECT_NE(b.error.find("not finite"), std::string::npos) << b.error;
+  EXPECT_TRUE(bad_toks.empty());
+  const StreamDelta g = finish(*good, &good_toks);
+  EXPECT_EQ(g.finish_reason, "length");
+  EXPECT_TRUE(g.error.empty()) << g.error;
+  EXPECT_EQ(good_toks.size(), 5u);
+  EXPECT_TRUE(engine.alive());
+  std::vector<int32_t> again;
+  EXPECT_EQ(finish(*engine.submit(request({3, 8, 9, 11})), &again).finish_reason, "length");
+  EXPECT_EQ(again, good_toks);
 }
 
 }  // namespace

@@ -2,7 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <map>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 
@@ -75,6 +79,35 @@ TEST(SamplerTest, RejectsBadParameters) {
   p = {};
   p.top_k = -2;
   EXPECT_THROW(Sampler{p}, Error);
+}
+
+}  // namespace
+}  // namespace duet
+
+namespace duet {
+namespace {
+
+// A NaN or infinite logit is an error naming the token, greedy or sampled, never a token.
+TEST(SamplerTest, NonFiniteLogitsAreAnError) {
+  for (float bad : {std::nanf(""), std::numeric_limits<float>::infinity(),
+                    -std::numeric_limits<float>::infinity()}) {
+    std::vector<float> logits = {0.5f, 2.0f, 1.0f, 0.25f};
+    logits[2] = bad;
+    for (float temperature : {0.0f, 0.8f}) {
+      SamplingParams p;
+      p.temperature = temperature;
+      p.top_k = temperature > 0 ? 3 : 0;
+      p.seed = 1;
+      Sampler s(p);
+      try {
+        s.sample(logits.data(), 4);
+        ADD_FAILURE() << bad << " at temperature " << temperature << " gave a token";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("not finite"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("token id 2"), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 }  // namespace
