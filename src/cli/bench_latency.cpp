@@ -208,7 +208,7 @@ void add_bench_latency(CLI::App& bench) {
   add_kv_cache_dtype_option(cmd, o->kv_cache_dtype);
   cmd->add_flag("--profile-ops", o->profile_ops,
                 "Also print decode time per kind of operation (attn, moe_route, experts, output, "
-                "...), summed over layers (single rank)");
+                "...), summed over layers (rank 0's with several ranks)");
   add_dist_options(cmd, o->dist);
   cmd->callback([o] {
     o->kv_dtype = parse_kv_cache_dtype(o->kv_cache_dtype);
