@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Runs llama.cpp (bench.mjs) and duet (`duet bench latency`) on the same shapes, alternating
-# engine by engine, each shape ROUNDS times, and prints one summary line per run.
+# Runs llama.cpp and duet (`duet bench latency`) on the same shapes, alternating engine by engine,
+# each shape ROUNDS times, and prints one summary line per run. llama.cpp is built natively
+# (build-llamacpp.sh; llama-native.sh runs llama-bench for batch 1, llama-batched-bench beyond);
+# LLAMA_PREBUILT=1 runs node-llama-cpp's prebuilt binary instead (bench.mjs), which is no fair
+# peer (1.5–2.3x slower than native at batch-1 decode on a Zen 4): for reference only.
 # The machine is shared: before every run it waits (up to 10 min) until under 15 % of the CPUs
 # are busy over 3 s, and after every run it prints "others N %", the share of the 2 CPUs that
 # processes other than the run itself used during it (from /proc/stat less the run's own user +
@@ -70,6 +73,11 @@ summary() {  # summary LOG: "prefill X tok/s  decode Y tok/s"
 IFS=';' read -r -a shapes <<<"${SHAPES:-1 512 8;1 128 64;8 128 64;32 128 64}"
 
 echo "duet: $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo '?'), binary built $(date -r "$repo/build/duet" '+%F %T')"
+llama_bin=""
+if [ -z "${LLAMA_PREBUILT:-}" ]; then
+  llama_bin="$("$here/build-llamacpp.sh")"
+  echo "llama.cpp: native build in $llama_bin ($(git -C "$llama_bin/../.." log -1 --format=%h 2>/dev/null), node-llama-cpp's bundle)"
+fi
 for round in $(seq 1 "$rounds"); do
   for shape in "${shapes[@]}"; do
     read -r b p g <<<"$shape"
@@ -77,8 +85,12 @@ for round in $(seq 1 "$rounds"); do
     for gguf in "${ggufs[@]}"; do
       wait_quiet
       log="$out/llama_$(basename "$gguf" .gguf)_$tag.log"
-      run_measured "$log" node "$here/bench.mjs" --model "$gguf" --batch "$b" --prompt-len "$p" \
-          --gen-len "$g" --threads "$threads"
+      if [ -n "$llama_bin" ]; then
+        run_measured "$log" "$here/llama-native.sh" "$llama_bin" "$gguf" "$b" "$p" "$g" "$threads"
+      else
+        run_measured "$log" node "$here/bench.mjs" --model "$gguf" --batch "$b" --prompt-len "$p" \
+            --gen-len "$g" --threads "$threads"
+      fi
       echo "$(date -u '+%F %T') llama.cpp $(basename "$gguf" .gguf) b=$b p=$p g=$g: $(summary "$log")" \
            "others ${others_pct} %"
     done

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Builds llama.cpp natively (-DGGML_NATIVE=ON: the instruction sets of this CPU) from the source
+# that node-llama-cpp's npm package carries as a git bundle, into a cache outside the repository:
+# llama-bench, llama-batched-bench and llama-quantize. Nothing is fetched but the npm package.
+# The prebuilt binary of the same package decodes one sequence 1.5–2.3× slower on a Zen 4, so
+# it is no fair peer.
+#
+# Usage: tools/llamacpp-compare/build-llamacpp.sh   (prints the directory of the binaries)
+# Cache: $LLAMACPP_CACHE (default ~/.cache/duet-llamacpp): node_modules/, src/ (the clone),
+# src/build/bin/. Idempotent: skips what is there. About 10 minutes on 2 cores.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+cache="${LLAMACPP_CACHE:-$HOME/.cache/duet-llamacpp}"
+version="$(sed -n 's/.*"node-llama-cpp": "\([^"]*\)".*/\1/p' "$here/package.json")"
+mkdir -p "$cache"
+bundle="$cache/node_modules/node-llama-cpp/llama/gitRelease.bundle"
+if [ ! -f "$bundle" ]; then
+  # --ignore-scripts: the package's postinstall would fetch or build binaries of its own.
+  (cd "$cache" && npm install --no-audit --no-fund --ignore-scripts "node-llama-cpp@$version" >&2)
+fi
+if [ ! -d "$cache/src/.git" ]; then
+  git clone -q "$bundle" "$cache/src" >&2
+fi
+bin="$cache/src/build/bin"
+if [ ! -x "$bin/llama-batched-bench" ] || [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/llama-quantize" ]; then
+  cmake -S "$cache/src" -B "$cache/src/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+      -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=OFF >&2
+  nice cmake --build "$cache/src/build" -j "$(nproc)" \
+      --target llama-bench llama-batched-bench llama-quantize >&2
+fi
+echo "$bin"
