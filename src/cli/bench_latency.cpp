@@ -75,6 +75,7 @@ void run_latency_ep(const LatencyOptions& o, DistContext& ctx) {
   const std::vector<int64_t> all = ctx.coord().all_gather(
       {st.prompt_tokens, micro(st.prefill_seconds), st.decode_steps, micro(st.decode_seconds),
        micro(st.decode_comm_seconds), pool.n_threads()});
+  finish_trace(rm, o.dist, &ctx);
   if (ctx.rank() != 0) return;
   std::printf(
       "model %s (%s), expert parallel over %d ranks (%s, %s), per rank: batch %lld, "
@@ -104,11 +105,10 @@ void run_latency_ep(const LatencyOptions& o, DistContext& ctx) {
 
 void run_latency_single(const LatencyOptions& o) {
   ThreadPool pool(o.threads > 0 ? o.threads : available_cores());
-  LoadOptions lo;
-  lo.repack = o.dist.repack;
-  std::unique_ptr<Model> model = Model::load(o.model_dir, lo);
+  RankModel rm = load_rank_model(o.model_dir, o.dist, nullptr);
+  const std::unique_ptr<Model>& model = rm.model;
   const ModelConfig& c = model->config();
-  Generator gen(*model, pool, o.kv_dtype, step_group(o.dist));
+  Generator gen(*model, pool, o.kv_dtype, rm.group);
   const std::vector<GenerateRequest> reqs = make_requests(o, c.n_vocab);
 
   // The limits are the best of a measurement before and one after the run: on a shared machine
@@ -181,6 +181,7 @@ void run_latency_single(const LatencyOptions& o) {
   std::printf("decode bandwidth limit %.1f tok/s; achieved/limit %.2f\n", limit_tps,
               limit_tps > 0 ? decode_tokens / st.decode_seconds / limit_tps : 0.0);
   if (o.profile_ops) print_op_seconds(st, steps);
+  finish_trace(rm, o.dist, nullptr);
 }
 
 void run_latency(const LatencyOptions& o) {

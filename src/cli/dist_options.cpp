@@ -87,6 +87,9 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
   cmd->add_option("--tbo-token-distribution-threshold", o.tbo_token_distribution_threshold,
                   "Below this share of tokens in the smaller half, cut a sequence in two "
                   "(default 0.48)");
+  cmd->add_option("--trace-file", o.trace_file,
+                  "Write a Chrome trace (Perfetto, chrome://tracing) of the steps, each "
+                  "micro-batch's operations and the transfers; one file per rank (PATH.rankN)");
   cmd->add_option("--all2all-backend", o.all2all,
                   "Expert dispatch algorithm: high_throughput (default) | low_latency")
       ->check(CLI::IsMember({"high_throughput", "low_latency"}));
@@ -147,6 +150,11 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
   rm.placement = place_experts(c.n_expert, world);
   LoadOptions lo{rm.placement.begin(rank), rm.placement.end(rank), o.repack};
   rm.group = step_group(o);
+  if (!o.trace_file.empty()) {
+    rm.trace = std::make_unique<Trace>(rank);
+    rm.group.trace = rm.trace.get();
+    if (ctx) ctx->comm().set_trace(rm.trace.get());
+  }
   rm.model = Model::load(model_dir, lo);
   if (ctx) {
     EpDispatcherOptions eo{parse_all2all_backend(o.all2all), o.ll_max_tokens};
@@ -171,6 +179,15 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
                  overlap_mode_name(rm.group.overlap));
   }
   return rm;
+}
+
+void finish_trace(RankModel& rm, const DistOptions& o, DistContext* ctx) {
+  if (!rm.trace) return;
+  if (ctx) ctx->comm().set_trace(nullptr);
+  const std::string path =
+      trace_path_for_rank(o.trace_file, ctx ? ctx->rank() : 0, ctx ? ctx->world_size() : 1);
+  rm.trace->write(path);
+  std::fprintf(stderr, "trace: %s (%zu events)\n", path.c_str(), rm.trace->n_events());
 }
 
 int rank_threads(int requested, const DistOptions& o, const DistContext* ctx) {

@@ -32,6 +32,7 @@ struct DistOptions {
   int64_t dbo_decode_token_threshold = 32;
   int64_t dbo_prefill_token_threshold = 512;
   double tbo_token_distribution_threshold = 0.48;
+  std::string trace_file;  // --trace-file: a Chrome trace per rank ("" = none)
 };
 
 // Registers --data-parallel-size, --enable-expert-parallel, --distributed-backend,
@@ -56,6 +57,7 @@ struct RankModel {
   ExpertPlacement placement;
   std::unique_ptr<Model> model;
   StepGroup group;
+  std::unique_ptr<Trace> trace;  // with --trace-file; group.trace and the communicator record here
 };
 
 // The overlap settings of `o` (no coordinator, no dispatchers: a single rank's group).
@@ -64,6 +66,10 @@ StepGroup step_group(const DistOptions& o);
 // Loads this rank's part of the model and prints the start-up report on stderr: which experts
 // the rank holds, its weight bytes against the whole model's, and the process's resident memory.
 RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, DistContext* ctx);
+
+// With --trace-file: writes this rank's trace (trace_path_for_rank) and stops the communicator
+// recording into it; prints where it went. Call it on every rank once the run is over.
+void finish_trace(RankModel& rm, const DistOptions& o, DistContext* ctx);
 
 // Compute threads for one rank: `requested` if > 0, else this process's cores shared among the
 // ranks that run as its threads.

@@ -102,6 +102,7 @@ void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
   if (!ctx || ctx->rank() == 0) mine.push_back(req);
   GenerateStats st;
   std::vector<GenerateResult> out = gen.generate(mine, &st);
+  finish_trace(rm, o.dist, ctx);
   if (ctx && ctx->rank() != 0) return;
   const GenerateResult& r = out[0];
   if (r.finish_reason == "error") DUET_ERROR(r.error);

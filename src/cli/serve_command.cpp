@@ -62,6 +62,7 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
   if (ctx && ctx->rank() != 0) {
     // Runs until rank 0 stops the group; a failed group is an error of this rank too.
     const std::string error = engine.wait_stopped();
+    finish_trace(rm, o.dist, ctx);
     if (!error.empty()) DUET_ERROR(error);
     return;
   }
@@ -95,6 +96,7 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
   // listen() also returns when the socket fails; wake the waiter so it can be joined.
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
+  finish_trace(rm, o.dist, ctx);
 }
 
 void run_serve(const ServeOptions& o) {

@@ -76,6 +76,7 @@ CommHandle CommThread::submit(std::string name, std::function<void()> run) {
   auto task = std::make_shared<detail::CommTask>();
   task->name = std::move(name);
   task->run = std::move(run);
+  task->posted = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(task);
@@ -109,6 +110,10 @@ void CommThread::loop() {
       }
     }
     mark_alive(*alive_);
+    if (Trace* trace = trace_.load()) {
+      trace->span(TraceTrack::kComm, task->name, task->posted, std::chrono::steady_clock::now(),
+                  error ? "\"failed\": true" : "");
+    }
     task->run = nullptr;  // drop captured buffers' owners before signalling
     {
       std::lock_guard<std::mutex> lock(task->mu);

@@ -15,6 +15,8 @@
 #include <string>
 #include <thread>
 
+#include "core/trace.h"
+
 namespace duet {
 
 namespace detail {
@@ -22,6 +24,7 @@ namespace detail {
 struct CommTask {
   std::string name;
   std::function<void()> run;
+  std::chrono::steady_clock::time_point posted;  // when submit() queued it
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;         // GUARDED_BY(mu)
@@ -76,6 +79,9 @@ class CommThread {
   // watchdog is in charge of that wait, so the handles waiting on this thread do not give up
   // however long alive peers take. Does nothing on any other thread.
   static void keepalive();
+  // From now on each task becomes a span of `trace`'s communication track, from post to
+  // completion (null: stop). The trace must outlive the thread or the next set_trace.
+  void set_trace(Trace* trace) { trace_.store(trace); }
 
  private:
   void loop();
@@ -88,6 +94,7 @@ class CommThread {
   std::deque<std::shared_ptr<detail::CommTask>> queue_;  // GUARDED_BY(mu_)
   bool stop_ = false;                                    // GUARDED_BY(mu_)
   std::exception_ptr failed_;  // first task error; only the thread touches it
+  std::atomic<Trace*> trace_{nullptr};
   std::thread thread_;         // last: starts after the fields above exist
 };
 

@@ -65,6 +65,8 @@ class Communicator {
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   std::chrono::milliseconds watchdog() const { return watchdog_; }
+  // Records each collective as a span of `trace` (see CommThread::set_trace).
+  void set_trace(Trace* trace) { thread_.set_trace(trace); }
 
   // Asynchronous forms: queue the collective on the communication thread and return at once.
   // Buffers (and the count vectors' contents, which are copied) must stay valid and untouched

@@ -24,9 +24,25 @@ int delta_stages(ForwardMode mode) {
   return 0;
 }
 
+namespace {
+
+// Runs one operation of `state`'s micro-batch, as a span of its track when tracing.
+void run_op(const Operation& op, ForwardState& state, const char* note = nullptr) {
+  if (!state.trace) {
+    op.run(state);
+    return;
+  }
+  const Trace::Clock::time_point t0 = Trace::Clock::now();
+  op.run(state);
+  state.trace->span(state.trace_track, note ? op.name() + note : op.name(), t0,
+                    Trace::Clock::now());
+}
+
+}  // namespace
+
 void run_plain(const std::vector<Operation>& ops, ForwardState& state) {
   for (const Operation& op : ops) {
-    if (!op.is_yield()) op.run(state);
+    if (!op.is_yield()) run_op(op, state);
   }
 }
 
@@ -58,7 +74,7 @@ class StageCursor {
     while (next_ < ops_.size()) {
       const Operation& op = ops_[next_++];
       if (op.is_yield()) return;
-      op.run(state_);
+      run_op(op, state_);
     }
   }
 
@@ -165,14 +181,14 @@ class PingPong {
           const bool hooked = i == my.hook;
           const bool ran = hooked && my.hook_ran;  // the other side waited for it already
           if (hooked) my.hook = SIZE_MAX;
-          if (!ran) op.run(*my.state);
+          if (!ran) run_op(op, *my.state);
           continue;
         }
         // dbo_yield: run the other side's receive hook (its transfer has had this whole stage
         // to arrive), register our own next receive as a hook, and hand the turn over.
         Side& other = sides_[1 - me];
         if (other.hook != SIZE_MAX && !other.hook_ran && !other.finished) {
-          (*other.ops)[other.hook].run(*other.state);
+          run_op((*other.ops)[other.hook], *other.state, " (hook, other thread)");
           other.hook_ran = true;
         }
         if (i + 1 < ops.size() && is_receive(ops[i + 1])) {

@@ -34,6 +34,13 @@ Dispatcher& ModelRunner::dispatcher(int i) {
   return *slot(i).dispatcher;
 }
 
+void ModelRunner::set_trace(Trace* trace) {
+  for (int i = 0; i < n_slots(); ++i) {
+    slot(i).state.trace = trace;
+    slot(i).state.trace_track = i == 0 ? TraceTrack::kMicroBatchA : TraceTrack::kMicroBatchB;
+  }
+}
+
 const std::vector<float>& ModelRunner::forward(const ForwardInput& in, KvStore& kv, int i) {
   ForwardState& state = slot(i).state;
   state.in = &in;

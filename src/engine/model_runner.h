@@ -48,6 +48,9 @@ class ModelRunner {
   const Model& model() const { return model_; }
   int n_slots() const { return static_cast<int>(slots_.size()); }
   Dispatcher& dispatcher(int slot = 0);
+  // With a trace, each operation becomes a span on its slot's track (slot 0: micro-batch A, slot
+  // 1: B). The trace must outlive the runner or the next set_trace.
+  void set_trace(Trace* trace);
   // While `seconds` is set (not null), forward passes add each operation's wall time to it.
   void set_op_seconds(OpSeconds* seconds) { op_seconds_ = seconds; }
   // Routed-expert weight bytes read by all forward passes so far, over every slot (benchmarks).

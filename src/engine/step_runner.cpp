@@ -23,7 +23,9 @@ StepRunner::StepRunner(const Model& model, ThreadPool& pool, const StepGroup& gr
       policy_(policy_of(group)),
       distribution_threshold_(group.tbo_distribution_threshold),
       runner_(model, pool, group.dispatchers, group.overlap == OverlapMode::kNone ? 1 : 2),
-      dummy_kv_(model.config().n_layer, model.kv_k_width(), model.kv_v_width(), DType::kF32) {
+      dummy_kv_(model.config().n_layer, model.kv_k_width(), model.kv_v_width(), DType::kF32),
+      trace_(group.trace) {
+  runner_.set_trace(group.trace);
   const int32_t tok = 0;
   for (ForwardInput& dummy : dummy_in_) {
     const int32_t seq = dummy_kv_.add_sequence();
@@ -48,9 +50,20 @@ StepRunner::Launch StepRunner::run(ForwardInput& in, KvStore& kv, bool has_prefi
                        in.n_tokens() > 0 && can_split_batch(in)};
   const Clock::time_point t0 = Clock::now();
   Launch launch{agree(*coord_, mine, policy_)};
-  stats_.agree_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  const Clock::time_point t_agreed = Clock::now();
+  stats_.agree_seconds += std::chrono::duration<double>(t_agreed - t0).count();
   const StepPlan& plan = launch.plan;
+  if (trace_) trace_->span(TraceTrack::kStep, "agree", t0, t_agreed);
   if (!plan.runs()) return launch;
+  // The step's span, from the agreement's end to the forward pass's, named by its plan.
+  struct StepSpan {
+    Trace* trace;
+    const StepPlan& plan;
+    Clock::time_point t0;
+    ~StepSpan() {
+      if (trace) trace->span(TraceTrack::kStep, "step: " + plan.describe(), t0, Clock::now());
+    }
+  } step_span{trace_, plan, t_agreed};
   ++stats_.steps;
   // The step's shape, the same on every rank: a distributed dispatcher picks its algorithm.
   for (int s = 0; s < runner_.n_slots(); ++s) runner_.dispatcher(s).plan_step(plan.padded_tokens);

@@ -37,6 +37,9 @@ struct StepGroup {
   OverlapMode overlap = OverlapMode::kNone;
   MicroBatchPolicy micro_batch;
   double tbo_distribution_threshold = kDefaultTboDistributionThreshold;  // the splitter's
+  // --trace-file: the steps' agreement and plan and every operation become spans of this trace
+  // (null: none). Must outlive the step runner.
+  Trace* trace = nullptr;
 };
 
 // What the step path did, for benchmarks and tests.
@@ -82,6 +85,7 @@ class StepRunner {
   // a cache of their own, so that they never take a row of the front end's KV store.
   KvCache dummy_kv_;
   ForwardInput dummy_in_[2];
+  Trace* trace_;
   StepStats stats_;
 };
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/trace.h"
 #include "core/thread_pool.h"
 #include "moe/dispatcher.h"
 #include "moe/experts.h"
@@ -130,6 +131,8 @@ struct ForwardState {
   std::vector<float> logits;        // across, output until the step's end: [out_rows, n_vocab]
   uint64_t expert_bytes_read = 0;   // weights of the routed experts run so far (benchmarks)
   OpSeconds* op_seconds = nullptr;  // set while a profiled step runs: parts of operations
+  Trace* trace = nullptr;           // set with --trace-file: each operation becomes a span
+  TraceTrack trace_track = TraceTrack::kMicroBatchA;  // this micro-batch's track
 
   int64_t n_tokens() const { return in->n_tokens(); }
 };

@@ -36,6 +36,12 @@ const char* all2all_backend_name(All2AllBackend b) {
   return b == All2AllBackend::kHighThroughput ? "high_throughput" : "low_latency";
 }
 
+std::string with_bytes(const char* what, const std::vector<int64_t>& bytes) {
+  int64_t sum = 0;
+  for (int64_t b : bytes) sum += b;
+  return std::string(what) + ", " + std::to_string(sum) + " bytes sent";
+}
+
 EpDispatcher::~EpDispatcher() {
   const std::chrono::milliseconds limit = 2 * comm_.watchdog() + std::chrono::minutes(1);
   for (const CommHandle* h : {&counts_pending_, &pending_}) {
@@ -220,7 +226,7 @@ void EpDispatcher::ht_dispatch_send() {
     std::vector<int64_t> capacity(static_cast<size_t>(n_rank_), bound);
     capacity[rank_] = 0;
     recv_.resize(static_cast<size_t>((n_rank_ - 1) * bound / 4));
-    pending_ = comm_.start("ep_dispatch(high_throughput, bounded)",
+    pending_ = comm_.start(with_bytes("ep_dispatch(high_throughput, bounded)", send_bytes_),
                            [this, W, capacity = std::move(capacity)](CollectiveOps& ops) {
                              ops.all_to_all_bounded(send_.data(), send_bytes_, send_bytes_,
                                                     recv_.data(), capacity, &recv_bytes_);
@@ -237,7 +243,8 @@ void EpDispatcher::ht_dispatch_send() {
     return;
   }
   // Runs after the count exchange on the communication thread, which wrote recv_rows_.
-  pending_ = comm_.start("ep_dispatch(high_throughput)", [this, W](CollectiveOps& ops) {
+  pending_ = comm_.start(with_bytes("ep_dispatch(high_throughput)", send_bytes_),
+                         [this, W](CollectiveOps& ops) {
     wire_bytes(recv_rows_, W, &recv_bytes_);
     int64_t n_recv = 0;
     for (int64_t b : recv_bytes_) n_recv += b / 4;
@@ -318,7 +325,11 @@ void EpDispatcher::ht_combine_send() {
   wire_bytes(send_rows_, D, &recv_bytes_);
   ret_.resize(static_cast<size_t>((send_first_[n_rank_] - send_rows_[rank_]) * D));
   combine_bytes_ = recv_first_[n_rank_] * D * 4;
-  pending_ = comm_.start_all_to_all_v(back_.data(), send_bytes_, ret_.data(), recv_bytes_);
+  pending_ = comm_.start(with_bytes("ep_combine(high_throughput)", send_bytes_),
+                         [send = back_.data(), recv = ret_.data(), sb = send_bytes_,
+                          rb = recv_bytes_](CollectiveOps& ops) {
+                           ops.all_to_all_v(send, sb, recv, rb);
+                         });
 }
 
 // out[t] += each of t's records' row from the other ranks, in rank order, token by token so

@@ -32,6 +32,9 @@ namespace duet {
 
 enum class All2AllBackend { kHighThroughput, kLowLatency };
 
+// "what, N bytes sent": a transfer's name on the communication thread (errors, traces).
+std::string with_bytes(const char* what, const std::vector<int64_t>& bytes);
+
 // "high_throughput" | "low_latency"; throws duet::Error otherwise.
 All2AllBackend parse_all2all_backend(const std::string& name);
 const char* all2all_backend_name(All2AllBackend b);

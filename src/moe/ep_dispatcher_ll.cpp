@@ -101,7 +101,8 @@ void EpDispatcher::ll_transfer(const char* what, const float* send,
                                const std::vector<int64_t>& bytes, float* recv, int64_t bw) {
   std::vector<int64_t> room(static_cast<size_t>(n_rank_), bw * 4);
   room[rank_] = 0;
-  pending_ = comm_.start(what, [this, send, bytes, recv, room = std::move(room)](CollectiveOps& ops) {
+  pending_ = comm_.start(with_bytes(what, bytes),
+                         [this, send, bytes, recv, room = std::move(room)](CollectiveOps& ops) {
     ops.all_to_all_bounded(send, bytes, room, recv, room, &recv_bytes_);
   });
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "kernels/matmul.h"
@@ -242,6 +243,37 @@ TEST_F(CliTest, OverlapModesMatchSingleRank) {
         }
       }
     }
+  }
+}
+
+// --trace-file on 2 in-process ranks with TBO: one Chrome trace per rank, with the step track
+// (agreement, the plan of a split step), both micro-batches' operations and the transfers.
+TEST_F(CliTest, TraceFileShowsStepsMicroBatchesAndTransfers) {
+  const std::string trace = dir_ + "/trace.json";
+  RunResult r = run_duet("generate " + dir_ +
+                         " --prompt-ids 5,6,7,8,9,10,11,12,13 --max-tokens 3 "
+                         "--enable-two-batch-overlap --dbo-prefill-token-threshold 4 "
+                         "--data-parallel-size 2 --enable-expert-parallel "
+                         "--distributed-backend inproc --trace-file " + trace);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (int rank : {0, 1}) {
+    const std::string path = dir_ + "/trace.rank" + std::to_string(rank) + ".json";
+    const nlohmann::json t = nlohmann::json::parse(test::read_file(path));
+    std::map<int, std::vector<std::string>> names;  // track → span names
+    for (const nlohmann::json& e : t["traceEvents"]) {
+      if (e["ph"] == "X") names[e["tid"].get<int>()].push_back(e["name"].get<std::string>());
+    }
+    const auto has = [&](int tid, const std::string& part) {
+      for (const std::string& n : names[tid])
+        if (n.find(part) != std::string::npos) return true;
+      return false;
+    };
+    EXPECT_TRUE(has(1, "agree")) << path;
+    EXPECT_TRUE(has(1, "step: prefill padded 9 micro-batch 5|4")) << path;
+    EXPECT_TRUE(has(2, "L0.attn")) << path;
+    EXPECT_TRUE(has(3, "L0.dispatch_send")) << path;
+    EXPECT_TRUE(has(4, "ep_dispatch(high_throughput")) << path;
+    EXPECT_TRUE(has(4, "bytes sent")) << path;
   }
 }
 
