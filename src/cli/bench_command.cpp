@@ -11,6 +11,7 @@ void add_bench_command(CLI::App& app) {
   add_bench_serve(*bench);
   add_bench_tokenizer(*bench);
   add_bench_all2all(*bench);
+  add_bench_overlap(*bench);
 }
 
 }  // namespace duet

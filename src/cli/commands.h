@@ -15,5 +15,6 @@ void add_bench_latency(CLI::App& bench);  // adds "bench" and its benchmarks (be
 void add_tokenize_command(CLI::App& app);  // tokenize_command.cpp
 void add_bench_tokenizer(CLI::App& bench);  // bench_tokenizer.cpp
 void add_bench_all2all(CLI::App& bench);  // bench_all2all.cpp
+void add_bench_overlap(CLI::App& bench);  // bench_overlap.cpp
 
 }  // namespace duet

@@ -1,5 +1,7 @@
 #include "dist/comm_thread.h"
 
+#include <ctime>
+
 #include <sys/prctl.h>
 
 #include <algorithm>
@@ -53,6 +55,21 @@ bool CommHandle::settle(std::chrono::milliseconds limit) const {
   return task_->cv.wait_for(lock, limit, [this] { return task_->done; });
 }
 
+namespace {
+
+// CPU time of the calling thread, in nanoseconds.
+int64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+}  // namespace
+
+CommThread::Usage CommThread::usage() const {
+  return {busy_ns_.load() * 1e-9, cpu_ns_.load() * 1e-9};
+}
+
 CommThread::CommThread(std::string name, std::chrono::milliseconds watchdog)
     : name_(std::move(name)),
       watchdog_(watchdog),
@@ -100,6 +117,8 @@ void CommThread::loop() {
       queue_.pop_front();
     }
     mark_alive(*alive_);
+    const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+    const int64_t cpu0 = thread_cpu_ns();
     std::exception_ptr error = failed_;
     if (!error) {
       try {
@@ -110,6 +129,10 @@ void CommThread::loop() {
       }
     }
     mark_alive(*alive_);
+    busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                    std::chrono::steady_clock::now() - started)
+                    .count();
+    cpu_ns_ += thread_cpu_ns() - cpu0;
     if (Trace* trace = trace_.load()) {
       trace->span(TraceTrack::kComm, task->name, task->posted, std::chrono::steady_clock::now(),
                   error ? "\"failed\": true" : "");

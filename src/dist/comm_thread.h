@@ -83,6 +83,15 @@ class CommThread {
   // completion (null: stop). The trace must outlive the thread or the next set_trace.
   void set_trace(Trace* trace) { trace_.store(trace); }
 
+  // What the thread has spent running tasks so far: wall seconds from taking a task to finishing
+  // it (the transfers' time), and its own CPU seconds then (what communication takes from the
+  // compute cores).
+  struct Usage {
+    double busy_seconds = 0;
+    double cpu_seconds = 0;
+  };
+  Usage usage() const;
+
  private:
   void loop();
 
@@ -95,6 +104,8 @@ class CommThread {
   bool stop_ = false;                                    // GUARDED_BY(mu_)
   std::exception_ptr failed_;  // first task error; only the thread touches it
   std::atomic<Trace*> trace_{nullptr};
+  std::atomic<int64_t> busy_ns_{0};  // Usage, in nanoseconds, written by the thread
+  std::atomic<int64_t> cpu_ns_{0};
   std::thread thread_;         // last: starts after the fields above exist
 };
 

@@ -67,6 +67,8 @@ class Communicator {
   std::chrono::milliseconds watchdog() const { return watchdog_; }
   // Records each collective as a span of `trace` (see CommThread::set_trace).
   void set_trace(Trace* trace) { thread_.set_trace(trace); }
+  // The communication thread's time running collectives so far (CommThread::usage).
+  CommThread::Usage usage() const { return thread_.usage(); }
 
   // Asynchronous forms: queue the collective on the communication thread and return at once.
   // Buffers (and the count vectors' contents, which are copied) must stay valid and untouched

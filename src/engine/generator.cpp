@@ -166,6 +166,8 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
     const double s = seconds_since(t0);
     if (prefill) {
       st.prefill_seconds += s;
+      st.prefill_comm_seconds += runner.dispatch_wait_seconds() - wait0;
+      if (!steps_.solo()) st.prefill_comm_seconds += steps_.stats().agree_seconds - agree0;
       expert_bytes0 = runner.expert_bytes_read();
     } else if (decoding) {
       st.decode_seconds += s;

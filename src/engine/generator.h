@@ -52,6 +52,7 @@ struct GenerateStats {
   // Of decode_seconds, the time spent waiting on communication: the steps' agreement and the
   // experts' all-to-alls (what overlap would hide). 0 on one rank.
   double decode_comm_seconds = 0;
+  double prefill_comm_seconds = 0;  // likewise, of prefill_seconds
   // Wall seconds per kind of operation over the decode steps, when Generator::profile_ops is on.
   OpSeconds decode_op_seconds;
 };

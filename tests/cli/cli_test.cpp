@@ -277,6 +277,24 @@ TEST_F(CliTest, TraceFileShowsStepsMicroBatchesAndTransfers) {
   }
 }
 
+// bench overlap runs off, TBO and DBO in each round on one group and prints a row for each, with
+// how many steps ran as two micro-batches (none with overlap off).
+TEST_F(CliTest, BenchOverlapComparesTheModesInOneRun) {
+  RunResult r = run_duet("bench overlap " + dir_ +
+                         " --batch 4 --gen-len 3 --rounds 1 --threads 1 --data-parallel-size 2 "
+                         "--enable-expert-parallel --distributed-backend inproc "
+                         "--dbo-decode-token-threshold 2 --dbo-prefill-token-threshold 2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* row : {"\n1     off ", "\n1     tbo ", "\n1     dbo "}) {
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << " in " << r.out;
+  }
+  EXPECT_NE(r.out.find(" 0/3 "), std::string::npos) << r.out;  // off: no split step
+  EXPECT_NE(r.out.find(" 3/3 "), std::string::npos) << r.out;  // tbo, dbo: every step split
+  expect_error(run_duet("bench overlap " + dir_ + " --enable-dbo --enable-expert-parallel "
+                        "--data-parallel-size 2 --distributed-backend inproc"),
+               "runs every mode itself");
+}
+
 TEST_F(CliTest, OverlapFlagsAreChecked) {
   const std::string args = "generate " + dir_ + " --prompt-ids 1 ";
   expect_error(run_duet(args + "--enable-dbo"), "needs --enable-expert-parallel");

@@ -1,0 +1,118 @@
+// `duet bench overlap`: one workload with overlap off, TBO and DBO, alternating mode by mode in
+// each round of one run (every rank of an expert-parallel group), so their ratios are taken side
+// by side. For each mode and round it prints, from rank 0's side: the run's time (prefill +
+// decode steps), the time spent waiting for communication (the steps' agreement and the
+// transfers not hidden), the compute time (the rest), the transfers' time on the communication
+// thread (post to completion), the share of it hidden behind computation, that thread's CPU
+// seconds, and the ratio of the run's time to overlap off in the same round.
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/dist_options.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/generator.h"
+
+namespace duet {
+
+namespace {
+
+struct OverlapBenchOptions {
+  std::string model_dir;
+  int64_t batch = 64;
+  int64_t prompt_len = 16;
+  int64_t gen_len = 16;
+  int rounds = 2;
+  int threads = 0;
+  DistOptions dist;
+};
+
+std::vector<GenerateRequest> requests(const OverlapBenchOptions& o, int64_t n_vocab, int rank) {
+  std::mt19937_64 rng(1234 + static_cast<uint64_t>(rank) * 7919);
+  std::vector<GenerateRequest> reqs(static_cast<size_t>(o.batch));
+  for (GenerateRequest& r : reqs) {
+    for (int64_t i = 0; i < o.prompt_len; ++i)
+      r.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(n_vocab)));
+    r.max_tokens = o.gen_len;
+  }
+  return reqs;
+}
+
+void run_overlap_rank(const OverlapBenchOptions& o, DistContext* ctx) {
+  if (!ctx) DUET_ERROR("bench overlap needs several ranks: --data-parallel-size N (N > 1)");
+  ThreadPool pool(rank_threads(o.threads, o.dist, ctx));
+  RankModel rm = load_rank_model(o.model_dir, o.dist, ctx);
+  const std::vector<GenerateRequest> reqs = requests(o, rm.model->config().n_vocab, ctx->rank());
+  const OverlapMode modes[] = {OverlapMode::kNone, OverlapMode::kTbo, OverlapMode::kDbo};
+  std::vector<std::unique_ptr<Generator>> gens;
+  for (OverlapMode mode : modes) {
+    StepGroup g = rm.group;
+    g.overlap = mode;
+    gens.push_back(std::make_unique<Generator>(*rm.model, pool, KvCacheDtype::kAuto, g));
+    gens.back()->generate(reqs);  // warm-up
+  }
+  if (ctx->rank() == 0) {
+    std::printf("bench overlap: %s, %d ranks (%s, %s), per rank: batch %lld, prompt %lld, gen "
+                "%lld; thresholds decode %lld prefill %lld\n",
+                o.model_dir.c_str(), ctx->world_size(), o.dist.backend.c_str(),
+                o.dist.all2all.c_str(), (long long)o.batch, (long long)o.prompt_len,
+                (long long)o.gen_len, (long long)o.dist.dbo_decode_token_threshold,
+                (long long)o.dist.dbo_prefill_token_threshold);
+    std::printf("%-5s %-4s %9s %9s %9s %9s %9s %8s %8s %7s %8s\n", "round", "mode", "run ms",
+                "compute", "comm wait", "transfers", "hidden", "comm cpu", "split", "tok/s",
+                "vs off");
+  }
+  for (int round = 1; round <= o.rounds; ++round) {
+    double off_seconds = 0;
+    for (size_t m = 0; m < gens.size(); ++m) {
+      const CommThread::Usage u0 = ctx->comm().usage();
+      GenerateStats st;
+      gens[m]->generate(reqs, &st);
+      const CommThread::Usage u1 = ctx->comm().usage();
+      const double run = st.prefill_seconds + st.decode_seconds;
+      const double wait = st.prefill_comm_seconds + st.decode_comm_seconds;
+      const double transfers = u1.busy_seconds - u0.busy_seconds;
+      const double transfer_wait = std::max(0.0, wait - st.sync_seconds);
+      if (m == 0) off_seconds = run;
+      if (ctx->rank() != 0) continue;
+      const double tokens = double(st.prompt_tokens + st.generated_tokens);
+      std::printf("%-5d %-4s %9.1f %9.1f %9.1f %9.1f %8.0f%% %8.3f %4lld/%-3lld %7.1f %8.2f\n",
+                  round, m == 0 ? "off" : overlap_mode_name(modes[m]), run * 1e3, (run - wait) * 1e3, wait * 1e3,
+                  transfers * 1e3,
+                  transfers > 0 ? 100.0 * std::max(0.0, 1.0 - transfer_wait / transfers) : 0.0,
+                  u1.cpu_seconds - u0.cpu_seconds, (long long)st.micro_batch_steps,
+                  (long long)st.steps, tokens / run, off_seconds / run);
+    }
+  }
+  finish_trace(rm, o.dist, ctx);
+}
+
+}  // namespace
+
+void add_bench_overlap(CLI::App& bench) {
+  auto o = std::make_shared<OverlapBenchOptions>();
+  CLI::App* cmd = bench.add_subcommand(
+      "overlap", "Overlap off, TBO and DBO on one workload, alternating in each round");
+  cmd->add_option("model_dir", o->model_dir, "Hugging Face model directory")->required();
+  cmd->add_option("--batch", o->batch, "Sequences per rank")->check(CLI::PositiveNumber);
+  cmd->add_option("--prompt-len", o->prompt_len, "Prompt tokens per sequence")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--gen-len", o->gen_len, "Generated tokens per sequence")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--rounds", o->rounds, "Rounds of off / tbo / dbo (default 2)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", o->threads, "Compute threads per rank");
+  add_dist_options(cmd, o->dist);
+  cmd->callback([o] {
+    if (o->dist.enable_two_batch_overlap || o->dist.enable_dbo)
+      DUET_ERROR("bench overlap runs every mode itself: leave out --enable-two-batch-overlap "
+                 "and --enable-dbo");
+    launch_ranks(o->dist, o->model_dir, [&](DistContext* ctx) { run_overlap_rank(*o, ctx); });
+  });
+}
+
+}  // namespace duet
