@@ -5,14 +5,17 @@
 // and uneven ranks.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
 #include "dist/inproc_backend.h"
 #include "engine/decisive_prompts.h"
 #include "engine/generator.h"
+#include "engine/ep_requests.h"
 #include "engine/tiny_models.h"
 #include "moe/ep_dispatcher.h"
 
@@ -136,6 +139,78 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<OverlapCase>& info) {
       return info.param.arch + "_" + overlap_mode_name(info.param.mode);
     });
+
+// An EpDispatcher of one micro-batch slot that, on the stalling rank, stops answering at its n-th
+// dispatch (for 3 s), with the other micro-batch's transfers in flight on the other ranks.
+class StallingSlot final : public Dispatcher {
+ public:
+  StallingSlot(std::unique_ptr<EpDispatcher> inner, bool stalls, int at)
+      : inner_(std::move(inner)), stalls_(stalls), at_(at) {}
+  void dispatch_send(const RoutedTokens& t) override {
+    if (stalls_ && ++calls_ == at_) std::this_thread::sleep_for(std::chrono::seconds(3));
+    inner_->dispatch_send(t);
+  }
+  ExpertBatch& dispatch_recv() override { return inner_->dispatch_recv(); }
+  void combine_send() override { inner_->combine_send(); }
+  void combine_recv() override { inner_->combine_recv(); }
+  void plan_step(int64_t n) override { inner_->plan_step(n); }
+
+ private:
+  std::unique_ptr<EpDispatcher> inner_;
+  bool stalls_;
+  int at_;
+  int calls_ = 0;
+};
+
+class OverlapFailureTest : public ::testing::TestWithParam<OverlapMode> {};
+
+// Rank 2 of 4 stops answering in a decode step that runs as two micro-batches: every other rank
+// ends with an error naming it within the watchdog time (500 ms here), with both micro-batches'
+// transfers posted, and nothing hangs.
+TEST_P(OverlapFailureTest, StalledRankStopsTheOthersWithinTheWatchdog) {
+  const std::string dir = test::tiny_model_dir("qwen3_moe");
+  const std::vector<GenerateRequest> reqs = test::ep_requests(8);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<double> failed_after(4, -1);
+  std::vector<std::string> errors = run_ranks_collect(
+      4,
+      [&](DistContext& ctx) {
+        const int r = ctx.rank();
+        const ExpertPlacement place = place_experts(8, 4);
+        std::unique_ptr<Model> m = Model::load(dir, LoadOptions{place.begin(r), place.end(r)});
+        ThreadPool pool(1);
+        StepGroup g = overlap_group(GetParam());
+        g.coord = &ctx.coord();
+        Communicator* comm = &ctx.comm();
+        g.dispatchers = [comm, place, r](int slot) {
+          // Micro-batch A of rank 2 stalls at its 3rd decode step's first MoE layer.
+          return std::make_unique<StallingSlot>(
+              std::make_unique<EpDispatcher>(*comm, place, EpDispatcherOptions{}),
+              r == 2 && slot == 0, /*at=*/3 * 2 + 1);
+        };
+        Generator gen(*m, pool, KvCacheDtype::kAuto, g);
+        try {
+          gen.generate({reqs[static_cast<size_t>(2 * r)], reqs[static_cast<size_t>(2 * r + 1)]});
+        } catch (...) {
+          failed_after[static_cast<size_t>(r)] =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          throw;
+        }
+      },
+      std::chrono::milliseconds(500));
+  for (int r : {0, 1, 3}) {
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("rank(s) 2"), std::string::npos)
+        << errors[static_cast<size_t>(r)];
+    EXPECT_GE(failed_after[static_cast<size_t>(r)], 0.0);
+    EXPECT_LT(failed_after[static_cast<size_t>(r)], 2.0) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, OverlapFailureTest,
+                         ::testing::Values(OverlapMode::kTbo, OverlapMode::kDbo),
+                         [](const ::testing::TestParamInfo<OverlapMode>& info) {
+                           return std::string(overlap_mode_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace duet
