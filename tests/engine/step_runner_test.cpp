@@ -2,6 +2,7 @@
 // ranks): every rank's plan of every step (mode, padding, dummy batch), the shape each slot's
 // dispatcher was told, which ranks ran their batch and which the dummy, and that a rank's logits
 // are its batch's — what the rank computes alone with the whole model, to 1e-5.
+// With TBO, which micro-batch slot ran what.
 #include "engine/step_runner.h"
 
 #include <gtest/gtest.h>
@@ -150,6 +151,51 @@ TEST_P(StepRunnerTest, EveryRankRunsTheAgreedPlanOfEveryStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, StepRunnerTest, ::testing::Values(1, 2, 4));
+
+// With TBO on 2 ranks, a step the group agrees to cut runs its halves in slots 0 and 1 (each
+// dispatcher sees its half's tokens), an idle rank runs the dummy pair (one token in each slot),
+// and a step that cannot be cut runs in slot 0 alone.
+TEST(StepRunnerSlotsTest, SplitStepsRunInBothSlots) {
+  const std::string dir = test::tiny_model_dir("qwen3_moe");
+  std::mutex mu;
+  std::vector<std::vector<std::vector<int64_t>>> sent(2);  // [rank][slot] tokens per step
+  run_ranks(2, [&](DistContext& ctx) {
+    const int r = ctx.rank();
+    const ExpertPlacement place = place_experts(8, 2);
+    std::unique_ptr<Model> m = Model::load(dir, LoadOptions{place.begin(r), place.end(r)});
+    ThreadPool pool(1);
+    RecordingDispatcher* rec[2] = {nullptr, nullptr};
+    StepGroup group;
+    group.coord = &ctx.coord();
+    group.overlap = OverlapMode::kTbo;
+    group.micro_batch.decode_token_threshold = 2;
+    group.dispatchers = [&](int slot) {
+      auto d = std::make_unique<RecordingDispatcher>(
+          std::make_unique<EpDispatcher>(ctx.comm(), place, EpDispatcherOptions{}));
+      rec[slot] = d.get();
+      return d;
+    };
+    StepRunner steps(*m, pool, group);
+    KvCache kv(m->config().n_layer, m->kv_k_width(), m->kv_v_width());
+    // Step 0: both ranks decode 4 sequences (split 2|2). Step 1: rank 0 decodes 5, rank 1 none
+    // (3|2 beside a dummy pair). Step 2: rank 0 decodes 1 (cannot split: slot 0 only).
+    for (int64_t n : {int64_t{4}, r == 0 ? int64_t{5} : 0, r == 0 ? int64_t{1} : 0}) {
+      ForwardInput in;
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t seq = kv.add_sequence(), tok = 9;
+        kv.reserve(seq, 1);
+        in.add(seq, 0, &tok, 1, false);
+      }
+      steps.run(in, kv, false);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    sent[static_cast<size_t>(r)] = {rec[0]->sent(), rec[1]->sent()};
+  });
+  EXPECT_EQ(sent[0][0], (std::vector<int64_t>{2, 3, 1}));
+  EXPECT_EQ(sent[0][1], (std::vector<int64_t>{2, 2, -1}));
+  EXPECT_EQ(sent[1][0], (std::vector<int64_t>{2, 1, 1}));  // the dummy pair, then the dummy
+  EXPECT_EQ(sent[1][1], (std::vector<int64_t>{2, 1, -1}));
+}
 
 }  // namespace
 }  // namespace duet
