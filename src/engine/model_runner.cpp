@@ -71,7 +71,9 @@ const std::vector<float>& ModelRunner::forward_overlapped(const ForwardInput& a,
     ForwardState& b;
     ~Clear() { a.in = b.in = nullptr, a.kv = b.kv = nullptr; }
   } clear{sa, sb};
-  const std::vector<Operation>& ops = model_.operations(a.mode);
+  // DBO follows seed 000's schedule: the shared experts run while the combine travels.
+  const std::vector<Operation>& ops = model_.operations(
+      a.mode, mode == OverlapMode::kDbo ? SharedExpertsAt::kCombine : SharedExpertsAt::kDispatch);
   if (mode == OverlapMode::kDbo) {
     if (!dbo_worker_) dbo_worker_ = std::make_unique<DboWorker>();
     run_dual_batch_overlap(ops, sa, sb, *dbo_worker_);

@@ -181,6 +181,14 @@ enum class OpKind {
 
 const char* op_kind_name(OpKind kind);
 
+// Where a MoE layer's shared experts run in its list (DeepSeek's; the other architectures have
+// none, and their lists are the same under both).
+enum class SharedExpertsAt {
+  kDispatch,  // between dispatch_send and dispatch_recv: computed while the dispatch travels
+  kCombine,   // between combine_send and combine_recv: while the combine travels (seed 000's
+              // DBO schedule: "C₁ send, S₁, MLP₀, C₁ recv")
+};
+
 struct Operation {
   OpKind kind = OpKind::kYield;
   int32_t il = -1;     // layer index; -1 for embed and output

@@ -83,7 +83,7 @@ void dispatch_send(ForwardState& s, const FfnWeights& w, int64_t D) {
 }  // namespace
 
 void append_ffn_ops(std::vector<Operation>& ops, int64_t il, const FfnWeights& w, int64_t n_embd,
-                    float eps) {
+                    float eps, SharedExpertsAt shared_at) {
   const FfnWeights* wp = &w;  // the weights outlive the operation list (both owned by the model)
   const int64_t D = n_embd;
   const auto add = [&](OpKind kind, std::function<void(ForwardState&)> run) {
@@ -100,12 +100,14 @@ void append_ffn_ops(std::vector<Operation>& ops, int64_t il, const FfnWeights& w
   add(OpKind::kMoeRoute, [wp, D, eps](ForwardState& s) { moe_route(s, *wp, D, eps); });
   add(OpKind::kDispatchSend, [wp, D](ForwardState& s) { dispatch_send(s, *wp, D); });
   add(OpKind::kYield, nullptr);
-  if (w.has_shared) {
+  const auto add_shared = [&] {
+    if (!w.has_shared) return;
     add(OpKind::kSharedExperts, [wp](ForwardState& s) {
       s.shared_out.resize(s.h.size());
       mlp_forward(*s.pool, wp->shared, s.h.data(), s.n_tokens(), s.mlp, s.shared_out.data());
     });
-  }
+  };
+  if (shared_at == SharedExpertsAt::kDispatch) add_shared();
   add(OpKind::kDispatchRecv,
       [](ForwardState& s) { s.expert_batch = &s.dispatcher->dispatch_recv(); });
   add(OpKind::kExperts, [wp](ForwardState& s) {
@@ -119,6 +121,7 @@ void append_ffn_ops(std::vector<Operation>& ops, int64_t il, const FfnWeights& w
     s.expert_batch = nullptr;
   });
   add(OpKind::kYield, nullptr);
+  if (shared_at == SharedExpertsAt::kCombine) add_shared();
   add(OpKind::kCombineRecv, [wp](ForwardState& s) {
     s.dispatcher->combine_recv();
     if (wp->has_shared) {

@@ -52,6 +52,6 @@ void output_logits(ForwardState& s, const float* norm, float eps, const Matrix& 
 // MoE layer route → dispatch_send → yield → [shared experts] → dispatch_recv → experts →
 // combine_send → yield → combine_recv. The residual stream s.x gets the sublayer's output.
 void append_ffn_ops(std::vector<Operation>& ops, int64_t il, const FfnWeights& w, int64_t n_embd,
-                    float eps);
+                    float eps, SharedExpertsAt shared_at = SharedExpertsAt::kDispatch);
 
 }  // namespace duet

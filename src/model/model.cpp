@@ -64,25 +64,28 @@ void Model::load_output(WeightSource& src) {
 void Model::build_operations() {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   for (ForwardMode mode : kForwardModes) {
-    // Both modes run the same list today; the overlap strategies place their yields per mode.
-    std::vector<Operation>& ops = ops_[static_cast<size_t>(mode)];
-    ops.clear();
-    ops.push_back({OpKind::kEmbed, -1, -1, [this](ForwardState& s) { embed_tokens(s, tok_embd_); }});
-    for (int64_t il = 0; il < config_.n_layer; ++il) {
-      ops.push_back({OpKind::kAttn, static_cast<int32_t>(il), -1,
-                     [this, il](ForwardState& s) { attention(s, il); }});
-      append_ffn_ops(ops, il, ffn_[il], config_.n_embd, eps);
+    for (SharedExpertsAt at : {SharedExpertsAt::kDispatch, SharedExpertsAt::kCombine}) {
+      // Both modes run the same lists today; the overlap strategies place their yields per mode.
+      std::vector<Operation>& ops = ops_[static_cast<size_t>(mode)][static_cast<size_t>(at)];
+      ops.clear();
+      ops.push_back(
+          {OpKind::kEmbed, -1, -1, [this](ForwardState& s) { embed_tokens(s, tok_embd_); }});
+      for (int64_t il = 0; il < config_.n_layer; ++il) {
+        ops.push_back({OpKind::kAttn, static_cast<int32_t>(il), -1,
+                       [this, il](ForwardState& s) { attention(s, il); }});
+        append_ffn_ops(ops, il, ffn_[il], config_.n_embd, eps, at);
+      }
+      ops.push_back({OpKind::kOutput, -1, -1, [this, eps](ForwardState& s) {
+                       output_logits(s, out_norm_, eps, output_);
+                     }});
+      check_operations(ops);
     }
-    ops.push_back({OpKind::kOutput, -1, -1, [this, eps](ForwardState& s) {
-                     output_logits(s, out_norm_, eps, output_);
-                   }});
-    check_operations(ops);
   }
 }
 
-const std::vector<Operation>& Model::operations(ForwardMode mode) const {
+const std::vector<Operation>& Model::operations(ForwardMode mode, SharedExpertsAt at) const {
   DUET_CHECK(mode != ForwardMode::kIdle, "no operation list for an idle step");
-  return ops_[static_cast<size_t>(mode)];
+  return ops_[static_cast<size_t>(mode)][static_cast<size_t>(at)];
 }
 
 std::vector<RecordingSource::Request> Model::list_weights(const ModelConfig& config) {

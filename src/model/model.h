@@ -43,7 +43,8 @@ class Model {
   const ModelConfig& config() const { return config_; }
   // The whole forward pass of a step in `mode` (decode or prefill): embedding, every layer, output
   // head. Built and checked (check_operations) once at load.
-  const std::vector<Operation>& operations(ForwardMode mode) const;
+  const std::vector<Operation>& operations(
+      ForwardMode mode, SharedExpertsAt shared_at = SharedExpertsAt::kDispatch) const;
   // Elements per position per layer in the KV store's k and v rows.
   virtual int64_t kv_k_width() const = 0;
   virtual int64_t kv_v_width() const = 0;
@@ -92,7 +93,7 @@ class Model {
   void build_operations();
 
   std::unique_ptr<WeightSource> source_;  // keeps mapped files and conversions alive
-  std::vector<Operation> ops_[3];  // by ForwardMode (kIdle's stays empty)
+  std::vector<Operation> ops_[3][2];  // by ForwardMode (kIdle's stay empty), SharedExpertsAt
   uint64_t weight_bytes_ = 0;
   uint64_t panel_bytes_ = 0;
   uint64_t dense_bytes_per_step_ = 0;
