@@ -1,5 +1,5 @@
-// `duet bench overlap`: one workload with overlap off, TBO and DBO, alternating mode by mode in
-// each round of one run (every rank of an expert-parallel group), so their ratios are taken side
+// `duet bench overlap`: one workload under several overlap modes (--modes: off, TBO, DBO, SBO, and
+// combinations with bf16 rows), alternating mode by mode in each round of one run (every rank of an expert-parallel group), so their ratios are taken side
 // by side. For each mode and round it prints, from rank 0's side: the run's time (prefill +
 // decode steps), the time spent waiting for communication (the steps' agreement and the
 // transfers not hidden), the compute time (the rest), the transfers' time on the communication
@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -28,8 +29,52 @@ struct OverlapBenchOptions {
   int64_t gen_len = 16;
   int rounds = 2;
   int threads = 0;
+  std::string modes = "off,tbo,dbo,sbo";
   DistOptions dist;
 };
+
+// One mode of the comparison: "off", "tbo" or "dbo" (default off), with "+sbo" (the SBO flags as
+// given, or SBO's defaults) and "+bf16" (bf16 rows), e.g. "tbo+sbo+bf16", "sbo", "bf16".
+struct BenchMode {
+  std::string name;
+  DistOptions dist;  // the run's flags with this mode's overlap settings
+};
+
+std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
+  std::vector<BenchMode> modes;
+  std::stringstream list(o.modes);
+  std::string name;
+  while (std::getline(list, name, ',')) {
+    BenchMode m{name, o.dist};
+    std::stringstream parts(name);
+    std::string part;
+    int overlaps = 0;
+    while (std::getline(parts, part, '+')) {
+      if (part == "off" || part == "tbo" || part == "dbo") {
+        ++overlaps;
+        m.dist.enable_two_batch_overlap = part == "tbo";
+        m.dist.enable_dbo = part == "dbo";
+      } else if (part == "sbo") {
+        m.dist.enable_single_batch_overlap = true;
+      } else if (part == "bf16") {
+        m.dist.all2all_dtype = "bf16";
+      } else {
+        overlaps = 2;
+      }
+    }
+    if (overlaps > 1) {
+      DUET_ERROR("--modes: '" << name << "' is not off, tbo or dbo (default off) with +sbo "
+                              << "and/or +bf16");
+    }
+    if (!m.dist.enable_single_batch_overlap) {  // the SBO flags apply to +sbo modes only
+      m.dist.sbo_combine_chunks = 0;
+      m.dist.sbo_shared_experts = "auto";
+    }
+    modes.push_back(std::move(m));
+  }
+  if (modes.empty()) DUET_ERROR("--modes: no mode given");
+  return modes;
+}
 
 std::vector<GenerateRequest> requests(const OverlapBenchOptions& o, int64_t n_vocab, int rank) {
   std::mt19937_64 rng(1234 + static_cast<uint64_t>(rank) * 7919);
@@ -47,11 +92,11 @@ void run_overlap_rank(const OverlapBenchOptions& o, DistContext* ctx) {
   ThreadPool pool(rank_threads(o.threads, o.dist, ctx));
   RankModel rm = load_rank_model(o.model_dir, o.dist, ctx);
   const std::vector<GenerateRequest> reqs = requests(o, rm.model->config().n_vocab, ctx->rank());
-  const OverlapMode modes[] = {OverlapMode::kNone, OverlapMode::kTbo, OverlapMode::kDbo};
+  const std::vector<BenchMode> modes = parse_modes(o);
   std::vector<std::unique_ptr<Generator>> gens;
-  for (OverlapMode mode : modes) {
-    StepGroup g = rm.group;
-    g.overlap = mode;
+  for (const BenchMode& mode : modes) {
+    StepGroup g = rank_step_group(mode.dist, ctx, rm.placement);
+    g.trace = rm.group.trace;
     gens.push_back(std::make_unique<Generator>(*rm.model, pool, KvCacheDtype::kAuto, g));
     gens.back()->generate(reqs);  // warm-up
   }
@@ -62,9 +107,9 @@ void run_overlap_rank(const OverlapBenchOptions& o, DistContext* ctx) {
                 o.dist.all2all.c_str(), (long long)o.batch, (long long)o.prompt_len,
                 (long long)o.gen_len, (long long)o.dist.dbo_decode_token_threshold,
                 (long long)o.dist.dbo_prefill_token_threshold);
-    std::printf("%-5s %-4s %9s %9s %9s %9s %9s %8s %8s %7s %8s\n", "round", "mode", "run ms",
+    std::printf("%-5s %-12s %9s %9s %9s %9s %9s %8s %8s %7s %8s\n", "round", "mode", "run ms",
                 "compute", "comm wait", "transfers", "hidden", "comm cpu", "split", "tok/s",
-                "vs off");
+                "vs 1st");
   }
   for (int round = 1; round <= o.rounds; ++round) {
     double off_seconds = 0;
@@ -80,8 +125,8 @@ void run_overlap_rank(const OverlapBenchOptions& o, DistContext* ctx) {
       if (m == 0) off_seconds = run;
       if (ctx->rank() != 0) continue;
       const double tokens = double(st.prompt_tokens + st.generated_tokens);
-      std::printf("%-5d %-4s %9.1f %9.1f %9.1f %9.1f %8.0f%% %8.3f %4lld/%-3lld %7.1f %8.2f\n",
-                  round, m == 0 ? "off" : overlap_mode_name(modes[m]), run * 1e3, (run - wait) * 1e3, wait * 1e3,
+      std::printf("%-5d %-12s %9.1f %9.1f %9.1f %9.1f %8.0f%% %8.3f %4lld/%-3lld %7.1f %8.2f\n",
+                  round, modes[m].name.c_str(), run * 1e3, (run - wait) * 1e3, wait * 1e3,
                   transfers * 1e3,
                   transfers > 0 ? 100.0 * std::max(0.0, 1.0 - transfer_wait / transfers) : 0.0,
                   u1.cpu_seconds - u0.cpu_seconds, (long long)st.micro_batch_steps,
@@ -96,21 +141,28 @@ void run_overlap_rank(const OverlapBenchOptions& o, DistContext* ctx) {
 void add_bench_overlap(CLI::App& bench) {
   auto o = std::make_shared<OverlapBenchOptions>();
   CLI::App* cmd = bench.add_subcommand(
-      "overlap", "Overlap off, TBO and DBO on one workload, alternating in each round");
+      "overlap", "Overlap modes (off, TBO, DBO, SBO, bf16 rows) on one workload, alternating in "
+                 "each round");
   cmd->add_option("model_dir", o->model_dir, "Hugging Face model directory")->required();
   cmd->add_option("--batch", o->batch, "Sequences per rank")->check(CLI::PositiveNumber);
   cmd->add_option("--prompt-len", o->prompt_len, "Prompt tokens per sequence")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--gen-len", o->gen_len, "Generated tokens per sequence")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--rounds", o->rounds, "Rounds of off / tbo / dbo (default 2)")
+  cmd->add_option("--rounds", o->rounds, "Rounds of the modes (default 2)")
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--modes", o->modes,
+                  "Comma-separated modes, the first the baseline of 'vs': off | tbo | dbo, each "
+                  "optionally +sbo and/or +bf16 (default off,tbo,dbo,sbo)");
   cmd->add_option("--threads", o->threads, "Compute threads per rank");
   add_dist_options(cmd, o->dist);
   cmd->callback([o] {
-    if (o->dist.enable_two_batch_overlap || o->dist.enable_dbo)
-      DUET_ERROR("bench overlap runs every mode itself: leave out --enable-two-batch-overlap "
-                 "and --enable-dbo");
+    if (o->dist.enable_two_batch_overlap || o->dist.enable_dbo ||
+        o->dist.enable_single_batch_overlap || o->dist.all2all_dtype != "f32")
+      DUET_ERROR("bench overlap runs every mode itself (--modes): leave out "
+                 "--enable-two-batch-overlap, --enable-dbo, --enable-single-batch-overlap and "
+                 "--all2all-dtype");
+    parse_modes(*o);  // a bad --modes fails before any rank starts
     launch_ranks(o->dist, o->model_dir, [&](DistContext* ctx) { run_overlap_rank(*o, ctx); });
   });
 }

@@ -9,6 +9,7 @@
 #include "dist/launcher.h"
 #include "dist/mpi_backend.h"
 #include "model/config.h"
+#include "moe/wire_rows.h"
 
 namespace duet {
 
@@ -29,6 +30,19 @@ uint64_t resident_bytes() {
   return 0;
 }
 
+// ", sbo: combine in 4 chunks, shared experts beside the combine" or "".
+std::string describe_sbo(const DistOptions& o) {
+  const SboSettings s = resolve_sbo(o);
+  std::string d;
+  if (s.combine_chunks > 1) d += "combine in " + std::to_string(s.combine_chunks) + " chunks";
+  if (s.shared_experts_at) {
+    if (!d.empty()) d += ", ";
+    d += std::string("shared experts beside the ") +
+         (*s.shared_experts_at == SharedExpertsAt::kCombine ? "combine" : "dispatch");
+  }
+  return d.empty() ? d : ", sbo: " + d;
+}
+
 // Throws if `world` ranks cannot share the model's experts.
 void check_overlap(const DistOptions& o) {
   if (o.enable_two_batch_overlap && o.enable_dbo)
@@ -36,6 +50,18 @@ void check_overlap(const DistOptions& o) {
   if ((o.enable_two_batch_overlap || o.enable_dbo) && !o.enable_expert_parallel) {
     DUET_ERROR((o.enable_dbo ? "--enable-dbo" : "--enable-two-batch-overlap")
                << " overlaps the experts' all-to-all and needs --enable-expert-parallel");
+  }
+  const bool sbo = o.enable_single_batch_overlap || o.sbo_combine_chunks > 1 ||
+                   o.sbo_shared_experts != "auto" || o.all2all_dtype != "f32";
+  parse_all2all_dtype(o.all2all_dtype);
+  if (o.sbo_shared_experts != "auto" && o.sbo_shared_experts != "dispatch" &&
+      o.sbo_shared_experts != "combine") {
+    DUET_ERROR("--sbo-shared-experts: '" << o.sbo_shared_experts
+                                         << "' is not auto, dispatch or combine");
+  }
+  if (sbo && !o.enable_expert_parallel) {
+    DUET_ERROR("--enable-single-batch-overlap, --sbo-combine-chunks, --sbo-shared-experts and "
+               "--all2all-dtype shape the experts' all-to-all and need --enable-expert-parallel");
   }
   if (o.dbo_decode_token_threshold < 2 || o.dbo_prefill_token_threshold < 2)
     DUET_ERROR("--dbo-decode-token-threshold and --dbo-prefill-token-threshold must be >= 2 "
@@ -90,6 +116,20 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
   cmd->add_option("--trace-file", o.trace_file,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of the steps, each "
                   "micro-batch's operations and the transfers; one file per rank (PATH.rankN)");
+  cmd->add_flag("--enable-single-batch-overlap", o.enable_single_batch_overlap,
+                "Hide the all-to-all inside each batch (SGLang's SBO): the combine leaves in "
+                "chunks of experts while the rest compute (low_latency), the shared experts run "
+                "while it travels");
+  cmd->add_option("--sbo-combine-chunks", o.sbo_combine_chunks,
+                  "Chunks of local experts the low_latency combine leaves in, each as soon as "
+                  "its experts ran (1 = one transfer; default 4 with SBO, else 1)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--sbo-shared-experts", o.sbo_shared_experts,
+                  "Where the shared experts run: while the dispatch or the combine travels "
+                  "(auto: the combine when it is chunked; with DBO, the combine)");
+  cmd->add_option("--all2all-dtype", o.all2all_dtype,
+                  "Element type of the rows dispatch and combine carry: f32 (default) | bf16 "
+                  "(half the bytes; rows rounded to bf16)");
   cmd->add_option("--all2all-backend", o.all2all,
                   "Expert dispatch algorithm: high_throughput (default) | low_latency")
       ->check(CLI::IsMember({"high_throughput", "low_latency"}));
@@ -139,6 +179,46 @@ StepGroup step_group(const DistOptions& o) {
   g.micro_batch.decode_token_threshold = o.dbo_decode_token_threshold;
   g.micro_batch.prefill_token_threshold = o.dbo_prefill_token_threshold;
   g.tbo_distribution_threshold = o.tbo_token_distribution_threshold;
+  g.shared_experts_at = resolve_sbo(o).shared_experts_at;
+  return g;
+}
+
+SboSettings resolve_sbo(const DistOptions& o) {
+  SboSettings s;
+  const bool low_latency = parse_all2all_backend(o.all2all) == All2AllBackend::kLowLatency;
+  s.combine_chunks = o.sbo_combine_chunks > 0          ? o.sbo_combine_chunks
+                     : o.enable_single_batch_overlap ? kSboCombineChunks
+                                                     : 1;
+  if (o.sbo_shared_experts == "dispatch") {
+    s.shared_experts_at = SharedExpertsAt::kDispatch;
+  } else if (o.sbo_shared_experts == "combine") {
+    s.shared_experts_at = SharedExpertsAt::kCombine;
+  } else if (o.enable_single_batch_overlap && !o.enable_dbo) {
+    s.shared_experts_at = low_latency && s.combine_chunks > 1 ? SharedExpertsAt::kCombine
+                                                              : SharedExpertsAt::kDispatch;
+  }
+  return s;
+}
+
+EpDispatcherOptions ep_dispatcher_options(const DistOptions& o) {
+  EpDispatcherOptions eo;
+  eo.backend = parse_all2all_backend(o.all2all);
+  eo.max_tokens_per_rank = o.ll_max_tokens;
+  eo.row_dtype = parse_all2all_dtype(o.all2all_dtype);
+  eo.combine_chunks = resolve_sbo(o).combine_chunks;
+  return eo;
+}
+
+StepGroup rank_step_group(const DistOptions& o, DistContext* ctx,
+                          const ExpertPlacement& placement) {
+  StepGroup g = step_group(o);
+  if (!ctx) return g;
+  const EpDispatcherOptions eo = ep_dispatcher_options(o);
+  Communicator* comm = &ctx->comm();
+  g.coord = &ctx->coord();
+  g.dispatchers = [comm, placement, eo](int) {
+    return std::make_unique<EpDispatcher>(*comm, placement, eo);
+  };
   return g;
 }
 
@@ -149,7 +229,7 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
   const ModelConfig c = load_config(model_dir);
   rm.placement = place_experts(c.n_expert, world);
   LoadOptions lo{rm.placement.begin(rank), rm.placement.end(rank), o.repack};
-  rm.group = step_group(o);
+  rm.group = rank_step_group(o, ctx, rm.placement);
   if (!o.trace_file.empty()) {
     rm.trace = std::make_unique<Trace>(rank);
     rm.group.trace = rm.trace.get();
@@ -157,13 +237,6 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
   }
   rm.model = Model::load(model_dir, lo);
   if (ctx) {
-    EpDispatcherOptions eo{parse_all2all_backend(o.all2all), o.ll_max_tokens};
-    Communicator* comm = &ctx->comm();
-    const ExpertPlacement placement = rm.placement;
-    rm.group.coord = &ctx->coord();
-    rm.group.dispatchers = [comm, placement, eo](int) {
-      return std::make_unique<EpDispatcher>(*comm, placement, eo);
-    };
     // The whole model's bytes: this rank's plus the experts it left to the others.
     int64_t n_moe = 0;
     for (int64_t il = 0; il < c.n_layer; ++il) n_moe += c.is_moe_layer(il);
@@ -172,11 +245,12 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
                                                double(rm.model->bytes_per_expert()) * double(n_moe);
     std::fprintf(stderr,
                  "rank %d/%d: %s per MoE layer, weights %.1f MiB of %.1f MiB, resident %.1f MiB "
-                 "(%s, %s, overlap %s)\n",
+                 "(%s, %s rows %s, overlap %s%s)\n",
                  rank, world, rm.placement.describe(rank).c_str(),
                  rm.model->weight_bytes() / 1048576.0, whole / 1048576.0,
                  resident_bytes() / 1048576.0, o.backend.c_str(), o.all2all.c_str(),
-                 overlap_mode_name(rm.group.overlap));
+                 o.all2all_dtype.c_str(), overlap_mode_name(rm.group.overlap),
+                 describe_sbo(o).c_str());
   }
   return rm;
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "dist/dist_context.h"
@@ -33,7 +34,28 @@ struct DistOptions {
   int64_t dbo_prefill_token_threshold = 512;
   double tbo_token_distribution_threshold = 0.48;
   std::string trace_file;  // --trace-file: a Chrome trace per rank ("" = none)
+  // Single-batch overlap (SGLang's SBO; needs --enable-expert-parallel).
+  bool enable_single_batch_overlap = false;  // --enable-single-batch-overlap
+  int sbo_combine_chunks = 0;            // --sbo-combine-chunks: 0 = SBO's choice (1 without SBO)
+  std::string sbo_shared_experts = "auto";  // --sbo-shared-experts: auto | dispatch | combine
+  std::string all2all_dtype = "f32";     // --all2all-dtype: f32 | bf16
 };
+
+// What the single-batch overlap flags of `o` come to: the combine's chunks (low_latency steps)
+// and where the shared experts run (unset: the executor's order). Without
+// --enable-single-batch-overlap only what is forced; with it, the chunked combine
+// (kSboCombineChunks unless --sbo-combine-chunks says otherwise) and the shared experts beside
+// the combine, covering its last chunk, where the combine is chunked (low_latency), else beside
+// the dispatch.
+struct SboSettings {
+  int combine_chunks = 1;
+  std::optional<SharedExpertsAt> shared_experts_at;
+};
+constexpr int kSboCombineChunks = 4;
+SboSettings resolve_sbo(const DistOptions& o);
+
+// The expert-parallel dispatcher options of `o` (algorithm, capacity, row dtype, chunks).
+EpDispatcherOptions ep_dispatcher_options(const DistOptions& o);
 
 // Registers --data-parallel-size, --enable-expert-parallel, --distributed-backend,
 // --all2all-backend, --ll-max-tokens, --no-repack and the overlap flags (--enable-two-batch-overlap,
@@ -62,6 +84,11 @@ struct RankModel {
 
 // The overlap settings of `o` (no coordinator, no dispatchers: a single rank's group).
 StepGroup step_group(const DistOptions& o);
+
+// step_group(o) joined to the ranks of `ctx` (null: a single rank): its coordinator, and a
+// factory of expert-parallel dispatchers (ep_dispatcher_options(o)) over its communicator.
+StepGroup rank_step_group(const DistOptions& o, DistContext* ctx,
+                          const ExpertPlacement& placement);
 
 // Loads this rank's part of the model and prints the start-up report on stderr: which experts
 // the rank holds, its weight bytes against the whole model's, and the process's resident memory.

@@ -45,10 +45,12 @@ const std::vector<float>& ModelRunner::forward(const ForwardInput& in, KvStore& 
   ForwardState& state = slot(i).state;
   state.in = &in;
   state.kv = &kv;
+  const std::vector<Operation>& ops =
+      model_.operations(in.mode, shared_at_.value_or(SharedExpertsAt::kDispatch));
   if (op_seconds_) {
-    run_plain_timed(model_.operations(in.mode), state, *op_seconds_);
+    run_plain_timed(ops, state, *op_seconds_);
   } else {
-    run_plain(model_.operations(in.mode), state);
+    run_plain(ops, state);
   }
   state.in = nullptr;
   state.kv = nullptr;
@@ -71,9 +73,11 @@ const std::vector<float>& ModelRunner::forward_overlapped(const ForwardInput& a,
     ForwardState& b;
     ~Clear() { a.in = b.in = nullptr, a.kv = b.kv = nullptr; }
   } clear{sa, sb};
-  // DBO follows seed 000's schedule: the shared experts run while the combine travels.
+  // DBO follows seed 000's schedule unless told otherwise: the shared experts run while the
+  // combine travels.
   const std::vector<Operation>& ops = model_.operations(
-      a.mode, mode == OverlapMode::kDbo ? SharedExpertsAt::kCombine : SharedExpertsAt::kDispatch);
+      a.mode, shared_at_.value_or(mode == OverlapMode::kDbo ? SharedExpertsAt::kCombine
+                                                            : SharedExpertsAt::kDispatch));
   if (mode == OverlapMode::kDbo) {
     if (!dbo_worker_) dbo_worker_ = std::make_unique<DboWorker>();
     run_dual_batch_overlap(ops, sa, sb, *dbo_worker_);

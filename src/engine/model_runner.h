@@ -10,6 +10,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -51,6 +52,9 @@ class ModelRunner {
   // With a trace, each operation becomes a span on its slot's track (slot 0: micro-batch A, slot
   // 1: B). The trace must outlive the runner or the next set_trace.
   void set_trace(Trace* trace);
+  // Where the MoE layers' shared experts run (see StepGroup::shared_experts_at); unset: while the
+  // dispatch travels, or with DBO while the combine does.
+  void set_shared_experts_at(std::optional<SharedExpertsAt> at) { shared_at_ = at; }
   // While `seconds` is set (not null), forward passes add each operation's wall time to it.
   void set_op_seconds(OpSeconds* seconds) { op_seconds_ = seconds; }
   // Routed-expert weight bytes read by all forward passes so far, over every slot (benchmarks).
@@ -68,6 +72,7 @@ class ModelRunner {
   const Model& model_;
   std::vector<std::unique_ptr<Slot>> slots_;  // [n_slots]; stable addresses
   OpSeconds* op_seconds_ = nullptr;
+  std::optional<SharedExpertsAt> shared_at_;
   std::unique_ptr<DboWorker> dbo_worker_;  // micro-batch B's thread for kDbo, made on first use
   std::vector<float> joined_logits_;       // forward_overlapped's: [A rows + B rows, n_vocab]
 };

@@ -26,6 +26,7 @@ StepRunner::StepRunner(const Model& model, ThreadPool& pool, const StepGroup& gr
       dummy_kv_(model.config().n_layer, model.kv_k_width(), model.kv_v_width(), DType::kF32),
       trace_(group.trace) {
   runner_.set_trace(group.trace);
+  runner_.set_shared_experts_at(group.shared_experts_at);
   const int32_t tok = 0;
   for (ForwardInput& dummy : dummy_in_) {
     const int32_t seq = dummy_kv_.add_sequence();

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -37,6 +38,10 @@ struct StepGroup {
   OverlapMode overlap = OverlapMode::kNone;
   MicroBatchPolicy micro_batch;
   double tbo_distribution_threshold = kDefaultTboDistributionThreshold;  // the splitter's
+  // Single-batch overlap (--sbo-shared-experts): where each MoE layer's shared experts run, while
+  // the dispatch or while the combine travels. Unset: the executor's order (DBO: the combine,
+  // as seed 000 schedules it; plain and TBO: the dispatch).
+  std::optional<SharedExpertsAt> shared_experts_at;
   // --trace-file: the steps' agreement and plan and every operation become spans of this trace
   // (null: none). Must outlive the step runner.
   Trace* trace = nullptr;

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace duet {
@@ -42,6 +43,14 @@ struct ExpertBatch {
   std::vector<float*> out;        // [n_rows] each row's output row, n_embd f32, added to
   std::vector<float*> clear;      // output rows whose contents are stale: zeroed before adding
   std::vector<float> weight;      // [n_rows] each row's weight in its output row's sum
+  // Chunked combine (single-batch overlap): when chunk_ends is not empty, the local experts fall
+  // in chunks, chunk c being experts [chunk_ends[c - 1], chunk_ends[c]) (from 0, to
+  // n_local_expert), and `clear` lists row i's output row at i. An expert runner that honours
+  // chunks finishes the rows of one chunk after another (zeroing their clear rows first) and
+  // calls chunk_done(c) as soon as chunk c's output rows are final, in order, so the dispatcher
+  // sends them while the next chunk computes. One that does not leaves them all to combine_send.
+  std::vector<int64_t> chunk_ends;
+  std::function<void(int c)> chunk_done;
   int64_t n_rows() const { return offsets.empty() ? 0 : offsets.back(); }
   // Sizes x, out and weight for the rows `offsets` counts.
   void resize_rows() {

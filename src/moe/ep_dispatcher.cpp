@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "kernels/ops.h"
+#include "moe/wire_rows.h"
 
 namespace duet {
 
@@ -160,7 +161,9 @@ void EpDispatcher::combine_recv() {
 // A record: [K local expert ids, -1 after the last][K weights][D x], in f32 words. Records to
 // this rank keep only their header (in self_head_); their rows stay in tokens_.x.
 void EpDispatcher::ht_dispatch_send() {
-  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd, W = 2 * K + D;
+  const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
+  const WireRows wire(opt_.row_dtype, D);
+  const int64_t W = 2 * K + wire.words();
   scratch_.resize(static_cast<size_t>(4 * n_rank_));
   int64_t* last_token = scratch_.data();  // [n_rank] the last token given a record there
   int64_t* next = last_token + n_rank_;   // [n_rank] the next record number there
@@ -212,7 +215,7 @@ void EpDispatcher::ht_dispatch_send() {
         sent_token_[record[r]] = static_cast<int32_t>(t);
         float* head = head_of(r, record[r]);
         for (int64_t j = 0; j < K; ++j) put_i32(head + j, -1), head[K + j] = 0.0f;
-        if (r != rank_) std::memcpy(head + 2 * K, tokens_.x + t * D, static_cast<size_t>(D) * 4);
+        if (r != rank_) wire.put(head + 2 * K, tokens_.x + t * D);
       }
       float* head = head_of(r, record[r]);
       put_i32(head + n_listed[r], static_cast<int32_t>(e - placement_.begin(r)));
@@ -254,7 +257,8 @@ void EpDispatcher::ht_dispatch_send() {
 }
 
 const float* EpDispatcher::ht_head(int s, int64_t i) const {
-  const int64_t K = tokens_.n_expert_used, W = 2 * K + tokens_.n_embd;
+  const int64_t K = tokens_.n_expert_used;
+  const int64_t W = 2 * K + WireRows(opt_.row_dtype, tokens_.n_embd).words();
   if (s == rank_) return self_head_.data() + i * 2 * K;
   return recv_.data() + recv_base_[s] + i * W;
 }
@@ -266,7 +270,8 @@ const float* EpDispatcher::ht_row(int s, int64_t i) const {
 
 // The batch: a row per (record, listed expert), grouped by local expert in arrival order (by
 // source rank, then record), reading the record's row where it arrived (or, for the rank's own
-// records, in the caller's hidden states). The rows of one record share its output row: in
+// records, in the caller's hidden states; bf16 rows: widened, or for the own records rounded, into
+// xin_). The rows of one record share its output row: in
 // back_, the combine's send buffer (cleared first), or, for the own records, the token's row of
 // the caller's output, which the experts add to directly.
 void EpDispatcher::ht_dispatch_recv() {
@@ -277,7 +282,11 @@ void EpDispatcher::ht_dispatch_recv() {
              "own records " << recv_rows_[rank_] << " vs " << send_rows_[rank_]);
   const int64_t n_rec = recv_first_[n_rank_], n_self = recv_rows_[rank_];
   // Where each source's records start in recv_: back to back, or each in its bounded room.
-  const int64_t W = 2 * K + D;
+  const WireRows wire(opt_.row_dtype, D);
+  const int64_t W = 2 * K + wire.words();
+  batch_.chunk_ends.clear();  // one combine transfer (see the header)
+  batch_.chunk_done = nullptr;
+  if (wire.bf16()) xin_.resize(static_cast<size_t>(n_rec * D));
   for (int s = 0, pos = 0; s < n_rank_; ++s) {
     if (s == rank_) continue;
     recv_base_[s] = ht_bounded_ ? pos * planned_tokens_ * W
@@ -305,6 +314,12 @@ void EpDispatcher::ht_dispatch_recv() {
       const float* head = ht_head(s, i);
       const float* row = ht_row(s, i);
       const int64_t g = recv_first_[s] + i;
+      if (wire.bf16()) {
+        float* x = xin_.data() + g * D;
+        if (s == rank_) wire.round(row, x);
+        else wire.get(row, x);
+        row = x;
+      }
       float* out = s == rank_ ? tokens_.out + sent_token_[send_first_[s] + i] * D
                               : back_.data() + (s < rank_ ? g : g - n_self) * D;
       if (s != rank_) batch_.clear.push_back(out);
@@ -321,12 +336,21 @@ void EpDispatcher::ht_dispatch_recv() {
 // The experts have reduced each record into one row in back_: it goes back as it is.
 void EpDispatcher::ht_combine_send() {
   const int64_t D = tokens_.n_embd;
-  wire_bytes(recv_rows_, D, &send_bytes_);
-  wire_bytes(send_rows_, D, &recv_bytes_);
-  ret_.resize(static_cast<size_t>((send_first_[n_rank_] - send_rows_[rank_]) * D));
-  combine_bytes_ = recv_first_[n_rank_] * D * 4;
+  const WireRows wire(opt_.row_dtype, D);
+  const int64_t RW = wire.words();
+  wire_bytes(recv_rows_, RW, &send_bytes_);
+  wire_bytes(send_rows_, RW, &recv_bytes_);
+  ret_.resize(static_cast<size_t>((send_first_[n_rank_] - send_rows_[rank_]) * RW));
+  combine_bytes_ = recv_first_[n_rank_] * RW * 4;
+  const float* send = back_.data();
+  if (wire.bf16()) {  // pack the reduced rows
+    const int64_t n = static_cast<int64_t>(back_.size()) / D;
+    back_wire_.resize(static_cast<size_t>(n * RW));
+    for (int64_t i = 0; i < n; ++i) wire.put(back_wire_.data() + i * RW, back_.data() + i * D);
+    send = back_wire_.data();
+  }
   pending_ = comm_.start(with_bytes("ep_combine(high_throughput)", send_bytes_),
-                         [send = back_.data(), recv = ret_.data(), sb = send_bytes_,
+                         [send, recv = ret_.data(), sb = send_bytes_,
                           rb = recv_bytes_](CollectiveOps& ops) {
                            ops.all_to_all_v(send, sb, recv, rb);
                          });
@@ -337,6 +361,7 @@ void EpDispatcher::ht_combine_send() {
 // destination's records are in token order.
 void EpDispatcher::ht_combine_recv() {
   const int64_t D = tokens_.n_embd;
+  const WireRows wire(opt_.row_dtype, D);
   const int64_t n_self = send_rows_[rank_];
   scratch_.resize(static_cast<size_t>(n_rank_));
   int64_t* next = scratch_.data();  // [n_rank] the next record from each destination
@@ -347,7 +372,7 @@ void EpDispatcher::ht_combine_recv() {
       const int64_t g = next[r];
       if (r == rank_ || g == send_first_[r + 1] || sent_token_[g] != t) continue;
       ++next[r];
-      add_inplace(ret_.data() + (r < rank_ ? g : g - n_self) * D, D, o);
+      wire.add(ret_.data() + (r < rank_ ? g : g - n_self) * wire.words(), 1.0f, o);
     }
   }
 }

@@ -18,12 +18,24 @@
 //    (told by plan_step; a long prefill) runs high_throughput instead, as DeepEP's users switch
 //    to the normal kernels for prefill; without plan_step such a batch is refused.
 // Both send nothing through the transport to the rank itself: its rows are read in place.
+//
+// Rows travel as f32 or, with row_dtype bf16 (`--all2all-dtype bf16`), as bf16: half the bytes.
+// Then every row an expert reads is the bf16 rounding of its token's row (the rank's own rows
+// too, so the result does not depend on where an expert lives), and every output row another
+// rank sends back is rounded to bf16 (low_latency rounds the rank's own outputs too;
+// high_throughput adds its own experts' outputs unrounded, as they never leave the rank).
+//
+// Single-batch overlap: with combine_chunks > 1, low_latency's combine leaves in chunks of the
+// local experts, each as soon as its experts have run (ExpertBatch::chunk_done), while the
+// next chunk computes; high_throughput's combine stays one transfer (its rows are reduced over a
+// token's experts on the rank, so no row is final before the last expert).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "dist/communicator.h"
 #include "moe/dispatcher.h"
 #include "moe/expert_placement.h"
@@ -44,6 +56,12 @@ struct EpDispatcherOptions {
   // low_latency: the most tokens of one rank a dispatch carries (the buffers' capacity). Every
   // rank must use the same value; a micro-batch with more tokens is refused.
   int64_t max_tokens_per_rank = 256;
+  // The rows' element type on the wire: kF32 or kBF16. Every rank must use the same.
+  DType row_dtype = DType::kF32;
+  // low_latency: the combine leaves in this many chunks of local experts (at most one per
+  // expert), each as soon as its experts have run; 1 = one transfer. Every rank must use the
+  // same value.
+  int combine_chunks = 1;
 };
 
 class EpDispatcher final : public Dispatcher {
@@ -90,6 +108,9 @@ class EpDispatcher final : public Dispatcher {
   void ll_dispatch_recv();
   void ll_combine_send();
   void ll_combine_recv();
+  // Posts the output rows of chunk c of the local experts to their tokens' ranks, and receives
+  // chunk c of the other ranks' experts. REQUIRES: chunks before c posted, c's rows final.
+  void ll_combine_chunk(int c);
   // Starts low_latency's one round: bytes[r] from the start of rank r's buffer of bw words in
   // send (buffers in ll order), into recv's buffers of bw words; recv_bytes_ gets the lengths.
   void ll_transfer(const char* what, const float* send, const std::vector<int64_t>& bytes,
@@ -159,6 +180,15 @@ class EpDispatcher final : public Dispatcher {
   std::vector<int64_t> blk_row_;  // [n_rank, n_local] first row of (source, expert) in its buffer
   std::vector<int64_t> back_bytes_;  // [n_rank] the combine's part for each rank
   int64_t ll_own_bytes_ = 0;         // the used start of the own buffer
+  std::vector<int64_t> sent_count_;  // [n_rank, n_local] rows this rank sent to each expert
+  std::vector<int64_t> row_wire_;    // bf16: [batch rows] word offset of each row's output in
+                                     // back_ (or, for the own block, ret_)
+  int posted_chunks_ = 0;            // chunked combine: chunks posted this layer
+  // bf16 rows: the experts read f32 and write f32, so both sides are staged. xin_ [batch rows
+  // (ll) or records (ht), n_embd] the widened inputs; xout_ [batch rows, n_embd] (ll) the
+  // outputs before they are packed; back_wire_ [remote records, n_embd / 2 words] (ht) the
+  // combine's packed outputs.
+  std::vector<float> xin_, xout_, back_wire_;
 };
 
 }  // namespace duet

@@ -1,6 +1,7 @@
 // EpDispatcher's low_latency algorithm: fixed-capacity buffers, one round each way, no count
-// exchange. The buffer for (or from) one rank is BW = L + R·D f32 words: the row count of each
-// of that rank's L local experts (int32, bit for bit), then R = min(K, L) · C rows of D, expert
+// exchange. The buffer for (or from) one rank is BW = L + R·RW f32 words: the row count of each
+// of that rank's L local experts (int32, bit for bit), then R = min(K, L) · C rows of RW words
+// (D f32, or D bf16 packed in D / 2 words), expert
 // l's rows after expert l - 1's. C is the step's capacity in tokens: a token sends at most
 // min(K, L) rows to one rank (its K experts are distinct), so no rank can overflow what every
 // rank expects. The same layout carries the outputs back, so a (token, k) pair's output sits at
@@ -15,6 +16,7 @@
 #include "core/error.h"
 #include "kernels/ops.h"
 #include "moe/ep_dispatcher.h"
+#include "moe/wire_rows.h"
 
 namespace duet {
 
@@ -30,12 +32,13 @@ int64_t get_count(const float* p) {
 }
 
 struct LlLayout {
-  int64_t L, R, BW;  // local experts (the header's words), row capacity, words per rank
+  int64_t L, R, RW, BW;  // local experts (the header's words), row capacity, words per row,
+                         // words per rank
 };
 
-LlLayout ll_layout(int64_t L, int64_t K, int64_t D, int64_t C) {
+LlLayout ll_layout(int64_t L, int64_t K, int64_t row_words, int64_t C) {
   const int64_t R = std::min(K, L) * C;
-  return {L, R, L + R * D};
+  return {L, R, row_words, L + R * row_words};
 }
 
 // The place of rank r's buffer in this rank's: the others in rank order, then its own.
@@ -46,8 +49,9 @@ int64_t ll_pos(int r, int rank, int n_rank) {
 
 void EpDispatcher::ll_dispatch_send() {
   const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd, C = step_tokens_;
-  const LlLayout lay = ll_layout(placement_.n_local(), K, D, C);
-  const int64_t L = lay.L;
+  const WireRows wire(opt_.row_dtype, D);
+  const LlLayout lay = ll_layout(placement_.n_local(), K, wire.words(), C);
+  const int64_t L = lay.L, RW = lay.RW;
   if (tokens_.n_tokens > C) {
     DUET_ERROR("low_latency all-to-all: "
                << tokens_.n_tokens << " tokens exceed the capacity "
@@ -58,9 +62,10 @@ void EpDispatcher::ll_dispatch_send() {
   send_.resize(words);
   recv_.resize(words);
   // Rows for (rank r, local expert l): counted, then placed after the rows of r's experts < l.
-  scratch_.assign(static_cast<size_t>(2 * n_rank_ * L), 0);
-  int64_t* count = scratch_.data();     // [n_rank, L]
-  int64_t* next = count + n_rank_ * L;  // [n_rank, L] next row of the block
+  sent_count_.assign(static_cast<size_t>(n_rank_ * L), 0);
+  scratch_.assign(static_cast<size_t>(n_rank_ * L), 0);
+  int64_t* count = sent_count_.data();  // [n_rank, L]
+  int64_t* next = scratch_.data();      // [n_rank, L] next row of the block
   for (int64_t i = 0; i < tokens_.n_tokens * K; ++i) {
     const int32_t e = tokens_.topk_ids[i];
     ++count[placement_.owner(e) * L + (e - placement_.begin(placement_.owner(e)))];
@@ -76,7 +81,7 @@ void EpDispatcher::ll_dispatch_send() {
     DUET_CHECK(rows <= lay.R, "low_latency: " << rows << " rows for rank " << r << ", room for "
                                               << lay.R << " (a token lists an expert twice?)");
     // Only the used start of the buffer travels: the counts and the rows placed.
-    const int64_t used = (L + rows * D) * 4;
+    const int64_t used = (L + rows * RW) * 4;
     send_bytes_[r] = r == rank_ ? 0 : used;
     if (r == rank_) ll_own_bytes_ = used;
     dispatch_bytes_ += used;
@@ -87,8 +92,8 @@ void EpDispatcher::ll_dispatch_send() {
       const int32_t e = tokens_.topk_ids[t * K + k];
       const int r = placement_.owner(e);
       const int64_t off =
-          ll_pos(r, rank_, n_rank_) * lay.BW + L + next[r * L + (e - placement_.begin(r))]++ * D;
-      std::memcpy(send_.data() + off, tokens_.x + t * D, static_cast<size_t>(D) * 4);
+          ll_pos(r, rank_, n_rank_) * lay.BW + L + next[r * L + (e - placement_.begin(r))]++ * RW;
+      wire.put(send_.data() + off, tokens_.x + t * D);
       slot_of_[t * K + k] = off;
     }
   }
@@ -107,13 +112,16 @@ void EpDispatcher::ll_transfer(const char* what, const float* send,
   });
 }
 
-// Expert l's rows: those from source 0, then source 1, ..., read where they arrived. Each row's
-// output goes to the slot its input had, in back_ (or, for the own block, straight in ret_), with
-// weight 1: the token's owner applies the weights.
+// Expert l's rows: those from source 0, then source 1, ..., read where they arrived (f32 rows)
+// or widened into xin_ (bf16). Each row's output goes to the slot its input had, in back_ (or,
+// for the own block, straight in ret_), with weight 1: the token's owner applies the weights.
+// bf16 outputs are written to xout_ first and packed into those slots as they leave.
 void EpDispatcher::ll_dispatch_recv() {
   const int64_t D = tokens_.n_embd;
-  const LlLayout lay = ll_layout(placement_.n_local(), tokens_.n_expert_used, D, step_tokens_);
-  const int64_t L = lay.L;
+  const WireRows wire(opt_.row_dtype, D);
+  const LlLayout lay =
+      ll_layout(placement_.n_local(), tokens_.n_expert_used, wire.words(), step_tokens_);
+  const int64_t L = lay.L, RW = lay.RW;
   auto block = [&](int s) {
     return (s == rank_ ? send_.data() : recv_.data()) + ll_pos(s, rank_, n_rank_) * lay.BW;
   };
@@ -138,9 +146,9 @@ void EpDispatcher::ll_dispatch_recv() {
       rows += c;
       batch_.offsets[l + 1] += c;
     }
-    if (got != (L + rows * D) * 4) {
+    if (got != (L + rows * RW) * 4) {
       DUET_ERROR("low_latency dispatch: rank " << s << " sent " << got << " bytes for " << rows
-                                               << " rows, expected " << (L + rows * D) * 4);
+                                               << " rows, expected " << (L + rows * RW) * 4);
     }
   }
   for (int64_t l = 0; l < L; ++l) batch_.offsets[l + 1] += batch_.offsets[l];
@@ -148,27 +156,128 @@ void EpDispatcher::ll_dispatch_recv() {
   batch_.clear.clear();
   back_.resize(recv_.size());
   ret_.resize(recv_.size());
+  if (wire.bf16()) {
+    xin_.resize(static_cast<size_t>(batch_.n_rows() * D));
+    xout_.resize(xin_.size());
+    row_wire_.resize(static_cast<size_t>(batch_.n_rows()));
+  }
   int64_t row = 0;
   for (int64_t l = 0; l < L; ++l) {
     for (int s = 0; s < n_rank_; ++s) {
-      const int64_t at = ll_pos(s, rank_, n_rank_) * lay.BW + L + blk_row_[s * L + l] * D;
+      const int64_t at = ll_pos(s, rank_, n_rank_) * lay.BW + L + blk_row_[s * L + l] * RW;
       const float* in = (s == rank_ ? send_.data() : recv_.data()) + at;
       float* out = (s == rank_ ? ret_.data() : back_.data()) + at;
       for (int64_t j = 0, n = get_count(block(s) + l); j < n; ++j, ++row) {
-        batch_.x[row] = in + j * D;
-        batch_.out[row] = out + j * D;
-        batch_.clear.push_back(out + j * D);
+        if (wire.bf16()) {
+          wire.get(in + j * RW, xin_.data() + row * D);
+          batch_.x[row] = xin_.data() + row * D;
+          batch_.out[row] = xout_.data() + row * D;
+          row_wire_[row] = at + j * RW;
+        } else {
+          batch_.x[row] = in + j * D;
+          batch_.out[row] = out + j * D;
+        }
+        batch_.clear.push_back(batch_.out[row]);
         batch_.weight[row] = 1.0f;
       }
     }
   }
+  posted_chunks_ = 0;
+  combine_bytes_ = 0;  // the chunks add theirs
+  batch_.chunk_ends.clear();
+  batch_.chunk_done = nullptr;
+  const int64_t n_chunks = std::min<int64_t>(opt_.combine_chunks, L);
+  if (n_chunks > 1) {
+    for (int64_t c = 1; c <= n_chunks; ++c) batch_.chunk_ends.push_back(c * L / n_chunks);
+    batch_.chunk_done = [this](int c) { ll_combine_chunk(c); };
+  }
+}
+
+// The chunk's rows of each source are one run of its block (experts l0..l1 - 1, in order), and
+// the rows this rank sent to each rank's experts of the chunk one run of its own buffer: one
+// bounded all-to-all between those runs, each room reaching to the next rank's run.
+void EpDispatcher::ll_combine_chunk(int c) {
+  DUET_CHECK(c == posted_chunks_ && c < static_cast<int>(batch_.chunk_ends.size()),
+             "combine chunk " << c << " posted out of turn (" << posted_chunks_ << " of "
+                              << batch_.chunk_ends.size() << " posted)");
+  const int64_t D = tokens_.n_embd;
+  const WireRows wire(opt_.row_dtype, D);
+  const LlLayout lay =
+      ll_layout(placement_.n_local(), tokens_.n_expert_used, wire.words(), step_tokens_);
+  const int64_t L = lay.L, RW = lay.RW;
+  const int64_t l0 = c == 0 ? 0 : batch_.chunk_ends[c - 1], l1 = batch_.chunk_ends[c];
+  if (wire.bf16()) {  // pack the chunk's outputs into their slots
+    for (int64_t r = batch_.offsets[l0]; r < batch_.offsets[l1]; ++r) {
+      const int64_t at = row_wire_[r];
+      float* dst = (at >= (n_rank_ - 1) * lay.BW ? ret_.data() : back_.data()) + at;
+      wire.put(dst, xout_.data() + r * D);
+    }
+  }
+  // Word offsets of the runs, by rank (the own rank's run stays in place: 0 bytes).
+  const size_t n = static_cast<size_t>(n_rank_);
+  std::vector<int64_t> send_at(n), send_bytes(n, 0), recv_at(n), recv_bytes(n, 0);
+  for (int r = 0; r < n_rank_; ++r) {
+    const int64_t base = ll_pos(r, rank_, n_rank_) * lay.BW + L;
+    int64_t before = 0, rows_out = 0;
+    for (int64_t l = 0; l < l0; ++l) before += sent_count_[r * L + l];
+    for (int64_t l = l0; l < l1; ++l) rows_out += sent_count_[r * L + l];
+    const int64_t rows_in = r == rank_ ? 0 : blk_row_[r * L + l1 - 1] - blk_row_[r * L + l0] +
+                                                 get_count(recv_.data() + (base - L) + l1 - 1);
+    send_at[r] = base + blk_row_[r * L + l0] * RW;
+    send_bytes[r] = r == rank_ ? 0 : rows_in * RW * 4;
+    recv_at[r] = base + before * RW;
+    recv_bytes[r] = r == rank_ ? 0 : rows_out * RW * 4;
+    combine_bytes_ += (r == rank_ ? rows_out : rows_in) * RW * 4;
+  }
+  // Rooms: from one rank's run to the next's (rank order; the own rank's room is empty).
+  auto rooms = [&](const std::vector<int64_t>& at, const std::vector<int64_t>& bytes) {
+    std::vector<int64_t> room(n, 0);
+    int prev = -1;
+    for (int r = 0; r < n_rank_; ++r) {
+      if (r == rank_) continue;
+      if (prev >= 0) room[prev] = (at[r] - at[prev]) * 4;
+      prev = r;
+    }
+    if (prev >= 0) room[prev] = bytes[prev];
+    return room;
+  };
+  const int first = rank_ == 0 ? 1 : 0;
+  float* send = n_rank_ > 1 ? back_.data() + send_at[first] : back_.data();
+  float* recv = n_rank_ > 1 ? ret_.data() + recv_at[first] : ret_.data();
+  pending_ = comm_.start(
+      with_bytes("ep_combine(low_latency, chunk)", send_bytes),
+      [this, send, recv, send_bytes, send_room = rooms(send_at, send_bytes),
+       recv_room = rooms(recv_at, recv_bytes), want = recv_bytes, c](CollectiveOps& ops) {
+        std::vector<int64_t> got(want.size(), 0);
+        ops.all_to_all_bounded(send, send_bytes, send_room, recv, recv_room, &got);
+        for (int s = 0; s < n_rank_; ++s) {
+          if (s != rank_ && got[s] != want[s]) {
+            DUET_ERROR("low_latency combine, chunk " << c << ": rank " << s << " sent " << got[s]
+                                                     << " bytes, expected " << want[s]);
+          }
+        }
+      });
+  ++posted_chunks_;
 }
 
 // The experts wrote the outputs in the layout their inputs came in: they go back as they are,
-// as much of each buffer as came from its rank.
+// as much of each buffer as came from its rank (or the chunks the experts did not post yet).
 void EpDispatcher::ll_combine_send() {
+  if (!batch_.chunk_ends.empty()) {
+    while (posted_chunks_ < static_cast<int>(batch_.chunk_ends.size()))
+      ll_combine_chunk(posted_chunks_);
+    return;
+  }
+  const WireRows wire(opt_.row_dtype, tokens_.n_embd);
   const LlLayout lay =
-      ll_layout(placement_.n_local(), tokens_.n_expert_used, tokens_.n_embd, step_tokens_);
+      ll_layout(placement_.n_local(), tokens_.n_expert_used, wire.words(), step_tokens_);
+  if (wire.bf16()) {
+    for (int64_t r = 0; r < batch_.n_rows(); ++r) {
+      const int64_t at = row_wire_[r];
+      wire.put((at >= (n_rank_ - 1) * lay.BW ? ret_.data() : back_.data()) + at,
+               xout_.data() + r * tokens_.n_embd);
+    }
+  }
   back_bytes_ = recv_bytes_;
   combine_bytes_ = 0;
   for (int64_t b : back_bytes_) combine_bytes_ += b;
@@ -179,10 +288,11 @@ void EpDispatcher::ll_combine_send() {
 // The weights are applied here, in k order, exactly as the single-rank dispatcher does.
 void EpDispatcher::ll_combine_recv() {
   const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
+  const WireRows wire(opt_.row_dtype, D);
   for (int64_t t = 0; t < tokens_.n_tokens; ++t) {
     for (int64_t k = 0; k < K; ++k) {
-      axpy(tokens_.topk_weights[t * K + k], ret_.data() + slot_of_[t * K + k], D,
-           tokens_.out + t * D);
+      wire.add(ret_.data() + slot_of_[t * K + k], tokens_.topk_weights[t * K + k],
+               tokens_.out + t * D);
     }
   }
 }

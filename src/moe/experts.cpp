@@ -57,7 +57,30 @@ uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, E
     bytes += mlp_bytes(w);
   }
   gated_matmul_grouped(pool, scratch.gated);
-  matmul_grouped_scatter(pool, scratch.scatter, batch.clear);
+  if (batch.chunk_ends.empty()) {
+    matmul_grouped_scatter(pool, scratch.scatter, batch.clear);
+    return bytes;
+  }
+  // Chunked combine: the down projections of one chunk of experts at a time, each chunk's rows
+  // handed to the dispatcher as soon as they are final.
+  DUET_CHECK(batch.clear.size() == static_cast<size_t>(batch.n_rows()) && batch.chunk_done &&
+                 batch.chunk_ends.back() == batch.n_local_expert,
+             "chunked expert batch: " << batch.clear.size() << " clear rows of " << batch.n_rows()
+                                      << ", chunks end at " << batch.chunk_ends.back());
+  std::vector<ScatterGroup>& part = scratch.scatter_part;
+  size_t g = 0;  // scratch.scatter holds the experts with rows, in expert order
+  for (size_t c = 0; c < batch.chunk_ends.size(); ++c) {
+    const int64_t l0 = c == 0 ? 0 : batch.chunk_ends[c - 1], l1 = batch.chunk_ends[c];
+    const int64_t r0 = batch.offsets[l0], r1 = batch.offsets[l1];
+    part.clear();
+    for (; g < scratch.scatter.size() && scratch.scatter[g].out < batch.out.data() + r1; ++g)
+      part.push_back(scratch.scatter[g]);
+    if (r1 > r0) {
+      scratch.clear_part.assign(batch.clear.begin() + r0, batch.clear.begin() + r1);
+      matmul_grouped_scatter(pool, part, scratch.clear_part);
+    }
+    batch.chunk_done(static_cast<int>(c));
+  }
   return bytes;
 }
 

@@ -285,7 +285,7 @@ TEST_F(CliTest, BenchOverlapComparesTheModesInOneRun) {
                          "--enable-expert-parallel --distributed-backend inproc "
                          "--dbo-decode-token-threshold 2 --dbo-prefill-token-threshold 2");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  for (const char* row : {"\n1     off ", "\n1     tbo ", "\n1     dbo "}) {
+  for (const char* row : {"\n1     off ", "\n1     tbo ", "\n1     dbo ", "\n1     sbo "}) {
     EXPECT_NE(r.out.find(row), std::string::npos) << row << " in " << r.out;
   }
   EXPECT_NE(r.out.find(" 0/3 "), std::string::npos) << r.out;  // off: no split step
@@ -293,6 +293,20 @@ TEST_F(CliTest, BenchOverlapComparesTheModesInOneRun) {
   expect_error(run_duet("bench overlap " + dir_ + " --enable-dbo --enable-expert-parallel "
                         "--data-parallel-size 2 --distributed-backend inproc"),
                "runs every mode itself");
+  expect_error(run_duet("bench overlap " + dir_ + " --modes off,tbo+dbo --enable-expert-parallel "
+                        "--data-parallel-size 2 --distributed-backend inproc"),
+               "'tbo+dbo' is not off, tbo or dbo");
+}
+
+// The SBO modes and bf16 rows, low_latency (the chunked combine), side by side with off.
+TEST_F(CliTest, BenchOverlapRunsSboAndBf16Modes) {
+  RunResult r = run_duet("bench overlap " + dir_ +
+                         " --batch 4 --gen-len 3 --rounds 1 --threads 1 --data-parallel-size 2 "
+                         "--enable-expert-parallel --distributed-backend inproc --all2all-backend "
+                         "low_latency --modes off,sbo,bf16,tbo+sbo+bf16 --sbo-combine-chunks 2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* row : {"\n1     off ", "\n1     sbo ", "\n1     bf16 ", "\n1     tbo+sbo+bf16 "})
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << " in " << r.out;
 }
 
 TEST_F(CliTest, OverlapFlagsAreChecked) {
@@ -305,6 +319,39 @@ TEST_F(CliTest, OverlapFlagsAreChecked) {
   expect_error(run_duet(args + "--enable-two-batch-overlap --enable-expert-parallel "
                                "--tbo-token-distribution-threshold 0.7"),
                "must be in [0, 0.5]");
+  expect_error(run_duet(args + "--enable-single-batch-overlap"), "need --enable-expert-parallel");
+  expect_error(run_duet(args + "--all2all-dtype bf16"), "need --enable-expert-parallel");
+  expect_error(run_duet(args + "--all2all-dtype fp4 --enable-expert-parallel"), "fp4");
+  expect_error(run_duet(args + "--sbo-shared-experts never --enable-expert-parallel"), "never");
+}
+
+// generate with each SBO setting and bf16 rows on 2 ranks gives the single-rank tokens, and the
+// start-up line says what SBO does.
+TEST_F(CliTest, SingleBatchOverlapGenerateEqualsOneRank) {
+  const std::string args = "generate " + dir_ + " --prompt-ids 5,6,7,8,9 --max-tokens 4 ";
+  auto generated = [&](const std::string& flags) {
+    const std::string dump = dir_ + "/sbo_dump.json";
+    RunResult r = run_duet(args + flags + " --dump-logits " + dump);
+    EXPECT_EQ(r.exit_code, 0) << flags << ": " << r.out;
+    return nlohmann::json::parse(test::read_file(dump))["generated"];
+  };
+  const nlohmann::json want = generated("");
+  for (const std::string flags :
+       {"--enable-single-batch-overlap --all2all-backend low_latency",
+        "--enable-single-batch-overlap --sbo-shared-experts dispatch",
+        "--sbo-combine-chunks 3 --all2all-backend low_latency --enable-two-batch-overlap",
+        "--all2all-dtype bf16"}) {
+    EXPECT_EQ(generated(flags + " --data-parallel-size 2 --enable-expert-parallel "
+                                "--distributed-backend inproc"),
+              want)
+        << flags;
+  }
+  RunResult r = run_duet(args + "--enable-single-batch-overlap --all2all-backend low_latency "
+                                "--data-parallel-size 2 --enable-expert-parallel "
+                                "--distributed-backend inproc");
+  EXPECT_NE(r.out.find("sbo: combine in 4 chunks, shared experts beside the combine"),
+            std::string::npos)
+      << r.out;
 }
 
 // --dump-logits on 2 and 4 ranks (the request is rank 0's; the others run dummy batches beside

@@ -1,13 +1,15 @@
-// Two-micro-batch overlap (TBO on one thread, DBO on two) gives the plain path's greedy tokens and
-// its logits to 1e-5 on f32 models: every architecture, on one rank with micro-batching forced
-// (thresholds of 2 tokens) and on 2 and 4 in-process ranks with experts split, both all-to-all
-// algorithms; prefill (the two-chunk split of single prompts), decode, an idle rank (dummy pairs)
-// and uneven ranks.
+// Two-micro-batch overlap (TBO on one thread, DBO on two) and single-batch overlap (the chunked
+// combine, the shared experts beside the dispatch or the combine), alone and together, give the
+// plain path's greedy tokens and its logits to 1e-5 on f32 models: every architecture, on one
+// rank with micro-batching forced (thresholds of 2 tokens) and on 2 and 4 in-process ranks with
+// experts split, both all-to-all algorithms; prefill (the two-chunk split of single prompts),
+// decode, an idle rank (dummy pairs) and uneven ranks. bf16 rows stay within their bound.
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cmath>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <string>
 #include <vector>
@@ -57,7 +59,18 @@ void expect_same(const GenerateResult& got, const GenerateResult& want, const st
 struct OverlapCase {
   std::string arch;
   OverlapMode mode;
+  // Single-batch overlap: the combine's chunks (low_latency) and where the shared experts run.
+  int combine_chunks = 1;
+  std::optional<SharedExpertsAt> shared_at;
 };
+
+std::string case_name(const OverlapCase& c) {
+  std::string name = c.arch + "_" + overlap_mode_name(c.mode);
+  if (c.combine_chunks > 1) name += "_chunks" + std::to_string(c.combine_chunks);
+  if (c.shared_at)
+    name += *c.shared_at == SharedExpertsAt::kCombine ? "_shared_combine" : "_shared_dispatch";
+  return name;
+}
 
 class OverlapGenerateTest : public ::testing::TestWithParam<OverlapCase> {
  protected:
@@ -74,8 +87,11 @@ class OverlapGenerateTest : public ::testing::TestWithParam<OverlapCase> {
 };
 
 TEST_P(OverlapGenerateTest, OneRankWithMicroBatchingForcedEqualsPlain) {
+  if (GetParam().mode == OverlapMode::kNone) GTEST_SKIP() << "no micro-batches on one rank";
   ThreadPool pool(2);
-  Generator gen(*model_, pool, KvCacheDtype::kAuto, overlap_group(GetParam().mode));
+  StepGroup g = overlap_group(GetParam().mode);
+  g.shared_experts_at = GetParam().shared_at;
+  Generator gen(*model_, pool, KvCacheDtype::kAuto, g);
   GenerateStats st;
   // All requests at once (mixed lengths), then each alone (a single prompt: the two-chunk split).
   const std::vector<GenerateResult> got = gen.generate(reqs_, &st);
@@ -102,9 +118,12 @@ TEST_P(OverlapGenerateTest, ExpertParallelRanksEqualPlain) {
         ThreadPool pool(1);
         StepGroup g = overlap_group(GetParam().mode);
         g.coord = &ctx.coord();
+        g.shared_experts_at = GetParam().shared_at;
         Communicator* comm = &ctx.comm();
-        g.dispatchers = [comm, place, backend](int) {
-          return std::make_unique<EpDispatcher>(*comm, place, EpDispatcherOptions{backend, 64});
+        EpDispatcherOptions opt{backend, 64};
+        opt.combine_chunks = GetParam().combine_chunks;
+        g.dispatchers = [comm, place, opt](int) {
+          return std::make_unique<EpDispatcher>(*comm, place, opt);
         };
         Generator gen(*m, pool, KvCacheDtype::kAuto, g);
         // Rank 0 takes requests 0 and 1, rank 1 request 2, the others none (idle: dummy pairs).
@@ -117,7 +136,7 @@ TEST_P(OverlapGenerateTest, ExpertParallelRanksEqualPlain) {
         const std::vector<GenerateResult> got = gen.generate(mine, &st);
         std::lock_guard<std::mutex> lock(mu);
         EXPECT_GT(st.steps, 0);
-        EXPECT_GT(st.micro_batch_steps, 0) << "rank " << r;
+        if (GetParam().mode != OverlapMode::kNone) EXPECT_GT(st.micro_batch_steps, 0) << r;
         for (size_t j = 0; j < idx.size(); ++j) {
           expect_same(got[j], want_[idx[j]],
                       std::to_string(world) + " ranks, rank " + std::to_string(r) + " request " +
@@ -136,9 +155,21 @@ INSTANTIATE_TEST_SUITE_P(
                       OverlapCase{"deepseek_v2", OverlapMode::kDbo},
                       OverlapCase{"mixtral", OverlapMode::kTbo},
                       OverlapCase{"mixtral", OverlapMode::kDbo}),
-    [](const ::testing::TestParamInfo<OverlapCase>& info) {
-      return info.param.arch + "_" + overlap_mode_name(info.param.mode);
-    });
+    [](const ::testing::TestParamInfo<OverlapCase>& info) { return case_name(info.param); });
+
+// Single-batch overlap alone (overlap kNone) and inside each micro-batch of TBO and DBO.
+INSTANTIATE_TEST_SUITE_P(
+    Sbo, OverlapGenerateTest,
+    ::testing::Values(
+        OverlapCase{"deepseek_v2", OverlapMode::kNone, 2, SharedExpertsAt::kCombine},
+        OverlapCase{"deepseek_v2", OverlapMode::kNone, 4, SharedExpertsAt::kDispatch},
+        OverlapCase{"deepseek_v2", OverlapMode::kTbo, 2, SharedExpertsAt::kCombine},
+        OverlapCase{"deepseek_v2", OverlapMode::kDbo, 3, SharedExpertsAt::kDispatch},
+        OverlapCase{"qwen3_moe", OverlapMode::kNone, 2, std::nullopt},
+        OverlapCase{"qwen3_moe", OverlapMode::kDbo, 4, std::nullopt},
+        OverlapCase{"mixtral", OverlapMode::kNone, 4, std::nullopt},
+        OverlapCase{"mixtral", OverlapMode::kTbo, 2, std::nullopt}),
+    [](const ::testing::TestParamInfo<OverlapCase>& info) { return case_name(info.param); });
 
 // An EpDispatcher of one micro-batch slot that, on the stalling rank, stops answering at its n-th
 // dispatch (for 3 s), with the other micro-batch's transfers in flight on the other ranks.

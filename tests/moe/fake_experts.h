@@ -1,6 +1,7 @@
 // A stand-in for run_experts in dispatcher tests: local expert l maps an input value v to
 // f(global id of l, v), elementwise; the batch's stale output rows are zeroed, then every output
-// row grows by the weighted sum of its rows' results, as run_experts does.
+// row grows by the weighted sum of its rows' results, as run_experts does — chunk by chunk, with
+// chunk_done after each, when the batch has chunks (a chunked combine).
 #pragma once
 
 #include <algorithm>
@@ -12,11 +13,23 @@ namespace duet {
 
 inline void run_fake_experts(ExpertBatch& b, const std::function<float(int64_t e, float v)>& f) {
   const int64_t D = b.n_embd;
-  for (float* o : b.clear) std::fill(o, o + D, 0.0f);
-  for (int64_t l = 0; l < b.n_local_expert; ++l) {
-    const int64_t e = b.first_expert + l;
-    for (int64_t r = b.offsets[l]; r < b.offsets[l + 1]; ++r)
-      for (int64_t i = 0; i < D; ++i) b.out[r][i] += b.weight[r] * f(e, b.x[r][i]);
+  auto run = [&](int64_t l0, int64_t l1) {
+    for (int64_t l = l0; l < l1; ++l) {
+      const int64_t e = b.first_expert + l;
+      for (int64_t r = b.offsets[l]; r < b.offsets[l + 1]; ++r)
+        for (int64_t i = 0; i < D; ++i) b.out[r][i] += b.weight[r] * f(e, b.x[r][i]);
+    }
+  };
+  if (b.chunk_ends.empty()) {
+    for (float* o : b.clear) std::fill(o, o + D, 0.0f);
+    run(0, b.n_local_expert);
+    return;
+  }
+  for (size_t c = 0; c < b.chunk_ends.size(); ++c) {
+    const int64_t l0 = c == 0 ? 0 : b.chunk_ends[c - 1], l1 = b.chunk_ends[c];
+    for (int64_t r = b.offsets[l0]; r < b.offsets[l1]; ++r) std::fill(b.clear[r], b.clear[r] + D, 0.0f);
+    run(l0, l1);
+    b.chunk_done(static_cast<int>(c));
   }
 }
 

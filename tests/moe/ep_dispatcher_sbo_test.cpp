@@ -1,0 +1,239 @@
+// EpDispatcher's single-batch-overlap combine (low_latency in chunks of experts, each sent as
+// soon as its experts ran) and its bf16 rows, on in-process ranks, against the single-rank
+// LocalDispatcher on the same routing. Each step of a test routes fresh data, so a row that a
+// chunk failed to deliver would leave the previous step's value behind and show.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/dtype.h"
+#include "dist/inproc_backend.h"
+#include "moe/ep_dispatcher.h"
+#include "moe/fake_experts.h"
+#include "moe/local_dispatcher.h"
+
+namespace duet {
+namespace {
+
+// One rank's tokens. Row t's first value is the integer 64 · rank + t (exact in bf16), so a row
+// that arrives names its token; the rest are random.
+struct Tokens {
+  int64_t n = 0, D = 0, K = 0;
+  std::vector<float> x, w;
+  std::vector<int32_t> ids;
+};
+
+// How a rank's tokens pick experts.
+enum class Shape {
+  kRandom,     // K distinct experts at random
+  kOneExpert,  // every token to expert 0 (one rank gets everything, experts with no rows)
+  kIdleRank1,  // rank 1 has no tokens, the others random
+};
+
+Tokens make_tokens(int rank, int step, int64_t n_expert, int64_t n, int64_t D, int64_t K,
+                   Shape shape) {
+  std::mt19937 rng(static_cast<uint32_t>(97 * rank + 13 * step + 5));
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  Tokens t{shape == Shape::kIdleRank1 && rank == 1 ? 0 : n, D, K, {}, {}, {}};
+  for (int64_t i = 0; i < t.n; ++i) {
+    t.x.push_back(static_cast<float>(64 * rank + i));
+    for (int64_t d = 1; d < D; ++d) t.x.push_back(u(rng));
+    const int32_t start = static_cast<int32_t>(rng() % n_expert);
+    for (int64_t j = 0; j < K; ++j) {
+      t.ids.push_back(shape == Shape::kOneExpert
+                          ? static_cast<int32_t>(j)
+                          : static_cast<int32_t>((start + 3 * j) % n_expert));
+      t.w.push_back(0.5f + 0.25f * u(rng));
+    }
+  }
+  return t;
+}
+
+float expert_fn(int64_t e, float v) {
+  return static_cast<float>(e + 1) * v + 0.25f * e;
+}
+
+float round_bf16(float v) {
+  return bf16_to_f32(f32_to_bf16(v));
+}
+
+std::vector<float> run_step(Dispatcher& d, const Tokens& t,
+                            const std::function<void(ExpertBatch&)>& check_batch = {}) {
+  std::vector<float> out(static_cast<size_t>(t.n * t.D), 0.5f);
+  d.dispatch_send({t.x.data(), t.ids.data(), t.w.data(), t.n, t.D, t.K, out.data()});
+  ExpertBatch& b = d.dispatch_recv();
+  if (check_batch) check_batch(b);
+  run_fake_experts(b, expert_fn);
+  d.combine_send();
+  d.combine_recv();
+  return out;
+}
+
+// What a rank's tokens come back as with bf16 rows: each input rounded; each output row that
+// travels rounded — under low_latency every (token, expert) row, under high_throughput the sum
+// of the token's experts on each other rank (its own rank's experts add theirs unrounded).
+std::vector<float> bf16_reference(const Tokens& t, const ExpertPlacement& p, int rank,
+                                  All2AllBackend backend) {
+  std::vector<float> out(static_cast<size_t>(t.n * t.D), 0.5f);
+  for (int64_t i = 0; i < t.n; ++i) {
+    for (int64_t d = 0; d < t.D; ++d) {
+      const float x = round_bf16(t.x[i * t.D + d]);
+      std::vector<float> per_rank(static_cast<size_t>(p.world_size), 0.0f);
+      for (int64_t k = 0; k < t.K; ++k) {
+        const int32_t e = t.ids[i * t.K + k];
+        const float y = expert_fn(e, x);
+        if (backend == All2AllBackend::kLowLatency) {
+          out[i * t.D + d] += t.w[i * t.K + k] * round_bf16(y);
+        } else {
+          per_rank[p.owner(e)] += t.w[i * t.K + k] * y;
+        }
+      }
+      if (backend == All2AllBackend::kHighThroughput) {
+        for (int r = 0; r < p.world_size; ++r)
+          out[i * t.D + d] += r == rank ? per_rank[r] : round_bf16(per_rank[r]);
+      }
+    }
+  }
+  return out;
+}
+
+void expect_near(const std::vector<float>& got, const std::vector<float>& want,
+                 const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::abs(want[i]))) << what << " at " << i;
+}
+
+struct SboCase {
+  int world;
+  int chunks;
+  DType rows;
+  All2AllBackend backend;
+};
+
+class EpDispatcherSboTest : public ::testing::TestWithParam<SboCase> {};
+
+// Every rank's tokens come back as LocalDispatcher (or, with bf16 rows, the bf16 reference)
+// gives them, over steps of fresh data, in three routing shapes; in a chunked combine each row an
+// expert here produced travels once (the combine's bytes are exactly the batch's rows).
+TEST_P(EpDispatcherSboTest, SameAsOneRank) {
+  const SboCase c = GetParam();
+  const int64_t n_expert = 12, D = 6, K = 2;
+  for (Shape shape : {Shape::kRandom, Shape::kOneExpert, Shape::kIdleRank1}) {
+    run_ranks(c.world, [&](DistContext& ctx) {
+      const int r = ctx.rank();
+      const ExpertPlacement p = place_experts(n_expert, c.world);
+      EpDispatcherOptions opt{c.backend, 16};
+      opt.row_dtype = c.rows;
+      opt.combine_chunks = c.chunks;
+      EpDispatcher ep(ctx.comm(), p, opt);
+      LocalDispatcher local(n_expert);
+      for (int step = 0; step < 3; ++step) {
+        if (step == 2) ep.plan_step(16);
+        const Tokens t = make_tokens(r, step, n_expert, 5 + r, D, K, shape);
+        int64_t rows = 0;
+        const std::vector<float> got = run_step(ep, t, [&](ExpertBatch& b) {
+          rows = b.n_rows();
+          const bool chunked = c.backend == All2AllBackend::kLowLatency && c.chunks > 1;
+          EXPECT_EQ(b.chunk_ends.size(),
+                    chunked ? static_cast<size_t>(std::min<int64_t>(c.chunks, p.n_local())) : 0u);
+        });
+        const std::string what = "shape " + std::to_string(static_cast<int>(shape)) + " rank " +
+                                 std::to_string(r) + " step " + std::to_string(step);
+        if (c.rows == DType::kBF16) {
+          expect_near(got, bf16_reference(t, p, r, c.backend), what);
+        } else {
+          expect_near(got, run_step(local, t), what);
+        }
+        if (c.backend == All2AllBackend::kLowLatency && c.chunks > 1) {
+          const int64_t row_bytes = c.rows == DType::kBF16 ? D * 2 : D * 4;
+          EXPECT_EQ(ep.last_combine_bytes(), rows * row_bytes) << what;
+        }
+      }
+    });
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, EpDispatcherSboTest,
+    ::testing::Values(SboCase{2, 2, DType::kF32, All2AllBackend::kLowLatency},
+                      SboCase{3, 4, DType::kF32, All2AllBackend::kLowLatency},
+                      SboCase{4, 3, DType::kF32, All2AllBackend::kLowLatency},
+                      SboCase{4, 2, DType::kF32, All2AllBackend::kLowLatency},
+                      SboCase{1, 2, DType::kF32, All2AllBackend::kLowLatency},
+                      SboCase{2, 1, DType::kBF16, All2AllBackend::kLowLatency},
+                      SboCase{4, 3, DType::kBF16, All2AllBackend::kLowLatency},
+                      SboCase{2, 1, DType::kBF16, All2AllBackend::kHighThroughput},
+                      SboCase{3, 1, DType::kBF16, All2AllBackend::kHighThroughput},
+                      SboCase{4, 2, DType::kF32, All2AllBackend::kHighThroughput}),
+    [](const ::testing::TestParamInfo<SboCase>& info) {
+      return std::string(all2all_backend_name(info.param.backend)) + "_ep" +
+             std::to_string(info.param.world) + "_chunks" + std::to_string(info.param.chunks) +
+             "_" + (info.param.rows == DType::kBF16 ? "bf16" : "f32");
+    });
+
+// With bf16 rows, the rows the experts read are exactly the bf16 rounding of their tokens' rows,
+// wherever the expert lives (the rank's own tokens included), and a chunked combine with bf16
+// rows sends half the bytes of f32.
+TEST(EpDispatcherBf16, ExpertsReadTheExactRoundingOfEachRow) {
+  for (All2AllBackend backend : {All2AllBackend::kHighThroughput, All2AllBackend::kLowLatency}) {
+    run_ranks(3, [&](DistContext& ctx) {
+      const int64_t n_expert = 6, D = 8, K = 2;
+      EpDispatcherOptions opt{backend, 16};
+      opt.row_dtype = DType::kBF16;
+      EpDispatcher ep(ctx.comm(), place_experts(n_expert, 3), opt);
+      std::vector<Tokens> all;  // every rank's tokens, to look a row up by its first value
+      for (int s = 0; s < 3; ++s)
+        all.push_back(make_tokens(s, 0, n_expert, 4, D, K, Shape::kRandom));
+      int64_t checked = 0;
+      run_step(ep, all[static_cast<size_t>(ctx.rank())], [&](ExpertBatch& b) {
+        for (int64_t row = 0; row < b.n_rows(); ++row) {
+          const int id = static_cast<int>(b.x[row][0]);
+          const Tokens& src = all[static_cast<size_t>(id / 64)];
+          const float* want = src.x.data() + (id % 64) * D;
+          for (int64_t d = 0; d < D; ++d) {
+            ASSERT_EQ(b.x[row][d], round_bf16(want[d])) << "row " << row << " value " << d;
+            ++checked;
+          }
+        }
+      });
+      EXPECT_GT(checked, 0);
+      EXPECT_EQ(ep.last_dispatch_bytes() % 2, 0);
+    });
+  }
+}
+
+// bf16 rows halve what travels: the same step's dispatch bytes, f32 against bf16, differ by the
+// rows' half (headers and counts stay f32 words).
+TEST(EpDispatcherBf16, HalvesTheRowBytes) {
+  run_ranks(2, [](DistContext& ctx) {
+    const int64_t n_expert = 4, D = 16, K = 2;
+    const Tokens t = make_tokens(ctx.rank(), 0, n_expert, 3, D, K, Shape::kRandom);
+    for (All2AllBackend backend : {All2AllBackend::kHighThroughput, All2AllBackend::kLowLatency}) {
+      int64_t bytes[2];
+      int64_t rows = 0;
+      for (int i = 0; i < 2; ++i) {
+        EpDispatcherOptions opt{backend, 16};
+        opt.row_dtype = i == 0 ? DType::kF32 : DType::kBF16;
+        EpDispatcher ep(ctx.comm(), place_experts(n_expert, 2), opt);
+        run_step(ep, t);
+        bytes[i] = ep.last_dispatch_bytes();
+        // Rows sent: high_throughput a record per (token, destination), low_latency per pair.
+        rows = 0;
+        for (int64_t i2 = 0; i2 < t.n; ++i2) {
+          if (backend == All2AllBackend::kLowLatency) {
+            rows += K;
+          } else {
+            const int a = t.ids[i2 * K] / 2, b = t.ids[i2 * K + 1] / 2;
+            rows += a == b ? 1 : 2;
+          }
+        }
+      }
+      EXPECT_EQ(bytes[0] - bytes[1], rows * D * 2) << all2all_backend_name(backend);
+    }
+  });
+}
+
+}  // namespace
+}  // namespace duet
