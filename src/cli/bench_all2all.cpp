@@ -1,7 +1,8 @@
 // `duet bench all2all`: the latency and bandwidth of one MoE layer's dispatch + combine for both
-// all-to-all algorithms, and a raw all-to-all of the same bytes in the same run (what the
-// transport alone gives). Ranks are in-process threads (`--distributed-backend inproc`, the
-// default) or the processes of an mpirun job (`--distributed-backend mpi`: the command
+// all-to-all algorithms, each with f32 and bf16 rows (--dtypes; "vs f32" is the f32 row's time
+// over this row's, taken in the same run), and a raw all-to-all of the same bytes in the same run
+// (what the transport alone gives). Ranks are in-process threads (`--distributed-backend inproc`,
+// the default) or the processes of an mpirun job (`--distributed-backend mpi`: the command
 // re-executes itself under `mpirun -np WORLD` unless it already runs under mpirun).
 //
 // Only the dispatcher's work is timed: dispatch_send + dispatch_recv, then combine_send +
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <functional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,7 @@
 #include "dist/launcher.h"
 #include "dist/mpi_backend.h"
 #include "moe/ep_dispatcher.h"
+#include "moe/wire_rows.h"
 
 namespace duet {
 
@@ -38,6 +41,7 @@ struct All2AllOptions {
   int64_t experts = 64;
   int iters = 20;
   std::string backend = "inproc";
+  std::string dtypes = "f32,bf16";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -54,7 +58,8 @@ struct StepTimes {
 
 // Medians over iterations of the slowest rank's figures (each taken separately).
 struct Timing {
-  const char* name = "";
+  std::string name;
+  double vs_f32 = 0;  // the same algorithm's time with the first dtype over this one's (0: none)
   double total_s = 0, dispatch_s = 0, combine_s = 0, wait_s = 0;
   double bytes = 0;  // payload bytes all ranks sent per iteration
 };
@@ -65,7 +70,7 @@ double median(std::vector<double> v) {
 }
 
 // Runs `step` iters times after two warm-ups, every rank starting each iteration together.
-Timing time_steps(DistContext& ctx, const char* name, int iters,
+Timing time_steps(DistContext& ctx, std::string name, int iters,
                   const std::function<StepTimes()>& step) {
   constexpr int kFigures = 4;  // total, dispatch, combine, wait
   std::vector<std::vector<double>> fig(kFigures);
@@ -85,7 +90,7 @@ Timing time_steps(DistContext& ctx, const char* name, int iters,
     }
   }
   Timing t;
-  t.name = name;
+  t.name = std::move(name);
   t.total_s = median(fig[0]);
   t.dispatch_s = median(fig[1]);
   t.combine_s = median(fig[2]);
@@ -95,13 +100,15 @@ Timing time_steps(DistContext& ctx, const char* name, int iters,
 }
 
 void report(const std::vector<Timing>& rows, const Timing& raw) {
-  std::printf("%-16s %9s %9s %9s %9s %9s %8s %7s\n", "algorithm", "median ms", "dispatch",
-              "combine", "waited", "MB/iter", "GB/s", "of raw");
+  std::printf("%-21s %9s %9s %9s %9s %9s %8s %7s %7s\n", "algorithm", "median ms", "dispatch",
+              "combine", "waited", "MB/iter", "GB/s", "of raw", "vs 1st");
   for (const Timing& t : rows) {
     const double gbs = t.bytes / t.total_s / 1e9, raw_gbs = raw.bytes / raw.total_s / 1e9;
-    std::printf("%-16s %9.3f %9.3f %9.3f %9.3f %9.2f %8.2f %6.0f%%\n", t.name, t.total_s * 1e3,
-                t.dispatch_s * 1e3, t.combine_s * 1e3, t.wait_s * 1e3, t.bytes / 1e6, gbs,
-                100 * gbs / raw_gbs);
+    std::printf("%-21s %9.3f %9.3f %9.3f %9.3f %9.2f %8.2f %6.0f%%", t.name.c_str(),
+                t.total_s * 1e3, t.dispatch_s * 1e3, t.combine_s * 1e3, t.wait_s * 1e3,
+                t.bytes / 1e6, gbs, 100 * gbs / raw_gbs);
+    if (t.vs_f32 > 0) std::printf(" %6.2fx", t.vs_f32);
+    std::printf("\n");
   }
 }
 
@@ -122,25 +129,37 @@ void bench_rank(DistContext& ctx, const All2AllOptions& o) {
   }
   const RoutedTokens rt{x.data(), ids.data(), w.data(), o.tokens, o.hidden, o.topk, out.data()};
   std::vector<Timing> rows;
+  std::vector<DType> dtypes;
+  std::stringstream list(o.dtypes);
+  for (std::string d; std::getline(list, d, ',');) dtypes.push_back(parse_all2all_dtype(d));
+  if (dtypes.empty()) DUET_ERROR("--dtypes: none given");
   for (All2AllBackend b : {All2AllBackend::kHighThroughput, All2AllBackend::kLowLatency}) {
-    EpDispatcher ep(ctx.comm(), place, {b, o.tokens});
-    rows.push_back(time_steps(ctx, all2all_backend_name(b), o.iters, [&] {
-      ep.plan_step(o.tokens);  // as the engines do before each step
-      StepTimes st;
-      const double wait0 = ep.wait_seconds();
-      const Clock::time_point t0 = Clock::now();
-      ep.dispatch_send(rt);
-      ep.dispatch_recv();
-      st.dispatch_s = since(t0);
-      const Clock::time_point t1 = Clock::now();
-      ep.combine_send();
-      ep.combine_recv();  // adds the untouched output rows: out stays finite
-      st.combine_s = since(t1);
-      st.wait_s = ep.wait_seconds() - wait0;
-      st.bytes = ep.last_dispatch_bytes() + ep.last_combine_bytes();
-      return st;
-    }));
+    const size_t first = rows.size();
+    for (DType dt : dtypes) {
+      EpDispatcherOptions eo{b, o.tokens};
+      eo.row_dtype = dt;
+      EpDispatcher ep(ctx.comm(), place, eo);
+      const std::string name = std::string(all2all_backend_name(b)) + " " + all2all_dtype_name(dt);
+      rows.push_back(time_steps(ctx, name, o.iters, [&] {
+        ep.plan_step(o.tokens);  // as the engines do before each step
+        StepTimes st;
+        const double wait0 = ep.wait_seconds();
+        const Clock::time_point t0 = Clock::now();
+        ep.dispatch_send(rt);
+        ep.dispatch_recv();
+        st.dispatch_s = since(t0);
+        const Clock::time_point t1 = Clock::now();
+        ep.combine_send();
+        ep.combine_recv();  // adds the untouched output rows: out stays finite
+        st.combine_s = since(t1);
+        st.wait_s = ep.wait_seconds() - wait0;
+        st.bytes = ep.last_dispatch_bytes() + ep.last_combine_bytes();
+        return st;
+      }));
+      if (dtypes.size() > 1) rows.back().vs_f32 = rows[first].total_s / rows.back().total_s;
+    }
   }
+  const size_t raw_row = rows.size();
   // The transport alone: one all-to-all per iteration moving high_throughput's bytes, evenly;
   // then the same parts without the one to itself, which high_throughput keeps in place.
   const int64_t part = static_cast<int64_t>(rows[0].bytes) / n / n;
@@ -161,7 +180,7 @@ void bench_rank(DistContext& ctx, const All2AllOptions& o) {
   std::printf("all2all: %d ranks (%s), %lld tokens/rank, hidden %lld, top-%lld of %lld experts\n",
               n, o.backend.c_str(), (long long)o.tokens, (long long)o.hidden, (long long)o.topk,
               (long long)o.experts);
-  report(rows, rows[2]);
+  report(rows, rows[raw_row]);
 }
 
 void run_all2all(const All2AllOptions& o) {
@@ -193,6 +212,9 @@ void add_bench_all2all(CLI::App& bench) {
   cmd->add_option("--experts", o->experts, "Routed experts");
   cmd->add_option("--iters", o->iters, "Timed iterations (median reported)");
   cmd->add_option("--distributed-backend", o->backend, "inproc | mpi");
+  cmd->add_option("--dtypes", o->dtypes,
+                  "Row types to time, each algorithm with each "
+                  "(default f32,bf16; the first is the 'vs' baseline)");
   cmd->callback([o] { run_all2all(*o); });
 }
 

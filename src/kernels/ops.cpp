@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/dtype.h"
+
 #include "kernels/ops_impl.h"
 #include "kernels/simd_impl.h"
 
@@ -52,6 +54,18 @@ void axpy(float alpha, const float* x, int64_t n, float* y) {
 
 void add_inplace(const float* x, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void f32_to_bf16_row(const float* x, int64_t n, uint16_t* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = f32_to_bf16(x[i]);
+}
+
+void bf16_to_f32_row(const uint16_t* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(x[i]);
+}
+
+void axpy_bf16(float alpha, const uint16_t* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * bf16_to_f32(x[i]);
 }
 
 }  // namespace ops_impl::scalar
@@ -198,6 +212,42 @@ DUET_TARGET_AVX512 void add_inplace(const float* x, int64_t n, float* y) {
   }
 }
 
+// f32_to_bf16 in integers: round to nearest even by adding 0x7fff plus the kept part's lowest
+// bit, except NaNs, which keep their top bits with the quiet bit set.
+DUET_TARGET_AVX512 void f32_to_bf16_row(const float* x, int64_t n, uint16_t* y) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+  const __m512i quiet = _mm512_set1_epi32(0x40);
+  for (int64_t i = 0; i < n; i += kW) {
+    __mmask16 m = first(std::min(kW, n - i));
+    const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(m, x + i));
+    const __m512i hi = _mm512_srli_epi32(u, 16);
+    const __m512i rounded =
+        _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(bias, _mm512_and_si512(hi, one))), 16);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, abs_mask), inf);
+    const __m512i r = _mm512_mask_blend_epi32(nan, rounded, _mm512_or_si512(hi, quiet));
+    _mm256_mask_storeu_epi16(y + i, m, _mm512_cvtepi32_epi16(r));
+  }
+}
+
+DUET_TARGET_AVX512 void bf16_to_f32_row(const uint16_t* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; i += kW) {
+    __mmask16 m = first(std::min(kW, n - i));
+    const __m512i u = _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x + i)), 16);
+    _mm512_mask_storeu_ps(y + i, m, _mm512_castsi512_ps(u));
+  }
+}
+
+DUET_TARGET_AVX512 void axpy_bf16(float alpha, const uint16_t* x, int64_t n, float* y) {
+  __m512 a = _mm512_set1_ps(alpha);
+  for (int64_t i = 0; i < n; i += kW) {
+    __mmask16 m = first(std::min(kW, n - i));
+    const __m512 v = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, x + i)), 16));
+    _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(a, v, _mm512_maskz_loadu_ps(m, y + i)));
+  }
+}
+
 }  // namespace ops_impl::avx512
 
 #pragma GCC diagnostic pop
@@ -239,6 +289,21 @@ void axpy(float alpha, const float* x, int64_t n, float* y) {
 void add_inplace(const float* x, int64_t n, float* y) {
   if (use_avx512()) return ops_impl::avx512::add_inplace(x, n, y);
   ops_impl::scalar::add_inplace(x, n, y);
+}
+
+void f32_to_bf16_row(const float* x, int64_t n, uint16_t* y) {
+  if (use_avx512()) return ops_impl::avx512::f32_to_bf16_row(x, n, y);
+  ops_impl::scalar::f32_to_bf16_row(x, n, y);
+}
+
+void bf16_to_f32_row(const uint16_t* x, int64_t n, float* y) {
+  if (use_avx512()) return ops_impl::avx512::bf16_to_f32_row(x, n, y);
+  ops_impl::scalar::bf16_to_f32_row(x, n, y);
+}
+
+void axpy_bf16(float alpha, const uint16_t* x, int64_t n, float* y) {
+  if (use_avx512()) return ops_impl::avx512::axpy_bf16(alpha, x, n, y);
+  ops_impl::scalar::axpy_bf16(alpha, x, n, y);
 }
 
 }  // namespace duet

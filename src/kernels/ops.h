@@ -25,4 +25,11 @@ void axpy(float alpha, const float* x, int64_t n, float* y);
 // y[i] += x[i].
 void add_inplace(const float* x, int64_t n, float* y);
 
+// y[i] = x[i] rounded to bf16 (to nearest even, NaN kept: f32_to_bf16).
+void f32_to_bf16_row(const float* x, int64_t n, uint16_t* y);
+// y[i] = x[i] widened from bf16 (exact).
+void bf16_to_f32_row(const uint16_t* x, int64_t n, float* y);
+// y[i] += alpha * x[i], x bf16.
+void axpy_bf16(float alpha, const uint16_t* x, int64_t n, float* y);
+
 }  // namespace duet

@@ -17,6 +17,9 @@ void softmax(float* x, int64_t n);
 float dot(const float* a, const float* b, int64_t n);
 void axpy(float alpha, const float* x, int64_t n, float* y);
 void add_inplace(const float* x, int64_t n, float* y);
+void f32_to_bf16_row(const float* x, int64_t n, uint16_t* y);
+void bf16_to_f32_row(const uint16_t* x, int64_t n, float* y);
+void axpy_bf16(float alpha, const uint16_t* x, int64_t n, float* y);
 }  // namespace scalar
 
 // Call only when simd::isa_supported(simd::Isa::kAvx512). Sums accumulate in f32 over 64
@@ -28,6 +31,9 @@ void softmax(float* x, int64_t n);
 float dot(const float* a, const float* b, int64_t n);
 void axpy(float alpha, const float* x, int64_t n, float* y);
 void add_inplace(const float* x, int64_t n, float* y);
+void f32_to_bf16_row(const float* x, int64_t n, uint16_t* y);
+void bf16_to_f32_row(const uint16_t* x, int64_t n, float* y);
+void axpy_bf16(float alpha, const uint16_t* x, int64_t n, float* y);
 }  // namespace avx512
 
 }  // namespace duet::ops_impl

@@ -38,30 +38,18 @@ class WireRows {
 
   // dst[words()] = src[n_embd] f32, rounded to bf16 (nearest even) if the rows are bf16.
   void put(float* dst, const float* src) const {
-    if (!bf16_) {
-      std::memcpy(dst, src, static_cast<size_t>(n_embd_) * 4);
-      return;
-    }
-    uint16_t* h = reinterpret_cast<uint16_t*>(dst);
-    for (int64_t i = 0; i < n_embd_; ++i) h[i] = f32_to_bf16(src[i]);
+    if (bf16_) return f32_to_bf16_row(src, n_embd_, reinterpret_cast<uint16_t*>(dst));
+    std::memcpy(dst, src, static_cast<size_t>(n_embd_) * 4);
   }
   // dst[n_embd] f32 = the row at src[words()].
   void get(const float* src, float* dst) const {
-    if (!bf16_) {
-      std::memcpy(dst, src, static_cast<size_t>(n_embd_) * 4);
-      return;
-    }
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n_embd_; ++i) dst[i] = bf16_to_f32(h[i]);
+    if (bf16_) return bf16_to_f32_row(reinterpret_cast<const uint16_t*>(src), n_embd_, dst);
+    std::memcpy(dst, src, static_cast<size_t>(n_embd_) * 4);
   }
   // out[n_embd] += w · the row at src[words()].
   void add(const float* src, float w, float* out) const {
-    if (!bf16_) {
-      axpy(w, src, n_embd_, out);
-      return;
-    }
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
-    for (int64_t i = 0; i < n_embd_; ++i) out[i] += w * bf16_to_f32(h[i]);
+    if (bf16_) return axpy_bf16(w, reinterpret_cast<const uint16_t*>(src), n_embd_, out);
+    axpy(w, src, n_embd_, out);
   }
   // dst[n_embd] = src[n_embd] as it would arrive: rounded to bf16 if the rows are bf16.
   void round(const float* src, float* dst) const {

@@ -6,7 +6,9 @@
 // decode, an idle rank (dummy pairs) and uneven ranks. bf16 rows stay within their bound.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <mutex>
 #include <optional>
@@ -170,6 +172,75 @@ INSTANTIATE_TEST_SUITE_P(
         OverlapCase{"mixtral", OverlapMode::kNone, 4, std::nullopt},
         OverlapCase{"mixtral", OverlapMode::kTbo, 2, std::nullopt}),
     [](const ::testing::TestParamInfo<OverlapCase>& info) { return case_name(info.param); });
+
+// bf16 rows on 2 and 4 ranks, both algorithms, alone and under TBO: the decisive prompts' greedy
+// tokens are the plain path's, and every prompt logit is within kBf16RowsBound of it (relative to
+// the row's largest logit). The tiny f32 models measure at most 2.7e-3 (Zen 4); the bound leaves
+// room for other CPUs' numerics.
+constexpr float kBf16RowsBound = 1e-2f;
+
+class Bf16RowsTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Bf16RowsTest, GreedyTokensEqualAndLogitsWithinTheBound) {
+  const std::string dir = test::tiny_model_dir(GetParam());
+  std::unique_ptr<Model> model = Model::load(dir);
+  const std::vector<GenerateRequest> reqs = requests(GetParam());
+  ThreadPool p1(1);
+  const std::vector<GenerateResult> want = Generator(*model, p1).generate(reqs);
+  const int64_t n_vocab = model->config().n_vocab;
+  for (int world : {2, 4}) {
+    for (All2AllBackend backend : {All2AllBackend::kHighThroughput, All2AllBackend::kLowLatency}) {
+      for (OverlapMode mode : {OverlapMode::kNone, OverlapMode::kTbo}) {
+        std::mutex mu;
+        float worst = 0;
+        run_ranks(world, [&](DistContext& ctx) {
+          const int r = ctx.rank();
+          const ExpertPlacement place = place_experts(8, world);
+          std::unique_ptr<Model> m = Model::load(dir, LoadOptions{place.begin(r), place.end(r)});
+          ThreadPool pool(1);
+          StepGroup g = overlap_group(mode);
+          g.coord = &ctx.coord();
+          Communicator* comm = &ctx.comm();
+          EpDispatcherOptions opt{backend, 64};
+          opt.row_dtype = DType::kBF16;
+          g.dispatchers = [comm, place, opt](int) {
+            return std::make_unique<EpDispatcher>(*comm, place, opt);
+          };
+          std::vector<GenerateRequest> mine;
+          if (r == 0) mine = reqs;
+          const std::vector<GenerateResult> got = Generator(*m, pool, KvCacheDtype::kAuto, g)
+                                                      .generate(mine);
+          std::lock_guard<std::mutex> lock(mu);
+          for (size_t i = 0; i < got.size(); ++i) {
+            EXPECT_EQ(got[i].tokens, want[i].tokens) << world << " ranks, request " << i;
+            const std::vector<float>& a = got[i].prompt_logits;
+            const std::vector<float>& b = want[i].prompt_logits;
+            ASSERT_EQ(a.size(), b.size());
+            for (size_t row = 0; row < a.size() / n_vocab; ++row) {
+              float scale = 0, err = 0;
+              for (int64_t v = 0; v < n_vocab; ++v) {
+                scale = std::max(scale, std::fabs(b[row * n_vocab + v]));
+                err = std::max(err, std::fabs(a[row * n_vocab + v] - b[row * n_vocab + v]));
+              }
+              worst = std::max(worst, err / scale);
+            }
+          }
+        });
+        EXPECT_LE(worst, kBf16RowsBound) << world << " ranks, " << all2all_backend_name(backend);
+        EXPECT_GT(worst, 0.0f) << "bf16 rows changed nothing: are they rounded?";
+        std::printf("bf16 rows %s, %d ranks, %s, %s: max logit error %.2e of the row's largest\n",
+                    GetParam().c_str(), world, all2all_backend_name(backend),
+                    overlap_mode_name(mode), worst);
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, Bf16RowsTest,
+                         ::testing::Values("qwen3_moe", "deepseek_v2", "mixtral"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 // An EpDispatcher of one micro-batch slot that, on the stalling rank, stops answering at its n-th
 // dispatch (for 3 s), with the other micro-batch's transfers in flight on the other ranks.

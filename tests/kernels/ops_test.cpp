@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "kernels/ops_impl.h"
 #include "kernels/simd_impl.h"
 
@@ -175,6 +177,45 @@ TEST(OpsTest, AxpyAndAddSimdMatchScalar) {
     got = y;
     add_inplace(x.data(), n, got.data());
     EXPECT_EQ(got, want) << "add_inplace() n " << n;
+  }
+}
+
+// bf16 rows (the all-to-all's --all2all-dtype bf16): rounding bit for bit as f32_to_bf16 on
+// random values, ties, NaN, infinities, subnormals and values that round up to infinity;
+// widening and the bf16 axpy as the scalar versions.
+TEST(OpsTest, Bf16RowsSimdMatchScalar) {
+  if (!have_avx512()) GTEST_SKIP() << "no AVX-512";
+  std::mt19937 rng(17);
+  std::vector<float> edge = {0.0f, -0.0f, 1.0f + 1.0f / 256, 1.0f + 3.0f / 256,  // ties
+                             std::numeric_limits<float>::infinity(),
+                             -std::numeric_limits<float>::infinity(),
+                             std::numeric_limits<float>::quiet_NaN(),
+                             std::numeric_limits<float>::denorm_min(),
+                             std::numeric_limits<float>::max(), -3.4e38f};
+  uint32_t snan_bits = 0x7f800001u;  // a signalling NaN whose payload sits in the low bits
+  float snan;
+  std::memcpy(&snan, &snan_bits, 4);
+  edge.push_back(snan);
+  for (int64_t n : kSizes) {
+    std::vector<float> x = random_values(rng, n);
+    for (size_t i = 0; i < x.size() && i < edge.size(); ++i) x[i] = edge[i];
+    std::vector<uint16_t> want(x.size()), got(x.size(), 0xdead);
+    scalar::f32_to_bf16_row(x.data(), n, want.data());
+    avx512::f32_to_bf16_row(x.data(), n, got.data());
+    EXPECT_EQ(got, want) << "n " << n;
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(want[i], f32_to_bf16(x[i])) << i;
+    std::vector<float> wide_want(x.size()), wide_got(x.size());
+    scalar::bf16_to_f32_row(want.data(), n, wide_want.data());
+    avx512::bf16_to_f32_row(want.data(), n, wide_got.data());
+    EXPECT_EQ(std::memcmp(wide_got.data(), wide_want.data(), x.size() * 4), 0) << "n " << n;
+    std::vector<float> y = random_values(rng, n), ay = y, by = y;
+    std::vector<uint16_t> h(x.size());
+    std::vector<float> xs = random_values(rng, n);
+    scalar::f32_to_bf16_row(xs.data(), n, h.data());
+    scalar::axpy_bf16(0.6f, h.data(), n, ay.data());
+    avx512::axpy_bf16(0.6f, h.data(), n, by.data());
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_NEAR(by[i], ay[i], 2e-7f * (std::fabs(y[i]) + std::fabs(xs[i]))) << "axpy_bf16 " << i;
   }
 }
 
