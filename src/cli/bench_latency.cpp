@@ -63,6 +63,7 @@ void print_op_seconds(const GenerateStats& st, int64_t steps) {
 // decode step time spent waiting on communication.
 void run_latency_ep(const LatencyOptions& o, DistContext& ctx) {
   ThreadPool pool(rank_threads(o.threads, o.dist, &ctx));
+  split_rank_cores(o.dist, &ctx, pool);
   RankModel rm = load_rank_model(o.model_dir, o.dist, &ctx);
   const ModelConfig& c = rm.model->config();
   Generator gen(*rm.model, pool, o.kv_dtype, rm.group);

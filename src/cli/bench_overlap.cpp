@@ -90,6 +90,7 @@ std::vector<GenerateRequest> requests(const OverlapBenchOptions& o, int64_t n_vo
 void run_overlap_rank(const OverlapBenchOptions& o, DistContext* ctx) {
   if (!ctx) DUET_ERROR("bench overlap needs several ranks: --data-parallel-size N (N > 1)");
   ThreadPool pool(rank_threads(o.threads, o.dist, ctx));
+  split_rank_cores(o.dist, ctx, pool);
   RankModel rm = load_rank_model(o.model_dir, o.dist, ctx);
   const std::vector<GenerateRequest> reqs = requests(o, rm.model->config().n_vocab, ctx->rank());
   const std::vector<BenchMode> modes = parse_modes(o);

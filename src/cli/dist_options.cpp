@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "core/affinity.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "dist/inproc_backend.h"
@@ -30,7 +31,7 @@ uint64_t resident_bytes() {
   return 0;
 }
 
-// ", sbo: combine in 4 chunks, shared experts beside the combine" or "".
+// ", sbo: combine in 8 chunks, shared experts beside the combine" or "".
 std::string describe_sbo(const DistOptions& o) {
   const SboSettings s = resolve_sbo(o);
   std::string d;
@@ -122,7 +123,7 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
                 "while it travels");
   cmd->add_option("--sbo-combine-chunks", o.sbo_combine_chunks,
                   "Chunks of local experts the low_latency combine leaves in, each as soon as "
-                  "its experts ran (1 = one transfer; default 4 with SBO, else 1)")
+                  "its experts ran (1 = one transfer; default 8 with SBO, at most one per expert, else 1)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--sbo-shared-experts", o.sbo_shared_experts,
                   "Where the shared experts run: while the dispatch or the combine travels "
@@ -130,6 +131,10 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
   cmd->add_option("--all2all-dtype", o.all2all_dtype,
                   "Element type of the rows dispatch and combine carry: f32 (default) | bf16 "
                   "(half the bytes; rows rounded to bf16)");
+  cmd->add_option("--comm-cores", o.comm_cores,
+                  "Cores of each rank kept for its communication thread, the compute pool pinned "
+                  "to the others (default 0: they share the cores, unpinned)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--all2all-backend", o.all2all,
                   "Expert dispatch algorithm: high_throughput (default) | low_latency")
       ->check(CLI::IsMember({"high_throughput", "low_latency"}));
@@ -264,11 +269,30 @@ void finish_trace(RankModel& rm, const DistOptions& o, DistContext* ctx) {
   std::fprintf(stderr, "trace: %s (%zu events)\n", path.c_str(), rm.trace->n_events());
 }
 
+namespace {
+
+// The rank's share of this process's cores, split for --comm-cores.
+CoreSplit rank_core_split(const DistOptions& o, const DistContext* ctx) {
+  const bool threads = ctx && o.backend == "inproc";
+  return split_cores(allowed_cores(), threads ? ctx->rank() : 0, threads ? ctx->world_size() : 1,
+                     o.comm_cores);
+}
+
+}  // namespace
+
 int rank_threads(int requested, const DistOptions& o, const DistContext* ctx) {
   if (requested > 0) return requested;
+  if (ctx && o.comm_cores > 0) return static_cast<int>(rank_core_split(o, ctx).compute.size());
   const int cores = available_cores();
   if (!ctx || o.backend != "inproc") return cores;
   return std::max(1, cores / ctx->world_size());
+}
+
+void split_rank_cores(const DistOptions& o, DistContext* ctx, ThreadPool& pool) {
+  if (!ctx || o.comm_cores <= 0) return;
+  const CoreSplit split = rank_core_split(o, ctx);
+  pool.pin(split.compute);
+  ctx->comm().pin_thread(split.comm);
 }
 
 }  // namespace duet

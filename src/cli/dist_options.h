@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "core/thread_pool.h"
 #include "dist/dist_context.h"
 #include "model/model.h"
 #include "engine/step_runner.h"
@@ -39,6 +40,7 @@ struct DistOptions {
   int sbo_combine_chunks = 0;            // --sbo-combine-chunks: 0 = SBO's choice (1 without SBO)
   std::string sbo_shared_experts = "auto";  // --sbo-shared-experts: auto | dispatch | combine
   std::string all2all_dtype = "f32";     // --all2all-dtype: f32 | bf16
+  int comm_cores = 0;  // --comm-cores: cores of each rank kept for its communication thread
 };
 
 // What the single-batch overlap flags of `o` come to: the combine's chunks (low_latency steps)
@@ -51,7 +53,7 @@ struct SboSettings {
   int combine_chunks = 1;
   std::optional<SharedExpertsAt> shared_experts_at;
 };
-constexpr int kSboCombineChunks = 4;
+constexpr int kSboCombineChunks = 8;
 SboSettings resolve_sbo(const DistOptions& o);
 
 // The expert-parallel dispatcher options of `o` (algorithm, capacity, row dtype, chunks).
@@ -99,7 +101,13 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
 void finish_trace(RankModel& rm, const DistOptions& o, DistContext* ctx);
 
 // Compute threads for one rank: `requested` if > 0, else this process's cores shared among the
-// ranks that run as its threads.
+// ranks that run as its threads, less --comm-cores.
 int rank_threads(int requested, const DistOptions& o, const DistContext* ctx);
+
+// With --comm-cores N (N > 0, several ranks): pins the rank's communication thread to the last N
+// cores of its share of this process's cores, and `pool` (its workers and the calling thread) to
+// the others (split_cores). Throws duet::Error if the share has no core left for compute. Does
+// nothing otherwise: the communication thread and the pool share the cores, unpinned.
+void split_rank_cores(const DistOptions& o, DistContext* ctx, ThreadPool& pool);
 
 }  // namespace duet

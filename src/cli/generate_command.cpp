@@ -74,6 +74,7 @@ void write_logits(const std::string& path, const std::vector<int32_t>& prompt,
 // the prompt and the others take part in every step with dummy batches.
 void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
   ThreadPool pool(rank_threads(o.threads, o.dist, ctx));
+  split_rank_cores(o.dist, ctx, pool);
   RankModel rm = load_rank_model(o.model_dir, o.dist, ctx);
   const std::unique_ptr<Model>& model = rm.model;
   const ModelConfig& c = model->config();

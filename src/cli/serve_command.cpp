@@ -58,6 +58,7 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
     std::fprintf(stderr, "note: /v1/chat/completions is disabled: %s\n", e.what());
   }
   ThreadPool pool(rank_threads(o.threads, o.dist, ctx));
+  split_rank_cores(o.dist, ctx, pool);
   LlmEngine engine(*model, pool, tokenizer.get(), o.engine, rm.group);
   if (ctx && ctx->rank() != 0) {
     // Runs until rank 0 stops the group; a failed group is an error of this rank too.

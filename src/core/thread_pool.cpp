@@ -6,6 +6,7 @@
 #include <chrono>
 #include <exception>
 
+#include "core/affinity.h"
 #include "core/error.h"
 
 namespace duet {
@@ -155,6 +156,11 @@ void ThreadPool::spin_for_job(uint64_t seen) const {
 // REQUIRES: called by the thread that posted the job (the only writer of n_chunks_).
 void ThreadPool::spin_for_done() const {
   spin_until([&] { return chunks_done_.load(std::memory_order_acquire) == n_chunks_; });
+}
+
+void ThreadPool::pin(const std::vector<int>& cores) {
+  for (std::thread& w : workers_) pin_thread(w, cores);
+  pin_this_thread(cores);
 }
 
 int available_cores() {

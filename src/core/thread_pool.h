@@ -24,6 +24,8 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int n_threads() const { return n_threads_; }
+  // Restricts the workers and the calling thread (which runs its share of every job) to `cores`.
+  void pin(const std::vector<int>& cores);
 
   // Splits [0, n) into contiguous chunks and runs fn(begin, end) on them, on the caller and the
   // workers; returns when every chunk is done. Chunks are at least `min_chunk` long. Not

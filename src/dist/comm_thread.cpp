@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "core/affinity.h"
 #include "core/error.h"
 
 namespace duet {
@@ -145,6 +146,10 @@ void CommThread::loop() {
     }
     task->cv.notify_all();
   }
+}
+
+void CommThread::pin(const std::vector<int>& cores) {
+  pin_thread(thread_, cores);
 }
 
 }  // namespace duet

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/trace.h"
 
@@ -91,6 +92,8 @@ class CommThread {
     double cpu_seconds = 0;
   };
   Usage usage() const;
+  // Restricts the thread to `cores` (--comm-cores).
+  void pin(const std::vector<int>& cores);
 
  private:
   void loop();

@@ -69,6 +69,8 @@ class Communicator {
   void set_trace(Trace* trace) { thread_.set_trace(trace); }
   // The communication thread's time running collectives so far (CommThread::usage).
   CommThread::Usage usage() const { return thread_.usage(); }
+  // Restricts the communication thread to `cores` (--comm-cores).
+  void pin_thread(const std::vector<int>& cores) { thread_.pin(cores); }
 
   // Asynchronous forms: queue the collective on the communication thread and return at once.
   // Buffers (and the count vectors' contents, which are copied) must stay valid and untouched

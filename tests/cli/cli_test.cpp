@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "core/thread_pool.h"
 #include "kernels/matmul.h"
 #include "test_util.h"
 
@@ -323,6 +324,12 @@ TEST_F(CliTest, OverlapFlagsAreChecked) {
   expect_error(run_duet(args + "--all2all-dtype bf16"), "need --enable-expert-parallel");
   expect_error(run_duet(args + "--all2all-dtype fp4 --enable-expert-parallel"), "fp4");
   expect_error(run_duet(args + "--sbo-shared-experts never --enable-expert-parallel"), "never");
+  // More cores for communication than a rank has (2 ranks as threads share this machine's).
+  const int cores = available_cores();
+  expect_error(run_duet(args + "--comm-cores " + std::to_string(cores) +
+                        " --enable-expert-parallel --data-parallel-size 2 "
+                        "--distributed-backend inproc"),
+               "needs at least one left for compute");
 }
 
 // generate with each SBO setting and bf16 rows on 2 ranks gives the single-rank tokens, and the
@@ -349,7 +356,7 @@ TEST_F(CliTest, SingleBatchOverlapGenerateEqualsOneRank) {
   RunResult r = run_duet(args + "--enable-single-batch-overlap --all2all-backend low_latency "
                                 "--data-parallel-size 2 --enable-expert-parallel "
                                 "--distributed-backend inproc");
-  EXPECT_NE(r.out.find("sbo: combine in 4 chunks, shared experts beside the combine"),
+  EXPECT_NE(r.out.find("sbo: combine in 8 chunks, shared experts beside the combine"),
             std::string::npos)
       << r.out;
 }
