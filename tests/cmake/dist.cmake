@@ -6,6 +6,7 @@ if(MPI_CXX_FOUND)
                                 ${CMAKE_SOURCE_DIR}/tests/dist/mpi_ep_failure.cpp)
   target_include_directories(duet_mpi_tests PRIVATE ${CMAKE_SOURCE_DIR}/tests)
   target_link_libraries(duet_mpi_tests PRIVATE duet_lib GTest::gtest GTest::gtest_main)
+  target_compile_definitions(duet_mpi_tests PRIVATE DUET_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
 
   # Root in a container needs the two OMPI_ALLOW_* variables; --oversubscribe lets 4 ranks share
   # 2 cores.
@@ -46,11 +47,11 @@ if(MPI_CXX_FOUND)
 
   # Expert parallelism over MPI equals the single-rank tokens (3 architectures x 2 all-to-all
   # algorithms; pure EP, DP attention, an idle rank), also with a rank busy in the prefill for
-  # 2.5 watchdog times.
+  # 2.5 watchdog times, and with single-batch overlap and bf16 rows.
   foreach(_n 2 4)
     add_test(NAME mpi_ep_generate_np${_n}
              COMMAND ${_duet_mpirun} -np ${_n} $<TARGET_FILE:duet_mpi_tests>
-                     --gtest_filter=*MpiEpGenerate.*:MpiEpBusy.*)
+                     --gtest_filter=*MpiEpGenerate.*:MpiEpBusy.*:MpiEpSbo.*)
     set_tests_properties(mpi_ep_generate_np${_n} PROPERTIES
                          TIMEOUT 120 LABELS "mpi" ENVIRONMENT "${_duet_mpi_env}")
   endforeach()

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <functional>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "dist/mpi_backend.h"
 #include "dist/mpi_ep_util.h"
+#include "engine/decisive_prompts.h"
 #include "engine/generator.h"
 #include "moe/borrowed_dispatcher.h"
 
@@ -113,6 +115,59 @@ INSTANTIATE_TEST_SUITE_P(Archs, MpiEpGenerate, ::testing::ValuesIn(all_cases()),
                            return std::string(info.param.arch) + "_" +
                                   all2all_backend_name(info.param.backend);
                          });
+
+// Single-batch overlap over MPI: the chunked combine (low_latency, 4 chunks) with the shared
+// experts beside it, under TBO, gives the single-rank tokens and prompt logits to 1e-5 (f32
+// tiny DeepSeek model: shared experts, a dense first layer); bf16 rows give the single-rank
+// tokens on the decisive prompts and logits within 1e-2 of each row's largest.
+TEST(MpiEpSbo, ChunkedCombineAndBf16RowsEqualSingleRank) {
+  DistContext ctx = make_mpi_context();
+  const std::string dir = test::shared_tiny_model_dir(ctx.coord(), "deepseek_v2");
+  std::vector<GenerateRequest> reqs;
+  for (std::vector<int32_t>& p : test::decisive_prompts("deepseek_v2", DType::kF32)) {
+    GenerateRequest r;
+    r.prompt = std::move(p);
+    r.max_tokens = 6;
+    r.prompt_logits = true;
+    reqs.push_back(std::move(r));
+  }
+  ThreadPool pool(1);
+  std::unique_ptr<Model> whole = Model::load(dir);
+  const std::vector<GenerateResult> want = Generator(*whole, pool).generate(reqs);
+  test::RankShare share = test::load_rank_share(dir, ctx);
+  for (const bool bf16 : {false, true}) {
+    EpDispatcherOptions opt{All2AllBackend::kLowLatency, 64};
+    opt.combine_chunks = 4;
+    if (bf16) opt.row_dtype = DType::kBF16;
+    StepGroup g;
+    g.coord = &ctx.coord();
+    Communicator* comm = &ctx.comm();
+    const ExpertPlacement place = share.place;
+    g.dispatchers = [comm, place, opt](int) {
+      return std::make_unique<EpDispatcher>(*comm, place, opt);
+    };
+    g.overlap = OverlapMode::kTbo;
+    g.micro_batch.decode_token_threshold = 2;
+    g.micro_batch.prefill_token_threshold = 2;
+    g.shared_experts_at = SharedExpertsAt::kCombine;
+    // Rank 0 runs every request; the others run dummy batches beside it.
+    const std::vector<GenerateResult> got =
+        Generator(*share.model, pool, KvCacheDtype::kAuto, g)
+            .generate(ctx.rank() == 0 ? reqs : std::vector<GenerateRequest>{});
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << (bf16 ? "bf16" : "f32") << " request " << i;
+      const std::vector<float>& a = got[i].prompt_logits;
+      const std::vector<float>& b = want[i].prompt_logits;
+      ASSERT_EQ(a.size(), b.size());
+      float scale = 0;
+      for (float v : b) scale = std::max(scale, std::fabs(v));
+      for (size_t j = 0; j < a.size(); ++j) {
+        ASSERT_NEAR(a[j], b[j], bf16 ? 1e-2f * scale : 1e-5f * (1 + std::fabs(b[j])))
+            << (bf16 ? "bf16" : "f32") << " request " << i << " logit " << j;
+      }
+    }
+  }
+}
 
 // Rank 1 is busy for 2.5 watchdog times in the middle of the prefill (before its first
 // dispatch, as a long prompt would keep it): the others wait at that layer's all-to-all, past
