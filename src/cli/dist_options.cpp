@@ -31,11 +31,15 @@ uint64_t resident_bytes() {
   return 0;
 }
 
-// ", sbo: combine in 8 chunks, shared experts beside the combine" or "".
+// ", sbo: combine in up to 8 chunks of 128+ KiB, shared experts beside the combine" or "".
 std::string describe_sbo(const DistOptions& o) {
   const SboSettings s = resolve_sbo(o);
   std::string d;
-  if (s.combine_chunks > 1) d += "combine in " + std::to_string(s.combine_chunks) + " chunks";
+  if (s.combine_chunks > 1) {
+    d += "combine in " + std::string(s.min_chunk_bytes > 0 ? "up to " : "") +
+         std::to_string(s.combine_chunks) + " chunks";
+    if (s.min_chunk_bytes > 0) d += " of " + std::to_string(s.min_chunk_bytes >> 10) + "+ KiB";
+  }
   if (s.shared_experts_at) {
     if (!d.empty()) d += ", ";
     d += std::string("shared experts beside the ") +
@@ -123,7 +127,8 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
                 "while it travels");
   cmd->add_option("--sbo-combine-chunks", o.sbo_combine_chunks,
                   "Chunks of local experts the low_latency combine leaves in, each as soon as "
-                  "its experts ran (1 = one transfer; default 8 with SBO, at most one per expert, else 1)")
+                  "its experts ran, at most one per expert (1 = one transfer; default with SBO: "
+                  "up to 8, one per 128 KiB of the step's returning rows; else 1)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--sbo-shared-experts", o.sbo_shared_experts,
                   "Where the shared experts run: while the dispatch or the combine travels "
@@ -194,6 +199,8 @@ SboSettings resolve_sbo(const DistOptions& o) {
   s.combine_chunks = o.sbo_combine_chunks > 0          ? o.sbo_combine_chunks
                      : o.enable_single_batch_overlap ? kSboCombineChunks
                                                      : 1;
+  if (o.sbo_combine_chunks == 0 && o.enable_single_batch_overlap)
+    s.min_chunk_bytes = kSboMinChunkBytes;
   if (o.sbo_shared_experts == "dispatch") {
     s.shared_experts_at = SharedExpertsAt::kDispatch;
   } else if (o.sbo_shared_experts == "combine") {
@@ -211,6 +218,7 @@ EpDispatcherOptions ep_dispatcher_options(const DistOptions& o) {
   eo.max_tokens_per_rank = o.ll_max_tokens;
   eo.row_dtype = parse_all2all_dtype(o.all2all_dtype);
   eo.combine_chunks = resolve_sbo(o).combine_chunks;
+  eo.min_chunk_bytes = resolve_sbo(o).min_chunk_bytes;
   return eo;
 }
 

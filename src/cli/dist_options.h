@@ -46,14 +46,17 @@ struct DistOptions {
 // What the single-batch overlap flags of `o` come to: the combine's chunks (low_latency steps)
 // and where the shared experts run (unset: the executor's order). Without
 // --enable-single-batch-overlap only what is forced; with it, the chunked combine
-// (kSboCombineChunks unless --sbo-combine-chunks says otherwise) and the shared experts beside
+// (up to kSboCombineChunks, one per kSboMinChunkBytes of the step's returning rows, unless
+// --sbo-combine-chunks forces a number) and the shared experts beside
 // the combine, covering its last chunk, where the combine is chunked (low_latency), else beside
 // the dispatch.
 struct SboSettings {
   int combine_chunks = 1;
+  int64_t min_chunk_bytes = 0;  // EpDispatcherOptions::min_chunk_bytes: SBO's choice only
   std::optional<SharedExpertsAt> shared_experts_at;
 };
 constexpr int kSboCombineChunks = 8;
+constexpr int64_t kSboMinChunkBytes = int64_t{128} << 10;
 SboSettings resolve_sbo(const DistOptions& o);
 
 // The expert-parallel dispatcher options of `o` (algorithm, capacity, row dtype, chunks).

@@ -62,6 +62,10 @@ struct EpDispatcherOptions {
   // expert), each as soon as its experts have run; 1 = one transfer. Every rank must use the
   // same value.
   int combine_chunks = 1;
+  // With it > 0, fewer chunks when the step's combine is small: at most one per this many bytes
+  // of a rank's returning rows at the step's capacity (step tokens · K rows), so that each chunk's
+  // round of messages carries enough to be worth its cost. Every rank must use the same value.
+  int64_t min_chunk_bytes = 0;
 };
 
 class EpDispatcher final : public Dispatcher {

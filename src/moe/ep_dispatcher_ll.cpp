@@ -186,7 +186,11 @@ void EpDispatcher::ll_dispatch_recv() {
   combine_bytes_ = 0;  // the chunks add theirs
   batch_.chunk_ends.clear();
   batch_.chunk_done = nullptr;
-  const int64_t n_chunks = std::min<int64_t>(opt_.combine_chunks, L);
+  int64_t n_chunks = std::min<int64_t>(opt_.combine_chunks, L);
+  if (opt_.min_chunk_bytes > 0) {  // the same on every rank: the step's capacity is planned
+    const int64_t rows_bytes = step_tokens_ * tokens_.n_expert_used * RW * 4;
+    n_chunks = std::min(n_chunks, std::max<int64_t>(1, rows_bytes / opt_.min_chunk_bytes));
+  }
   if (n_chunks > 1) {
     for (int64_t c = 1; c <= n_chunks; ++c) batch_.chunk_ends.push_back(c * L / n_chunks);
     batch_.chunk_done = [this](int c) { ll_combine_chunk(c); };

@@ -173,6 +173,29 @@ INSTANTIATE_TEST_SUITE_P(
              "_" + (info.param.rows == DType::kBF16 ? "bf16" : "f32");
     });
 
+// With min_chunk_bytes, the chunks follow the step's size, alike on every rank: a step planned
+// for 16 tokens (16 · K = 32 rows of 24 bytes back, 768 bytes) leaves in 768 / 256 = 3 chunks,
+// one planned for 11 (528 bytes) in 2, one planned for 4 (192 bytes) in one transfer; the results
+// stay the single-rank ones.
+TEST(EpDispatcherSboChunks, FewerChunksForSmallSteps) {
+  run_ranks(2, [](DistContext& ctx) {
+    const int64_t n_expert = 12, D = 6, K = 2;
+    EpDispatcherOptions opt{All2AllBackend::kLowLatency, 16};
+    opt.combine_chunks = 6;
+    opt.min_chunk_bytes = 256;
+    EpDispatcher ep(ctx.comm(), place_experts(n_expert, 2), opt);
+    LocalDispatcher local(n_expert);
+    for (const auto& [plan, chunks] : {std::pair<int64_t, size_t>{16, 3}, {4, 0}, {11, 2}}) {
+      ep.plan_step(plan);
+      const Tokens t = make_tokens(ctx.rank(), static_cast<int>(plan), n_expert, 3, D, K,
+                                   Shape::kRandom);
+      const std::vector<float> got =
+          run_step(ep, t, [&](ExpertBatch& b) { EXPECT_EQ(b.chunk_ends.size(), chunks) << plan; });
+      expect_near(got, run_step(local, t), "plan " + std::to_string(plan));
+    }
+  });
+}
+
 // With bf16 rows, the rows the experts read are exactly the bf16 rounding of their tokens' rows,
 // wherever the expert lives (the rank's own tokens included), and a chunked combine with bf16
 // rows sends half the bytes of f32.
