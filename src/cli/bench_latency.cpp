@@ -46,6 +46,15 @@ std::vector<GenerateRequest> make_requests(const LatencyOptions& o, int64_t n_vo
   return reqs;
 }
 
+// The step gap: wall time from the end of one forward pass to the start of the next (sampling,
+// stop checks, building the next input, the ranks' agreement), per gap and against a step.
+void print_step_gap(const GenerateStats& st) {
+  const double gap = st.step_gaps ? st.step_gap_seconds / st.step_gaps : 0.0;
+  const double fwd = st.steps ? st.forward_seconds / st.steps : 0.0;
+  std::printf("step gap: %.3f ms between forward passes (%.1f%% of a step; forward %.2f ms)\n",
+              gap * 1e3, gap + fwd > 0 ? 100.0 * gap / (gap + fwd) : 0.0, fwd * 1e3);
+}
+
 // Decode time per kind of operation (summed over layers), per step and as a share of decode;
 // the parts an operation times itself ("attn.qkv") indented under it.
 void print_op_seconds(const GenerateStats& st, int64_t steps) {
@@ -98,6 +107,8 @@ void run_latency_ep(const LatencyOptions& o, DistContext& ctx) {
   }
   std::printf("decode: %.1f tok/s over all ranks, %.1f tok/s per rank\n", total_tps,
               total_tps / ctx.world_size());
+  std::printf("rank 0, ");
+  print_step_gap(st);
   if (o.profile_ops) {
     std::printf("rank 0, ");  // the receive halves' times include waiting for the other ranks
     print_op_seconds(st, st.decode_steps);
@@ -181,6 +192,7 @@ void run_latency_single(const LatencyOptions& o) {
               achieved / 1e9, bw / 1e9, achieved / bw);
   std::printf("decode bandwidth limit %.1f tok/s; achieved/limit %.2f\n", limit_tps,
               limit_tps > 0 ? decode_tokens / st.decode_seconds / limit_tps : 0.0);
+  print_step_gap(st);
   if (o.profile_ops) print_op_seconds(st, steps);
   finish_trace(rm, o.dist, nullptr);
 }

@@ -4,6 +4,9 @@
 // and at most --max-concurrency are in flight. Reports requests/s, output tok/s, TTFT and TPOT.
 #include <httplib.h>
 
+#include <cstdlib>
+#include <sstream>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -198,6 +201,42 @@ std::string pick_model(const BenchServeOptions& o) {
   return j["data"][0].value("id", "");
 }
 
+// The server's step-gap counters (duet:step_gap_seconds_total and friends in /metrics), or all
+// zero if it does not report them (another server).
+struct StepGapCounters {
+  double gap_s = 0, gaps = 0, forward_s = 0, steps = 0;
+};
+
+StepGapCounters scrape_step_gap(const BenchServeOptions& o) {
+  StepGapCounters c;
+  httplib::Client cli(o.base_url);
+  auto res = cli.Get("/metrics");
+  if (!res || res->status != 200) return c;
+  std::istringstream lines(res->body);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t brace = line.find('{'), space = line.rfind(' ');
+    if (space == std::string::npos) continue;
+    const std::string name = line.substr(0, std::min(brace, space));
+    const double v = std::strtod(line.c_str() + space + 1, nullptr);
+    if (name == "duet:step_gap_seconds_total") c.gap_s = v;
+    if (name == "duet:step_gaps_total") c.gaps = v;
+    if (name == "duet:forward_seconds_total") c.forward_s = v;
+    if (name == "duet:forward_steps_total") c.steps = v;
+  }
+  return c;
+}
+
+// The step gap over a run, from the counters before and after it (rank 0's, on several ranks).
+void report_step_gap(const StepGapCounters& a, const StepGapCounters& b) {
+  const double gaps = b.gaps - a.gaps, steps = b.steps - a.steps;
+  if (gaps <= 0 || steps <= 0) return;
+  const double gap = (b.gap_s - a.gap_s) / gaps, fwd = (b.forward_s - a.forward_s) / steps;
+  std::printf("server step gap:          %.3f ms between forward passes (%.1f%% of a step; "
+              "forward %.2f ms)\n",
+              gap * 1e3, 100.0 * gap / (gap + fwd), fwd * 1e3);
+}
+
 void run_bench_serve(const BenchServeOptions& o) {
   if (o.num_prompts < 1 || o.input_len < 1 || o.output_len < 1 || o.token_range < 1)
     DUET_ERROR("--num-prompts, --input-len, --output-len and --token-range must be >= 1");
@@ -212,9 +251,13 @@ void run_bench_serve(const BenchServeOptions& o) {
   if (o.compare_single) {
     BenchServeOptions s = o;
     s.request_rate = 0;
+    const StepGapCounters g0 = scrape_step_gap(o);
     single = report("single request", run(s, model, o.single_prompts, 1), 1);
+    report_step_gap(g0, scrape_step_gap(o));
   }
+  const StepGapCounters g0 = scrape_step_gap(o);
   const double many = report("load", run(o, model, o.num_prompts, conc), conc);
+  report_step_gap(g0, scrape_step_gap(o));
   if (o.compare_single)
     std::printf("output tok/s at concurrency %lld vs a single request: %.2fx\n",
                 static_cast<long long>(conc), many / single);

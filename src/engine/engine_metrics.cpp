@@ -69,4 +69,13 @@ EngineMetricsSnapshot EngineMetrics::snapshot() const {
   return m_;
 }
 
+void EngineMetrics::set_steps(double gap_seconds, int64_t gaps, double forward_seconds,
+                              int64_t steps) {
+  std::lock_guard<std::mutex> lock(mu_);
+  m_.step_gap_seconds = gap_seconds;
+  m_.step_gaps = static_cast<uint64_t>(gaps);
+  m_.forward_seconds = forward_seconds;
+  m_.forward_steps = static_cast<uint64_t>(steps);
+}
+
 }  // namespace duet

@@ -34,6 +34,12 @@ struct EngineMetricsSnapshot {
   Histogram ttft{};                 // time to first token, seconds
   Histogram itl{};                  // inter-token latency, seconds
   Histogram e2e{};                  // request latency, seconds
+  // The step gap (StepStats): wall seconds between consecutive forward passes, over step_gaps
+  // gaps, and the forward passes' seconds over forward_steps steps.
+  double step_gap_seconds = 0;
+  uint64_t step_gaps = 0;
+  double forward_seconds = 0;
+  uint64_t forward_steps = 0;
 };
 
 class EngineMetrics {
@@ -46,6 +52,8 @@ class EngineMetrics {
   void observe_ttft(double s);
   void observe_itl(double s);
   void finished(const std::string& reason, double e2e_seconds);
+  // The step path's totals so far (StepStats's gap and forward figures).
+  void set_steps(double gap_seconds, int64_t gaps, double forward_seconds, int64_t steps);
 
   EngineMetricsSnapshot snapshot() const;
 

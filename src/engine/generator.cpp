@@ -136,6 +136,7 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
                                 (model_.kv_k_width() + model_.kv_v_width()) *
                                 dtype_size(kv_.dtype());
   uint64_t expert_bytes0 = 0;  // read when the first decode step starts
+  steps_.idle();  // the time since the last call is not a step gap
   const StepStats steps0 = steps_.stats();
   for (bool prefill = true;; prefill = false) {
     reserve(in);
@@ -192,6 +193,9 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
   st.dummy_steps = steps_.stats().dummy_steps - steps0.dummy_steps;
   st.micro_batch_steps = steps_.stats().micro_batch_steps - steps0.micro_batch_steps;
   if (!steps_.solo()) st.sync_seconds = steps_.stats().agree_seconds - steps0.agree_seconds;
+  st.step_gap_seconds = steps_.stats().gap_seconds - steps0.gap_seconds;
+  st.step_gaps = steps_.stats().gaps - steps0.gaps;
+  st.forward_seconds = steps_.stats().forward_seconds - steps0.forward_seconds;
   if (stats) *stats = st;
   return results;
 }

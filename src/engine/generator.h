@@ -53,6 +53,11 @@ struct GenerateStats {
   // experts' all-to-alls (what overlap would hide). 0 on one rank.
   double decode_comm_seconds = 0;
   double prefill_comm_seconds = 0;  // likewise, of prefill_seconds
+  // The step gap (StepStats): from the end of each forward pass to the start of the next, summed
+  // over `step_gaps` pairs of consecutive steps, and the forward passes' time.
+  double step_gap_seconds = 0;
+  int64_t step_gaps = 0;
+  double forward_seconds = 0;
   // Wall seconds per kind of operation over the decode steps, when Generator::profile_ops is on.
   OpSeconds decode_op_seconds;
 };

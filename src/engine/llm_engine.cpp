@@ -154,6 +154,8 @@ bool LlmEngine::step(std::vector<int64_t>& load) {
   ForwardInput in = build_input(plan, &prompt_tokens, &has_prefill);
 
   const StepRunner::Launch launch = steps_.run(in, kv_, has_prefill);
+  const StepStats& ss = steps_.stats();
+  metrics_.set_steps(ss.gap_seconds, ss.gaps, ss.forward_seconds, ss.steps);
 
   if (launch.logits) generated = process_outputs(plan, *launch.logits);
   exchange_outputs(load, prompt_tokens, generated, plan.preempted.size());

@@ -55,7 +55,10 @@ StepRunner::Launch StepRunner::run(ForwardInput& in, KvStore& kv, bool has_prefi
   stats_.agree_seconds += std::chrono::duration<double>(t_agreed - t0).count();
   const StepPlan& plan = launch.plan;
   if (trace_) trace_->span(TraceTrack::kStep, "agree", t0, t_agreed);
-  if (!plan.runs()) return launch;
+  if (!plan.runs()) {
+    idle();
+    return launch;
+  }
   // The step's span, from the agreement's end to the forward pass's, named by its plan.
   struct StepSpan {
     Trace* trace;
@@ -69,6 +72,20 @@ StepRunner::Launch StepRunner::run(ForwardInput& in, KvStore& kv, bool has_prefi
   // The step's shape, the same on every rank: a distributed dispatcher picks its algorithm.
   for (int s = 0; s < runner_.n_slots(); ++s) runner_.dispatcher(s).plan_step(plan.padded_tokens);
   stats_.micro_batch_steps += plan.micro_batch;
+  // The step gap and the forward pass's time, from here (the forward pass starts) to its end.
+  struct ForwardSpan {
+    StepStats& stats;
+    Clock::time_point& last_end;
+    Clock::time_point t0 = Clock::now();
+    ~ForwardSpan() {
+      if (last_end != Clock::time_point{}) {
+        stats.gap_seconds += std::chrono::duration<double>(t0 - last_end).count();
+        ++stats.gaps;
+      }
+      last_end = Clock::now();
+      stats.forward_seconds += std::chrono::duration<double>(last_end - t0).count();
+    }
+  } forward_span{stats_, last_forward_end_};
   if (plan.dummy) {
     ++stats_.dummy_steps;
     run_dummy(plan.mode, plan.micro_batch);

@@ -11,6 +11,7 @@
 // plan and this rank's logits; what the front end does with them is its own.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -53,6 +54,12 @@ struct StepStats {
   int64_t dummy_steps = 0;   // of which this rank ran the dummy batch
   double agree_seconds = 0;  // in the agreement's all-gather
   int64_t micro_batch_steps = 0;  // steps run as two micro-batches (dummy pairs included)
+  // The step gap (issue 18's measure of what the engine does between forward passes): wall time
+  // from the end of one forward pass to the start of the next, over `gaps` consecutive pairs of
+  // steps (the first step after idle() has none), and the forward passes' own time.
+  double gap_seconds = 0;
+  int64_t gaps = 0;
+  double forward_seconds = 0;
 };
 
 class StepRunner {
@@ -70,6 +77,10 @@ class StepRunner {
   // its KV rows reserved in `kv`; has_prefill says whether it processes prompt tokens. Sets
   // in.mode to the group's mode. Throws duet::Error if the group fails (a rank is missing).
   Launch run(ForwardInput& in, KvStore& kv, bool has_prefill);
+
+  // The front end has no more work for now (a batch is done, the server is idle): the time
+  // until the next step is not a step gap.
+  void idle() { last_forward_end_ = {}; }
 
   Coordinator& coord() { return *coord_; }
   bool solo() const { return coord_->world_size() == 1; }
@@ -92,6 +103,7 @@ class StepRunner {
   ForwardInput dummy_in_[2];
   Trace* trace_;
   StepStats stats_;
+  std::chrono::steady_clock::time_point last_forward_end_;  // unset (epoch) after idle()
 };
 
 }  // namespace duet

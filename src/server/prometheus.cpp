@@ -82,6 +82,15 @@ std::string prometheus_text(const EngineMetricsSnapshot& m, const std::string& m
   w.histogram("duet:time_to_first_token_seconds", "Time to first token, from arrival.", m.ttft);
   w.histogram("duet:inter_token_latency_seconds", "Time between consecutive tokens.", m.itl);
   w.histogram("duet:e2e_request_latency_seconds", "Request latency, arrival to finish.", m.e2e);
+  w.metric("duet:step_gap_seconds_total", "counter",
+           "Wall time between the end of one forward pass and the start of the next.",
+           m.step_gap_seconds);
+  w.metric("duet:step_gaps_total", "counter", "Gaps counted in duet:step_gap_seconds_total.",
+           double(m.step_gaps));
+  w.metric("duet:forward_seconds_total", "counter", "Wall time in forward passes.",
+           m.forward_seconds);
+  w.metric("duet:forward_steps_total", "counter", "Forward passes (steps) run.",
+           double(m.forward_steps));
   return w.str();
 }
 

@@ -7,7 +7,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
+#include <thread>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -195,6 +197,48 @@ TEST(StepRunnerSlotsTest, SplitStepsRunInBothSlots) {
   EXPECT_EQ(sent[0][1], (std::vector<int64_t>{2, 2, -1}));
   EXPECT_EQ(sent[1][0], (std::vector<int64_t>{2, 1, 1}));  // the dummy pair, then the dummy
   EXPECT_EQ(sent[1][1], (std::vector<int64_t>{2, 1, -1}));
+}
+
+}  // namespace
+}  // namespace duet
+
+namespace duet {
+namespace {
+
+// The step gap: from the end of one forward pass to the start of the next, counted between
+// consecutive steps only. Two steps 30 ms apart make one gap of at least 30 ms; after idle() (or
+// a step with nothing to run) the next step starts no gap.
+TEST(StepGapTest, CountsTheTimeBetweenConsecutiveForwardPasses) {
+  std::unique_ptr<Model> m = Model::load(test::tiny_model_dir("qwen3_moe"));
+  ThreadPool pool(1);
+  StepRunner steps(*m, pool);
+  KvCache kv(m->config().n_layer, m->kv_k_width(), m->kv_v_width());
+  const int32_t seq = kv.add_sequence();
+  const std::vector<int32_t> toks = {5, 6, 7, 8};
+  auto step = [&](int64_t pos, int64_t n) {
+    kv.reserve(seq, pos + n);
+    ForwardInput in;
+    in.add(seq, pos, toks.data() + pos, n, false);
+    return steps.run(in, kv, n > 1);
+  };
+  step(0, 2);
+  EXPECT_EQ(steps.stats().gaps, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  step(2, 1);
+  EXPECT_EQ(steps.stats().gaps, 1);
+  EXPECT_GE(steps.stats().gap_seconds, 0.030);
+  EXPECT_GT(steps.stats().forward_seconds, 0.0);
+  steps.idle();
+  step(3, 1);
+  EXPECT_EQ(steps.stats().gaps, 1);
+  ForwardInput empty;
+  EXPECT_FALSE(steps.run(empty, kv, false).plan.runs());
+  kv.reserve(seq, 5);
+  ForwardInput last;
+  last.add(seq, 4, toks.data(), 1, false);
+  steps.run(last, kv, false);
+  EXPECT_EQ(steps.stats().gaps, 1);
+  EXPECT_EQ(steps.stats().steps, 4);
 }
 
 }  // namespace

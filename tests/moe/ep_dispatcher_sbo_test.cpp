@@ -187,8 +187,8 @@ TEST(EpDispatcherSboChunks, FewerChunksForSmallSteps) {
     LocalDispatcher local(n_expert);
     for (const auto& [plan, chunks] : {std::pair<int64_t, size_t>{16, 3}, {4, 0}, {11, 2}}) {
       ep.plan_step(plan);
-      const Tokens t = make_tokens(ctx.rank(), static_cast<int>(plan), n_expert, 3, D, K,
-                                   Shape::kRandom);
+      const Tokens t =
+          make_tokens(ctx.rank(), static_cast<int>(plan), n_expert, 3, D, K, Shape::kRandom);
       const std::vector<float> got =
           run_step(ep, t, [&](ExpertBatch& b) { EXPECT_EQ(b.chunk_ends.size(), chunks) << plan; });
       expect_near(got, run_step(local, t), "plan " + std::to_string(plan));

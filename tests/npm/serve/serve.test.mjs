@@ -60,7 +60,8 @@ test('models, health and metrics', async () => {
   const m = await metrics();
   for (const name of ['duet:num_requests_running', 'duet:num_requests_waiting', 'duet:kv_cache_usage_perc',
     'duet:prompt_tokens_total', 'duet:generation_tokens_total', 'duet:time_to_first_token_seconds_bucket',
-    'duet:inter_token_latency_seconds_bucket']) {
+    'duet:inter_token_latency_seconds_bucket', 'duet:step_gap_seconds_total', 'duet:step_gaps_total',
+    'duet:forward_seconds_total', 'duet:forward_steps_total']) {
     assert.ok(m.body.includes(name), `/metrics lacks ${name}`);
   }
 });
