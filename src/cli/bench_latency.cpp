@@ -144,7 +144,7 @@ void run_latency_single(const LatencyOptions& o) {
                                 double(n_moe * c.n_expert_used) * model->bytes_per_expert()) /
                                elem;
   const double output_params = double(c.n_vocab) * c.n_embd;
-  const double v_dim = c.arch == Arch::kDeepseekV2 ? c.v_head_dim : c.head_dim;
+  const double v_dim = is_deepseek(c.arch) ? c.v_head_dim : c.head_dim;
   const double attn_flops_per_token =
       2.0 * c.n_layer * c.n_head * (c.qk_head_dim() + v_dim) * (o.prompt_len + 1) / 2.0;
   const double prefill_flops =

@@ -13,6 +13,7 @@ const char* arch_name(Arch a) {
   switch (a) {
     case Arch::kQwen3Moe: return "qwen3_moe";
     case Arch::kDeepseekV2: return "deepseek_v2";
+    case Arch::kDeepseekV3: return "deepseek_v3";
     case Arch::kMixtral: return "mixtral";
   }
   return "?";
@@ -26,6 +27,7 @@ bool ModelConfig::is_moe_layer(int64_t il) const {
         if (l == il) return false;
       return (il + 1) % decoder_sparse_step == 0;
     case Arch::kDeepseekV2:
+    case Arch::kDeepseekV3:
       return il >= first_k_dense_replace && il % moe_layer_freq == 0;
     case Arch::kMixtral:
       return true;
@@ -34,7 +36,7 @@ bool ModelConfig::is_moe_layer(int64_t il) const {
 }
 
 int64_t ModelConfig::qk_head_dim() const {
-  return arch == Arch::kDeepseekV2 ? qk_nope_head_dim + qk_rope_head_dim : head_dim;
+  return is_deepseek(arch) ? qk_nope_head_dim + qk_rope_head_dim : head_dim;
 }
 
 namespace {
@@ -132,7 +134,8 @@ RopeScaling parse_rope_scaling(const Fields& f, const json& j, const std::string
   rs.beta_slow = rf.number("beta_slow", 1.0);
   // Missing original_max_position_embeddings: DeepSeek's code assumes 4096, HF falls back to
   // max_position_embeddings.
-  const int64_t orig_default = f.string("model_type", "") == "deepseek_v2"
+  const std::string model_type = f.string("model_type", "");
+  const int64_t orig_default = model_type == "deepseek_v2" || model_type == "deepseek_v3"
                                    ? 4096
                                    : f.integer("max_position_embeddings", 4096);
   rs.original_max_position = rf.integer("original_max_position_embeddings", orig_default);
@@ -203,7 +206,9 @@ void parse_mixtral(const Fields& f, ModelConfig& c) {
             "is set; duet does not support sliding-window attention (expected null)");
 }
 
-void parse_deepseek_v2(const Fields& f, ModelConfig& c) {
+// DeepSeek-V2 and V3 share their fields; V3's defaults (DeepseekV3Config) and routing differ.
+void parse_deepseek(const Fields& f, ModelConfig& c) {
+  const bool v3 = c.arch == Arch::kDeepseekV3;
   c.n_expert = f.has("n_routed_experts") ? f.integer("n_routed_experts") : 0;
   c.n_expert_used = f.integer("num_experts_per_tok", 0);
   c.n_expert_shared = f.integer("n_shared_experts", 0);
@@ -217,18 +222,27 @@ void parse_deepseek_v2(const Fields& f, ModelConfig& c) {
   c.v_head_dim = f.integer("v_head_dim");
   c.first_k_dense_replace = f.integer("first_k_dense_replace", 0);
   c.moe_layer_freq = f.integer("moe_layer_freq", 1);
-  c.norm_topk_prob = f.boolean("norm_topk_prob", false);
-  c.routed_scaling_factor = f.number("routed_scaling_factor", 1.0);
-  c.n_group = f.integer("n_group", 1);
-  c.topk_group = f.integer("topk_group", 1);
+  c.norm_topk_prob = f.boolean("norm_topk_prob", v3);
+  c.routed_scaling_factor = f.number("routed_scaling_factor", v3 ? 2.5 : 1.0);
+  c.n_group = f.integer("n_group", v3 ? 8 : 1);
+  c.topk_group = f.integer("topk_group", v3 ? 4 : 1);
+  c.n_nextn_layers = v3 ? f.integer("num_nextn_predict_layers", 1) : 0;
+  f.require(c.n_nextn_layers >= 0, "num_nextn_predict_layers", "must be >= 0");
   c.head_dim = c.v_head_dim;
   for (const char* k : {"kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                         "moe_layer_freq"})
     f.positive(k, f.integer(k, 1));
   f.require(c.qk_rope_head_dim % 2 == 0, "qk_rope_head_dim", "must be even");
   // "gready" is how DeepSeek-V2's own configuration code spells the greedy default.
-  std::string method = f.string("topk_method", "greedy");
-  if (method == "greedy" || method == "gready") {
+  std::string method = f.string("topk_method", v3 ? "noaux_tc" : "greedy");
+  std::string scoring = f.string("scoring_func", v3 ? "sigmoid" : "softmax");
+  if (v3) {
+    f.require(method == "noaux_tc", "topk_method",
+              "is '" + method + "'; duet supports 'noaux_tc' for deepseek_v3");
+    f.require(scoring == "sigmoid", "scoring_func",
+              "is '" + scoring + "'; deepseek_v3's noaux_tc routing needs 'sigmoid'");
+    c.topk_method = TopkMethod::kNoauxTc;
+  } else if (method == "greedy" || method == "gready") {
     c.topk_method = TopkMethod::kGreedy;
   } else if (method == "group_limited_greedy") {
     c.topk_method = TopkMethod::kGroupLimitedGreedy;
@@ -236,16 +250,20 @@ void parse_deepseek_v2(const Fields& f, ModelConfig& c) {
     f.fail("topk_method", "is '" + method +
                               "'; duet supports 'greedy' and 'group_limited_greedy' (DeepSeek-V2)");
   }
-  std::string scoring = f.string("scoring_func", "softmax");
-  f.require(scoring == "softmax", "scoring_func",
-            "is '" + scoring + "'; duet supports only 'softmax' (DeepSeek-V2)");
-  if (c.topk_method == TopkMethod::kGroupLimitedGreedy) {
+  if (!v3) {
+    f.require(scoring == "softmax", "scoring_func",
+              "is '" + scoring + "'; duet supports only 'softmax' (DeepSeek-V2)");
+  }
+  if (c.topk_method != TopkMethod::kGreedy) {
     f.positive("n_group", c.n_group);
     f.require(c.n_expert % c.n_group == 0, "n_group", "must divide n_routed_experts");
     f.require(c.topk_group >= 1 && c.topk_group <= c.n_group, "topk_group",
               "must be in [1, n_group]");
     f.require(c.n_expert_used <= c.topk_group * (c.n_expert / c.n_group), "num_experts_per_tok",
               "exceeds the experts in topk_group groups");
+    // noaux_tc scores a group by the sum of its best two experts.
+    f.require(!v3 || c.n_expert / c.n_group >= 2, "n_group",
+              "leaves fewer than 2 experts per group (noaux_tc sums each group's top 2)");
   }
   f.require(c.n_head_kv == c.n_head, "num_key_value_heads",
             "must equal num_attention_heads for MLA");
@@ -262,17 +280,21 @@ ModelConfig parse_config(const json& j, const std::string& source) {
     c.arch = Arch::kQwen3Moe;
   } else if (type == "deepseek_v2") {
     c.arch = Arch::kDeepseekV2;
+  } else if (type == "deepseek_v3") {
+    c.arch = Arch::kDeepseekV3;
   } else if (type == "mixtral") {
     c.arch = Arch::kMixtral;
   } else {
     f.fail("model_type", "is '" + type +
-                             "'; duet supports 'qwen3_moe', 'deepseek_v2' and 'mixtral'");
+                             "'; duet supports 'qwen3_moe', 'deepseek_v2', 'deepseek_v3' and "
+                             "'mixtral'");
   }
   parse_common(f, c);
   c.rope_scaling = parse_rope_scaling(f, j, source);
   switch (c.arch) {
     case Arch::kQwen3Moe: parse_qwen3_moe(f, c); break;
-    case Arch::kDeepseekV2: parse_deepseek_v2(f, c); break;
+    case Arch::kDeepseekV2:
+    case Arch::kDeepseekV3: parse_deepseek(f, c); break;
     case Arch::kMixtral: parse_mixtral(f, c); break;
   }
   f.require(c.n_head_kv > 0 && c.n_head % c.n_head_kv == 0, "num_key_value_heads",
@@ -287,7 +309,7 @@ ModelConfig parse_config(const json& j, const std::string& source) {
   bool any_dense = false;
   for (int64_t il = 0; il < c.n_layer; ++il) any_dense |= !c.is_moe_layer(il);
   if (any_dense) f.require(c.n_ff > 0, "intermediate_size", "must be positive (dense layers)");
-  if (c.arch != Arch::kDeepseekV2) {
+  if (!is_deepseek(c.arch)) {
     f.positive("head_dim", c.head_dim);
     f.require(c.head_dim % 2 == 0, "head_dim", "must be even");
   }

@@ -11,7 +11,10 @@
 
 namespace duet {
 
-enum class Arch { kQwen3Moe, kDeepseekV2, kMixtral };
+enum class Arch { kQwen3Moe, kDeepseekV2, kDeepseekV3, kMixtral };
+
+// DeepSeek-V2 and V3 (and what reuses their code, Kimi K2): MLA attention, shared experts.
+inline bool is_deepseek(Arch a) { return a == Arch::kDeepseekV2 || a == Arch::kDeepseekV3; }
 
 const char* arch_name(Arch a);  // the config.json model_type: "qwen3_moe", ...
 
@@ -27,7 +30,12 @@ struct RopeScaling {
   double attention_factor = -1.0;   // HF: explicit cos/sin factor (< 0 = unset)
 };
 
-enum class TopkMethod { kGreedy, kGroupLimitedGreedy };
+enum class TopkMethod {
+  kGreedy,              // softmax, top k
+  kGroupLimitedGreedy,  // DeepSeek-V2: softmax, groups by their best expert, top k in the kept
+  kNoauxTc,             // DeepSeek-V3: sigmoid, + e_score_correction_bias for the choice only,
+                        // groups by the sum of their top 2
+};
 
 struct ModelConfig {
   Arch arch = Arch::kQwen3Moe;
@@ -65,6 +73,7 @@ struct ModelConfig {
   TopkMethod topk_method = TopkMethod::kGreedy;
   int64_t n_group = 1;
   int64_t topk_group = 1;
+  int64_t n_nextn_layers = 0;  // deepseek_v3 num_nextn_predict_layers: MTP layers, never loaded
 
   int32_t bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;

@@ -51,7 +51,7 @@ RopeParams rope_params(const ModelConfig& c, int64_t dim) {
     p.original_max_position = rs.original_max_position;
     if (rs.attention_factor >= 0) {
       p.cos_sin_scale = rs.attention_factor;
-    } else if (c.arch == Arch::kDeepseekV2 || (rs.mscale != 0 && rs.mscale_all_dim != 0)) {
+    } else if (is_deepseek(c.arch) || (rs.mscale != 0 && rs.mscale_all_dim != 0)) {
       p.cos_sin_scale = yarn_get_mscale(rs.factor, rs.mscale) /
                         yarn_get_mscale(rs.factor, rs.mscale_all_dim);
     } else {

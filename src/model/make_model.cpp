@@ -85,6 +85,23 @@ json deepseek_v2_config(bool small) {
           {"tie_word_embeddings", false}};
 }
 
+// DeepSeek-V3's fields on the V2 shapes: noaux_tc routing over groups (4 of 2 experts, tiny; 4 of
+// 8, small), a low-rank query, one multi-token-prediction layer (written, never loaded).
+json deepseek_v3_config(bool small) {
+  json c = deepseek_v2_config(small);
+  c["architectures"] = {"DeepseekV3ForCausalLM"};
+  c["model_type"] = "deepseek_v3";
+  c["q_lora_rank"] = small ? 384 : 32;
+  c["topk_method"] = "noaux_tc";
+  c["scoring_func"] = "sigmoid";
+  c["n_group"] = 4;
+  c["topk_group"] = 2;
+  c["norm_topk_prob"] = true;
+  c["routed_scaling_factor"] = 2.5;
+  c["num_nextn_predict_layers"] = 1;
+  return c;
+}
+
 json mixtral_config(bool small) {
   return {{"architectures", {"MixtralForCausalLM"}},
           {"model_type", "mixtral"},
@@ -124,7 +141,7 @@ Specials specials_for(const std::string& arch) {
         "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
         "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}"
         "{{ '<|im_start|>assistant\\n' }}{% endif %}";
-  } else if (arch == "deepseek_v2") {
+  } else if (arch == "deepseek_v2" || arch == "deepseek_v3") {
     s.tokens = {"<\xef\xbd\x9c" "begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
                 "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"};
     s.bos = 0;
@@ -202,8 +219,10 @@ json preset_config(const std::string& arch, const std::string& preset) {
   const bool small = preset == "small";
   if (arch == "qwen3_moe") return qwen3_moe_config(small);
   if (arch == "deepseek_v2") return deepseek_v2_config(small);
+  if (arch == "deepseek_v3") return deepseek_v3_config(small);
   if (arch == "mixtral") return mixtral_config(small);
-  throw Error("unknown architecture '" + arch + "' (expected qwen3_moe, deepseek_v2 or mixtral)");
+  throw Error("unknown architecture '" + arch +
+              "' (expected qwen3_moe, deepseek_v2, deepseek_v3 or mixtral)");
 }
 
 void make_model(const MakeModelOptions& opt) {
@@ -225,12 +244,29 @@ void make_model(const MakeModelOptions& opt) {
 
   std::filesystem::create_directories(opt.dir);
   std::vector<TensorData> tensors;
-  for (const RecordingSource::Request& r : Model::list_weights(config)) {
+  std::vector<RecordingSource::Request> weights = Model::list_weights(config);
+  // DeepSeek-V3's multi-token-prediction layers sit past the last layer; the loader must skip
+  // them, so a part of each is written (its norms and projection, a decoder layer's norm).
+  const int64_t D = config.n_embd;
+  for (int64_t i = 0; i < config.n_nextn_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(config.n_layer + i) + ".";
+    weights.push_back({p + "enorm.weight", {D}});
+    weights.push_back({p + "hnorm.weight", {D}});
+    weights.push_back({p + "eh_proj.weight", {D, 2 * D}});
+    weights.push_back({p + "input_layernorm.weight", {D}});
+  }
+  for (const RecordingSource::Request& r : weights) {
     const bool is_norm = r.shape.size() == 1;
     const bool is_embed = r.name == "model.embed_tokens.weight";
-    const double std = is_norm ? 0.1 : is_embed ? 1.0 : 1.0 / std::sqrt(double(r.shape[1]));
-    tensors.push_back(
-        random_tensor(r.name, r.shape, opt.dtype, opt.seed, is_norm ? 1.0 : 0.0, std));
+    // The correction bias is centred on 0 and wide enough to change which experts are chosen.
+    const bool is_bias = r.name.size() > 23 &&
+                         r.name.compare(r.name.size() - 23, 23, "e_score_correction_bias") == 0;
+    const double std = is_bias   ? 0.3
+                       : is_norm ? 0.1
+                       : is_embed ? 1.0
+                                  : 1.0 / std::sqrt(double(r.shape[1]));
+    tensors.push_back(random_tensor(r.name, r.shape, opt.dtype, opt.seed,
+                                    is_norm && !is_bias ? 1.0 : 0.0, std));
   }
   write_safetensors_dir(opt.dir, tensors, opt.max_shard_bytes);
   write_json(opt.dir + "/config.json", cfg);

@@ -7,7 +7,8 @@ namespace duet {
 std::unique_ptr<Model> Model::create(const ModelConfig& config) {
   switch (config.arch) {
     case Arch::kQwen3Moe: return make_qwen3_moe(config);
-    case Arch::kDeepseekV2: return make_deepseek_v2(config);
+    case Arch::kDeepseekV2:
+    case Arch::kDeepseekV3: return make_deepseek_v2(config);
     case Arch::kMixtral: return make_mixtral(config);
   }
   DUET_ERROR("unknown architecture");

@@ -21,10 +21,17 @@ struct RouterParams {
   int64_t topk_group = 1;
   // Epsilon added to the renormalisation denominator (DeepSeek: 1e-20; HF Qwen3/Mixtral: 0).
   double norm_eps = 0.0;
+  // DeepSeek-V3's noaux_tc: scores are sigmoid(logits); experts are chosen by score +
+  // score_bias[e] (e_score_correction_bias), groups by the sum of their two best such scores
+  // (the other groups' choice scores become 0, as HF's masked_fill does); the weights are the
+  // chosen experts' unbiased scores, renormalised if norm_topk_prob, then always multiplied by
+  // routed_scaling_factor.
+  bool noaux_tc = false;
+  const float* score_bias = nullptr;  // [n_expert] f32; null: no bias
 };
 
-// For each of n_tokens rows of logits [n_tokens, n_expert] (f32): softmax, select the top k
-// (ties go to the lower expert id), weight them. Outputs: ids [n_tokens, k] int32 and
+// For each of n_tokens rows of logits [n_tokens, n_expert] (f32): softmax (noaux_tc: sigmoid),
+// select the top k (ties go to the lower expert id), weight them. Outputs: ids [n_tokens, k] int32 and
 // weights [n_tokens, k] f32, in descending score order.
 void route_topk(const RouterParams& p, const float* logits, int64_t n_tokens, int32_t* ids,
                 float* weights);

@@ -12,7 +12,7 @@ set_tests_properties(reference_selftest PROPERTIES TIMEOUT 60 LABELS "golden")
 # numerics that instruction set uses (bf16-rounded product inputs on avx512bf16 and its emulation);
 # a CPU without it reports the test skipped.
 foreach(_duet_isa ${DUET_ISAS})
-  foreach(_duet_arch qwen3_moe mixtral deepseek_v2)
+  foreach(_duet_arch qwen3_moe mixtral deepseek_v2 deepseek_v3)
     set(_duet_name golden_logits_${_duet_arch}_${_duet_isa})
     add_test(NAME ${_duet_name}
              COMMAND ${DUET_PYTHON} ${_duet_ref_dir}/golden_test.py --duet $<TARGET_FILE:duet>

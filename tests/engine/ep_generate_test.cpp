@@ -114,7 +114,7 @@ TEST_P(EpGenerateTest, IdleRankRunsDummyBatches) {
 
 std::vector<EpCase> all_cases() {
   std::vector<EpCase> cases;
-  for (const char* arch : {"qwen3_moe", "deepseek_v2", "mixtral"})
+  for (const char* arch : {"qwen3_moe", "deepseek_v2", "deepseek_v3", "mixtral"})
     for (int world : {2, 4})
       for (All2AllBackend b : {All2AllBackend::kHighThroughput, All2AllBackend::kLowLatency})
         cases.push_back({arch, world, b});

@@ -138,7 +138,9 @@ TEST_P(OverlapGenerateTest, ExpertParallelRanksEqualPlain) {
         const std::vector<GenerateResult> got = gen.generate(mine, &st);
         std::lock_guard<std::mutex> lock(mu);
         EXPECT_GT(st.steps, 0);
-        if (GetParam().mode != OverlapMode::kNone) EXPECT_GT(st.micro_batch_steps, 0) << r;
+        if (GetParam().mode != OverlapMode::kNone) {
+          EXPECT_GT(st.micro_batch_steps, 0) << r;
+        }
         for (size_t j = 0; j < idx.size(); ++j) {
           expect_same(got[j], want_[idx[j]],
                       std::to_string(world) + " ranks, rank " + std::to_string(r) + " request " +
@@ -151,12 +153,12 @@ TEST_P(OverlapGenerateTest, ExpertParallelRanksEqualPlain) {
 
 INSTANTIATE_TEST_SUITE_P(
     Archs, OverlapGenerateTest,
-    ::testing::Values(OverlapCase{"qwen3_moe", OverlapMode::kTbo},
-                      OverlapCase{"qwen3_moe", OverlapMode::kDbo},
-                      OverlapCase{"deepseek_v2", OverlapMode::kTbo},
-                      OverlapCase{"deepseek_v2", OverlapMode::kDbo},
-                      OverlapCase{"mixtral", OverlapMode::kTbo},
-                      OverlapCase{"mixtral", OverlapMode::kDbo}),
+    ::testing::Values(OverlapCase{"qwen3_moe", OverlapMode::kTbo, 1, std::nullopt},
+                      OverlapCase{"qwen3_moe", OverlapMode::kDbo, 1, std::nullopt},
+                      OverlapCase{"deepseek_v2", OverlapMode::kTbo, 1, std::nullopt},
+                      OverlapCase{"deepseek_v2", OverlapMode::kDbo, 1, std::nullopt},
+                      OverlapCase{"mixtral", OverlapMode::kTbo, 1, std::nullopt},
+                      OverlapCase{"mixtral", OverlapMode::kDbo, 1, std::nullopt}),
     [](const ::testing::TestParamInfo<OverlapCase>& info) { return case_name(info.param); });
 
 // Single-batch overlap alone (overlap kNone) and inside each micro-batch of TBO and DBO.

@@ -108,6 +108,10 @@ INSTANTIATE_TEST_SUITE_P(
                       BadField{"qwen3_moe", "num_key_value_heads", "3"},
                       BadField{"deepseek_v2", "topk_method", "\"noaux_tc\""},
                       BadField{"deepseek_v2", "scoring_func", "\"sigmoid\""},
+                      BadField{"deepseek_v3", "topk_method", "\"group_limited_greedy\""},
+                      BadField{"deepseek_v3", "scoring_func", "\"softmax\""},
+                      BadField{"deepseek_v3", "n_group", "8"},
+                      BadField{"deepseek_v3", "num_nextn_predict_layers", "-1"},
                       BadField{"mixtral", "sliding_window", "4096"}),
     [](const ::testing::TestParamInfo<BadField>& info) {
       return std::string(info.param.arch) + "_" + info.param.key;
@@ -120,6 +124,21 @@ TEST(LoaderTest, GroupLimitedNeedsDivisibleGroups) {
     j["n_group"] = 3;
   });
   EXPECT_NE(load_error(dir).find("'n_group'"), std::string::npos);
+}
+
+// DeepSeek-V3's correction bias is a tensor of its own, named when missing; its
+// multi-token-prediction layer's tensors (written by make-model past the last layer) are never
+// read.
+TEST(LoaderTest, DeepseekV3NeedsItsBiasAndSkipsTheMtpLayer) {
+  const std::string dir = fresh_model("deepseek_v3");
+  std::unique_ptr<Model> m = Model::load(dir);
+  EXPECT_EQ(m->config().arch, Arch::kDeepseekV3);
+  EXPECT_EQ(m->config().n_nextn_layers, 1);
+  const std::string victim = "model.layers.2.mlp.gate.e_score_correction_bias";
+  edit_tensors(dir, [&](std::vector<TensorData>& ts) {
+    std::erase_if(ts, [&](const TensorData& t) { return t.name == victim; });
+  });
+  EXPECT_NE(load_error(dir).find(victim), std::string::npos) << load_error(dir);
 }
 
 TEST(LoaderTest, MissingTensorIsNamed) {

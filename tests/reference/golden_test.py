@@ -87,6 +87,14 @@ CASES = [
     Case("deepseek_v2_scaling2_5", "deepseek_v2", {"norm_topk_prob": False, "routed_scaling_factor": 2.5}),
     Case("deepseek_v2_shared2_freq2", "deepseek_v2",
          {"n_shared_experts": 2, "first_k_dense_replace": 0, "moe_layer_freq": 2}),
+    # The preset: noaux_tc over 4 groups of 2 experts (2 kept), top-2, renormalised and scaled by
+    # 2.5, the correction bias, a dense first layer, a low-rank query, one MTP layer in the files.
+    Case("deepseek_v3_tiny", "deepseek_v3"),
+    Case("deepseek_v3_no_groups", "deepseek_v3", {"n_group": 1, "topk_group": 1}),
+    Case("deepseek_v3_top3_unnormalised", "deepseek_v3",
+         {"num_experts_per_tok": 3, "norm_topk_prob": False, "routed_scaling_factor": 1.5}),
+    Case("deepseek_v3_no_mtp", "deepseek_v3", {"num_nextn_predict_layers": 0}),
+    Case("deepseek_v3_bf16", "deepseek_v3", dtype="bf16"),
     Case("qwen3_moe_bf16", "qwen3_moe", dtype="bf16"),
     Case("mixtral_bf16", "mixtral", dtype="bf16"),
     Case("deepseek_v2_bf16", "deepseek_v2", dtype="bf16"),

@@ -45,6 +45,11 @@ def deepseek_rope(cfg, dim, theta):
 
 
 class DeepseekV2(DecoderModel):
+    SCORING_FUNC = "softmax"
+    # The V2 code spells the plain branch "gready"; its released configs say "greedy".
+    DEFAULT_TOPK_METHOD = "gready"
+    TOPK_METHODS = ("greedy", "gready", "group_limited_greedy")
+
     def __init__(self, cfg, store):
         super().__init__(cfg, store, eps_default=1e-6)
         self.n_head = int(cfg.req("num_attention_heads"))
@@ -62,15 +67,14 @@ class DeepseekV2(DecoderModel):
         self.n_shared = cfg.opt("n_shared_experts", None)
         self.first_dense = int(cfg.opt("first_k_dense_replace", 0))
         self.layer_freq = int(cfg.opt("moe_layer_freq", 1))
-        self.topk_method = cfg.opt("topk_method", "gready")
+        self.topk_method = cfg.opt("topk_method", self.DEFAULT_TOPK_METHOD)
         self.n_group = cfg.opt("n_group", None)
         self.topk_group = cfg.opt("topk_group", None)
         self.norm_topk_prob = bool(cfg.opt("norm_topk_prob", False))
         self.routed_scaling = float(cfg.opt("routed_scaling_factor", 1.0))
-        if cfg.opt("scoring_func", "softmax") != "softmax":
-            raise ConfigError(f"scoring_func {cfg.opt('scoring_func', None)!r} is not deepseek_v2")
-        # The V2 code spells the plain branch "gready"; its released configs say "greedy".
-        if self.topk_method not in ("greedy", "gready", "group_limited_greedy"):
+        if cfg.opt("scoring_func", self.SCORING_FUNC) != self.SCORING_FUNC:
+            raise ConfigError(f"scoring_func {cfg.opt('scoring_func', None)!r} is not {self.SCORING_FUNC}")
+        if self.topk_method not in self.TOPK_METHODS:
             raise ConfigError(f"topk_method {self.topk_method!r} is not implemented by the reference")
 
     def is_moe(self, il):
@@ -171,12 +175,16 @@ class DeepseekV2(DecoderModel):
             weights = weights * self.routed_scaling
         return experts, weights
 
+    def route_tokens(self, p, x):
+        """(experts, weights) of each token of x [n_tokens, n_embd] in the MoE layer at prefix p."""
+        probs = softmax(self.mm(x, p + "gate.weight"))  # [n_tokens, n_expert]
+        return [self.route(row) for row in probs]
+
     def ffn(self, il, x):
         p = f"model.layers.{il}.mlp."
         if not self.is_moe(il):
             return self.dense_mlp(p, x)
-        probs = softmax(self.mm(x, p + "gate.weight"))  # [n_tokens, n_expert]
-        routed = [self.route(row) for row in probs]
+        routed = self.route_tokens(p, x)
         experts = np.stack([r[0] for r in routed])  # [n_tokens, n_expert_used]
         weights = np.stack([r[1] for r in routed])
         out = self.routed_experts(x, experts, weights, lambda e, xs: self.dense_mlp(f"{p}experts.{e}.", xs))

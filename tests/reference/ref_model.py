@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ref_common import Config, ConfigError, load_store  # noqa: E402
 from ref_deepseek_v2 import DeepseekV2  # noqa: E402
+from ref_deepseek_v3 import DeepseekV3  # noqa: E402
 from ref_mixtral import Mixtral  # noqa: E402
 from ref_qwen3_moe import Qwen3Moe  # noqa: E402
 
@@ -29,6 +30,8 @@ ARCHS = {
     "Qwen3MoeForCausalLM": Qwen3Moe,
     "deepseek_v2": DeepseekV2,
     "DeepseekV2ForCausalLM": DeepseekV2,
+    "deepseek_v3": DeepseekV3,
+    "DeepseekV3ForCausalLM": DeepseekV3,
     "mixtral": Mixtral,
     "MixtralForCausalLM": Mixtral,
 }

@@ -2,7 +2,9 @@
 // latent attention (MLA) with an optional low-rank query, interleaved rope on a separate rope
 // part of q and k, yarn scaling with the mscale softmax factor; the first first_k_dense_replace
 // layers dense, then MoE every moe_layer_freq layers, with shared experts and greedy or
-// group-limited-greedy routing.
+// group-limited-greedy routing. DeepSeek-V3 (DeepseekV3ForCausalLM, also Kimi K2's) is the same
+// model with noaux_tc routing (RouterParams::noaux_tc, its mlp.gate.e_score_correction_bias);
+// its multi-token-prediction layers (model.layers.{num_hidden_layers + i}) are never loaded.
 //
 // The KV store keeps MLA's compressed latent, never expanded K/V: per position
 // [kv_lora_rank] normed c_kv followed by [qk_rope_head_dim] roped k_pe. Attention runs in the
@@ -107,9 +109,15 @@ void DeepseekV2::load_weights(WeightSource& src) {
     f.route.norm_topk_prob = c.norm_topk_prob && c.n_expert_used > 1;
     f.route.routed_scaling_factor = f.route.norm_topk_prob ? 1.0 : c.routed_scaling_factor;
     f.route.norm_eps = 1e-20;
-    if (c.topk_method == TopkMethod::kGroupLimitedGreedy) {
+    if (c.topk_method != TopkMethod::kGreedy) {
       f.route.n_group = c.n_group;
       f.route.topk_group = c.topk_group;
+    }
+    if (c.topk_method == TopkMethod::kNoauxTc) {  // V3: renormalise, then always scale
+      f.route.noaux_tc = true;
+      f.route.norm_topk_prob = c.norm_topk_prob;
+      f.route.routed_scaling_factor = c.routed_scaling_factor;
+      f.route.score_bias = src.vector(p + "mlp.gate.e_score_correction_bias", c.n_expert);
     }
     for (int64_t e = expert_begin_; e < expert_end_; ++e) {
       f.experts.push_back(load_mlp(src, p + "mlp.experts." + std::to_string(e), D, c.n_ff_exp));
