@@ -1,5 +1,8 @@
 #include "model/config.h"
 
+#include <climits>
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -87,10 +90,15 @@ class Fields {
     std::vector<int32_t> out;
     if (!has(key)) return out;
     const json& v = j_.at(key);
+    auto id = [&](const json& e) {
+      const int64_t i = as_integer(e, key);
+      if (i < -1 || i > INT32_MAX) fail(key, "is not a token id: " + e.dump());
+      return static_cast<int32_t>(i);
+    };
     if (v.is_array()) {
-      for (const json& e : v) out.push_back(static_cast<int32_t>(as_integer(e, key)));
+      for (const json& e : v) out.push_back(id(e));
     } else {
-      out.push_back(static_cast<int32_t>(as_integer(v, key)));
+      out.push_back(id(v));
     }
     return out;
   }
@@ -106,10 +114,26 @@ class Fields {
   }
 
  private:
+  // An integer, or a float with an integral value (128.0), within ±2^53 so that every value
+  // converts exactly (found by fuzzing: a float beyond int64's range made the conversion
+  // undefined).
   int64_t as_integer(const json& v, const std::string& key) const {
-    if (v.is_number_integer()) return v.get<int64_t>();
-    if (v.is_number_float() && v.get<double>() == static_cast<double>(v.get<int64_t>()))
-      return v.get<int64_t>();
+    constexpr double kLimit = 9007199254740992.0;  // 2^53
+    if (v.is_number_unsigned()) {
+      if (v.get<uint64_t>() > static_cast<uint64_t>(kLimit))
+        fail(key, "is out of range: " + v.dump());
+      return static_cast<int64_t>(v.get<uint64_t>());
+    }
+    if (v.is_number_integer()) {
+      const int64_t i = v.get<int64_t>();
+      if (i < -static_cast<int64_t>(kLimit)) fail(key, "is out of range: " + v.dump());
+      return i;
+    }
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (!(std::fabs(d) <= kLimit)) fail(key, "is out of range: " + v.dump());
+      if (d == std::floor(d)) return static_cast<int64_t>(d);
+    }
     fail(key, "expected an integer, found " + v.dump());
   }
 

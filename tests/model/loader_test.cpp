@@ -106,6 +106,10 @@ INSTANTIATE_TEST_SUITE_P(
                       BadField{"qwen3_moe", "num_experts_per_tok", "99"},
                       BadField{"qwen3_moe", "hidden_size", "\"64\""},
                       BadField{"qwen3_moe", "num_key_value_heads", "3"},
+                      // Found by fuzz_config: a float beyond int64 made the conversion undefined.
+                      BadField{"qwen3_moe", "num_hidden_layers", "1.3e68"},
+                      BadField{"qwen3_moe", "vocab_size", "18446744073709551615"},
+                      BadField{"qwen3_moe", "eos_token_id", "[2, 4294967296]"},
                       BadField{"deepseek_v2", "topk_method", "\"noaux_tc\""},
                       BadField{"deepseek_v2", "scoring_func", "\"sigmoid\""},
                       BadField{"deepseek_v3", "topk_method", "\"group_limited_greedy\""},
