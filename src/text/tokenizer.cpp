@@ -19,6 +19,7 @@
 #include "text/tokenizer_pretokenizer.h"
 #include "text/tokenizer_regex.h"
 #include "text/tokenizer_vocab.h"
+#include "text/tokenizer_json.h"
 
 namespace duet {
 
@@ -93,10 +94,11 @@ void Tokenizer::Impl::size_vocab(const json& model, const json& added_tokens) {
   int64_t max_id = -1;
   if (model.contains("vocab") && model.at("vocab").is_object()) {
     for (const auto& [token, id] : model.at("vocab").items()) {
-      max_id = std::max(max_id, id.get<int64_t>());
+      max_id = std::max<int64_t>(max_id, token_id_of(id, source + ": vocab '" + token + "'"));
     }
   }
-  for (const json& t : added_tokens) max_id = std::max(max_id, t.at("id").get<int64_t>());
+  for (const json& t : added_tokens)
+    max_id = std::max<int64_t>(max_id, token_id_of(t.at("id"), source + ": added token"));
   if (max_id >= (int64_t(1) << 30))
     DUET_ERROR(source << ": token id " << max_id << " is too large");
   vocab.id_token.resize(max_id + 1);
@@ -107,7 +109,7 @@ void Tokenizer::Impl::size_vocab(const json& model, const json& added_tokens) {
 void Tokenizer::Impl::parse_added_tokens(const json& added_tokens) {
   for (const json& t : added_tokens) {
     const bool special = t.value("special", false);
-    AddedToken a{int32_t(t.at("id").get<int64_t>()),
+    AddedToken a{token_id_of(t.at("id"), source + ": added token"),
                  t.at("content").get<std::string>(),
                  special,
                  t.value("single_word", false),

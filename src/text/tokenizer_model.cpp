@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "text/tokenizer_byte_level.h"
 #include "text/tokenizer_utf8.h"
+#include "text/tokenizer_json.h"
 
 namespace duet {
 
@@ -78,7 +79,7 @@ void BpeModel::parse(const json& j, bool byte_level, Vocab* vocab, const std::st
   model_ids_.reserve(j.at("vocab").size());
   for (const auto& [token, id] : j.at("vocab").items()) {
     try {
-      set_model_token(int32_t(id.get<int64_t>()), token, vocab);
+      set_model_token(token_id_of(id, "model.vocab '" + token + "'"), token, vocab);
     } catch (const Error& e) {
       DUET_ERROR(source << ": " << e.what());
     }

@@ -449,3 +449,26 @@ TEST(TokenizerConfigTest, ReadsAddBosToken) {
 
 }  // namespace
 }  // namespace duet
+
+namespace duet {
+namespace {
+
+// Token ids in tokenizer.json must be integers in [0, 2^30): a float (found by
+// fuzz_tokenizer_json: 5e98 made the conversion undefined), a negative or a huge id is refused
+// naming the token.
+TEST(TokenizerJsonTest, BadTokenIdsAreRefusedByName) {
+  for (const char* bad : {"5.05333e+98", "1.0", "-3", "4294967296"}) {
+    nlohmann::json doc = nlohmann::json::parse(build_bpe_tokenizer_json(512, {"<s>"}));
+    doc["model"]["vocab"]["a"] = nlohmann::json::parse(bad);
+    try {
+      Tokenizer::from_json(doc.dump(), "bad.json");
+      FAIL() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'a'"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("bad.json"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace duet
