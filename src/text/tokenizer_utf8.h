@@ -8,8 +8,9 @@
 
 namespace duet::utf8 {
 
-// Decodes the character of valid UTF-8 at s[*i] and moves *i past it. REQUIRES: *i < s.size()
-// and s is valid UTF-8 from *i on.
+// Decodes the UTF-8 character at s[*i] and moves *i past it; an ill-formed or cut-off sequence
+// decodes as U+FFFD and *i moves past its maximal ill-formed prefix (as utf8_lossy replaces it).
+// REQUIRES: *i < s.size().
 char32_t next(std::string_view s, size_t* i);
 
 // Appends code point cp as UTF-8.

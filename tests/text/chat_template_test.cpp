@@ -33,6 +33,16 @@ std::string error_of(Fn fn) {
   return "";
 }
 
+// A template read as raw bytes (chat_template.jinja) may hold ill-formed UTF-8: printing a list
+// shows each string as Python's repr, character by character; an ill-formed byte is kept as it
+// is and the next character is read from the next byte (here the newline, escaped), never past
+// the string (found by fuzz_chat_template: the lead byte's length was trusted).
+TEST(ChatTemplateTest, IllFormedUtf8InTheSourceIsSteppedOver) {
+  auto t = ChatTemplate::from_source("{{ ['\xe0\n'] }}|{{ ['a\xe2\x82'] }}", "<s>", "</s>",
+                                     "raw.jinja");
+  EXPECT_EQ(t->render(nlohmann::json::array(), false), "['\xe0\\n']|['a\xe2\x82']");
+}
+
 TEST(ChatTemplateTest, MixtralInstruct) {
   auto t = ChatTemplate::from_source(kMixtral, "<s>", "</s>", "mixtral.jinja");
   const json messages = json::parse(R"([{"role": "user", "content": "Hello"},
