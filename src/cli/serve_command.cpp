@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -32,6 +33,7 @@ struct ServeOptions {
   int port = 8000;
   EngineConfig engine;
   std::string served_model_name;
+  std::string api_key;  // --api-key, else $DUET_API_KEY
   int threads = 0;
   int http_threads = 0;
   DistOptions dist;
@@ -76,6 +78,11 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
           : static_cast<int>(std::max<int64_t>(128, 4 * o.engine.scheduler.max_num_seqs));
   so.add_bos = tokenizer && tokenizer->add_bos_token();
   so.bos_id = model->config().bos_token_id;
+  so.api_key = o.api_key;
+  if (so.api_key.empty()) {
+    const char* env = std::getenv("DUET_API_KEY");
+    if (env) so.api_key = env;
+  }
   ApiServer server(engine, tokenizer.get(), chat_template.get(), so);
   const int port = server.bind(o.host, o.port);
 
@@ -88,10 +95,11 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
   });
   std::printf(
       "duet serve: %s on http://%s:%d (%d ranks, %d compute threads each, %lld %s KV "
-      "blocks of %lld)\n",
+      "blocks of %lld%s)\n",
       so.model_name.c_str(), o.host.c_str(), port, ctx ? ctx->world_size() : 1, pool.n_threads(),
       static_cast<long long>(engine.metrics().snapshot().kv_blocks_total),
-      kv_dtype_name(engine.kv_dtype()), static_cast<long long>(o.engine.block_size));
+      kv_dtype_name(engine.kv_dtype()), static_cast<long long>(o.engine.block_size),
+      so.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);
   server.listen();
   // listen() also returns when the socket fails; wake the waiter so it can be joined.
@@ -134,6 +142,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--block-size", o->engine.block_size, "Positions per KV block (default 16)")
       ->check(CLI::Range(1, 1024));
   add_kv_cache_dtype_option(cmd, *kv_dtype);
+  cmd->add_option("--api-key", o->api_key,
+                  "Require 'Authorization: Bearer KEY' on every /v1 route (401 otherwise); "
+                  "default: $DUET_API_KEY, else none. /health and /metrics stay open");
   cmd->add_option("--served-model-name", o->served_model_name,
                   "Model name in the API (default: MODEL_DIR as given)");
   cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");

@@ -36,6 +36,15 @@ int64_t unix_seconds() {
 
 std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
 
+// Whether `got` equals `want`, in a time that does not depend on where they differ.
+bool same_secret(const std::string& got, const std::string& want) {
+  unsigned diff = got.size() == want.size() ? 0u : 1u;
+  for (size_t i = 0; i < got.size(); ++i)
+    diff |= static_cast<unsigned char>(got[i]) ^
+            static_cast<unsigned char>(want.empty() ? 0 : want[i % want.size()]);
+  return diff == 0;
+}
+
 // One request's response in progress, shared by the content provider and its releaser.
 struct Exchange {
   std::shared_ptr<RequestStream> stream;
@@ -196,6 +205,22 @@ void ApiServer::handle_generate(const std::string& body, bool chat, httplib::Res
 void ApiServer::routes() {
   using httplib::Request;
   using httplib::Response;
+  if (!opt_.api_key.empty()) {
+    http_->set_pre_routing_handler([this](const Request& req, Response& res) {
+      if (req.path.rfind("/v1", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
+      const std::string auth = req.get_header_value("Authorization");
+      const std::string bearer = "Bearer ";
+      if (auth.rfind(bearer, 0) == 0 && same_secret(auth.substr(bearer.size()), opt_.api_key))
+        return httplib::Server::HandlerResponse::Unhandled;
+      reply_json(res, 401,
+                 error_reply(ApiError(401,
+                                      "Incorrect or missing API key: send the header "
+                                      "'Authorization: Bearer <key>' with the server's --api-key",
+                                      "invalid_request_error", "", "invalid_api_key"))
+                     .body);
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
   http_->Post("/v1/completions", [this](const Request& req, Response& res) {
     handle_generate(req.body, /*chat=*/false, res);
   });

@@ -26,6 +26,9 @@ struct ApiServerOptions {
   int http_threads = 128;       // concurrent connections served
   bool add_bos = false;         // prepend bos_id to completion prompts (tokenizer_config.json)
   int32_t bos_id = -1;
+  // Non-empty: every /v1 route needs `Authorization: Bearer <api_key>` (else 401, as vLLM's
+  // --api-key); /health and /metrics stay open.
+  std::string api_key;
 };
 
 class ApiServer {

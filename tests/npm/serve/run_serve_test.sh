@@ -39,7 +39,9 @@ trap cleanup EXIT
 # 2 layers x (32 + 32) values, bf16 like its weights under the default --kv-cache-dtype auto) is
 # 4 KiB, so 0.25 MiB is 64 blocks = 1024 positions, half the context; 16 concurrent requests
 # fill it and get preempted.
-"$duet" serve "$work/model" --host 127.0.0.1 --port 0 --served-model-name tiny \
+# The server requires an API key (from the environment, as DUET_API_KEY); the client sends it.
+api_key="duet-test-key-$$"
+DUET_API_KEY="$api_key" "$duet" serve "$work/model" --host 127.0.0.1 --port 0 --served-model-name tiny \
   --kv-cache-memory 0.000244140625 --max-num-seqs 32 --max-num-batched-tokens 256 "$@" \
   >"$work/server.out" 2>"$work/server.err" &
 server_pid=$!
@@ -55,7 +57,7 @@ done
 [ -n "$port" ] || { cat "$work/server.err" >&2; echo "FAIL: duet serve did not become healthy" >&2; exit 1; }
 
 status=0
-(cd "$cache" && DUET_BASE_URL="http://127.0.0.1:$port" DUET_MODEL=tiny \
+(cd "$cache" && DUET_BASE_URL="http://127.0.0.1:$port" DUET_MODEL=tiny DUET_TEST_API_KEY="$api_key" \
   node --test --test-timeout=120000 serve.test.mjs) || status=$?
 # A second server on the same port must fail loudly, not share the port.
 if "$duet" serve "$work/model" --host 127.0.0.1 --port "$port" >"$work/second.out" 2>&1; then

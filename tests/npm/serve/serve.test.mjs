@@ -8,7 +8,9 @@ import OpenAI from 'openai';
 const base = process.env.DUET_BASE_URL;
 const model = process.env.DUET_MODEL;
 assert.ok(base && model, 'DUET_BASE_URL and DUET_MODEL must be set');
-const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0, timeout: 60000 });
+const apiKey = process.env.DUET_TEST_API_KEY;
+assert.ok(apiKey, 'DUET_TEST_API_KEY must be set (the server is started with it)');
+const client = new OpenAI({ baseURL: `${base}/v1`, apiKey, maxRetries: 0, timeout: 60000 });
 
 const greedy = { model, temperature: 0, ignore_eos: true };
 
@@ -169,7 +171,8 @@ test('a client that disconnects mid-stream aborts its request and frees its bloc
 
 // Raw requests, so that the body is exactly what is under test.
 async function post(path, body) {
-  const res = await fetch(`${base}${path}`, { method: 'POST', headers: { 'Content-Type': 'application/json' },
+  const res = await fetch(`${base}${path}`, { method: 'POST',
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${apiKey}` },
     body: typeof body === 'string' ? body : JSON.stringify(body) });
   return { status: res.status, json: await res.json() };
 }
@@ -216,7 +219,7 @@ test('bad input gets a 4xx OpenAI error and the server keeps serving', async () 
   ];
   for (const [path, body, status, what] of cases) assertOpenAiError(await post(path, body), status, what);
 
-  const unknownPath = await fetch(`${base}/v1/nothing`);
+  const unknownPath = await fetch(`${base}/v1/nothing`, { headers: { Authorization: `Bearer ${apiKey}` } });
   assert.equal(unknownPath.status, 404);
 
   // The SDK surfaces these as typed errors too.
@@ -226,4 +229,24 @@ test('bad input gets a 4xx OpenAI error and the server keeps serving', async () 
   const r = await client.completions.create({ ...greedy, prompt: 'after the bad input', max_tokens: 3 });
   assert.equal(r.usage.completion_tokens, 3);
   await waitIdle();
+});
+
+test('API key: missing or wrong gets 401 with an OpenAI error on every /v1 route; health and metrics stay open', async () => {
+  const body = JSON.stringify({ model, prompt: 'hi', max_tokens: 1 });
+  for (const [path, method] of [['/v1/completions', 'POST'], ['/v1/chat/completions', 'POST'], ['/v1/models', 'GET']]) {
+    for (const auth of [null, 'Bearer wrong-key', `Bearer ${apiKey}x`, apiKey, `Basic ${apiKey}`]) {
+      const headers = { 'Content-Type': 'application/json' };
+      if (auth) headers.Authorization = auth;
+      const res = await fetch(`${base}${path}`, { method, headers, body: method === 'POST' ? body : undefined });
+      assert.equal(res.status, 401, `${method} ${path} with ${auth}`);
+      const j = await res.json();
+      assert.equal(j.error.code, 'invalid_api_key');
+      assert.ok(!JSON.stringify(j).includes(apiKey), 'the error must not echo the key');
+    }
+  }
+  const wrong = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'wrong', maxRetries: 0 });
+  await assert.rejects(wrong.models.list(), (e) => e instanceof OpenAI.AuthenticationError);
+  assert.equal((await fetch(`${base}/health`)).status, 200);
+  assert.equal((await fetch(`${base}/metrics`)).status, 200);
+  assert.equal((await client.models.list()).data[0].id, model);
 });
