@@ -24,4 +24,11 @@ ErrorReply error_reply(const std::exception& e) {
                               "internal_server_error"));
 }
 
+std::string excerpt(const std::string& s, size_t max) {
+  if (s.size() <= max) return s;
+  size_t cut = max;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return s.substr(0, cut) + "... (" + std::to_string(s.size()) + " bytes)";
+}
+
 }  // namespace duet

@@ -26,6 +26,10 @@ class ApiError : public Error {
   std::string code;
 };
 
+// Client input quoted in an error message: at most `max` bytes of it (cut at a UTF-8 character
+// boundary), followed by "... (N bytes)" when longer, so that an error never echoes a large body.
+std::string excerpt(const std::string& s, size_t max = 64);
+
 // 400 naming the request field.
 [[noreturn]] void throw_bad_field(const std::string& param, const std::string& message);
 

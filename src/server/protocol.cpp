@@ -48,7 +48,8 @@ class Fields {
   void reject_unknown() const {
     for (auto it = obj_.begin(); it != obj_.end(); ++it)
       if (!seen_.count(it.key()))
-        throw_bad_field(it.key(), "Unrecognized request argument supplied: " + it.key());
+        throw_bad_field(excerpt(it.key()),
+                        "Unrecognized request argument supplied: " + excerpt(it.key()));
   }
 
   static int64_t to_int(const json& v, const std::string& name) {
@@ -126,6 +127,8 @@ json parse_messages(const json& m) {
   return out;
 }
 
+constexpr size_t kMaxStopBytes = 1024;  // per stop string
+
 std::vector<std::string> parse_stop(const json& s) {
   std::vector<std::string> out;
   if (s.is_string()) {
@@ -139,8 +142,14 @@ std::vector<std::string> parse_stop(const json& s) {
     throw_bad_field("stop", "'stop' must be a string or an array of strings");
   }
   if (out.size() > 16) throw_bad_field("stop", "at most 16 stop strings are supported");
-  for (const std::string& x : out)
+  for (const std::string& x : out) {
     if (x.empty()) throw_bad_field("stop", "stop strings must not be empty");
+    if (x.size() > kMaxStopBytes) {
+      throw_bad_field("stop", "a stop string is " + std::to_string(x.size()) +
+                                  " bytes long; at most " + std::to_string(kMaxStopBytes) +
+                                  " are supported");
+    }
+  }
   return out;
 }
 

@@ -89,6 +89,25 @@ TEST(ProtocolTest, RejectsBadInputNamingTheField) {
   EXPECT_EQ(parse_error("[1]").status, 400);
 }
 
+// Limits: stop strings are at most 16 of at most 1024 bytes each; an error quotes at most a
+// short excerpt of what the client sent (an unknown field named by a 100 KB key).
+TEST(ProtocolTest, LimitsAndShortExcerpts) {
+  const std::string long_stop(1025, 'a');
+  ApiError e = parse_error(R"({"prompt":"x","stop":[")" + long_stop + R"("]})");
+  EXPECT_EQ(e.param, "stop");
+  EXPECT_NE(std::string(e.what()).find("1025 bytes"), std::string::npos) << e.what();
+  EXPECT_EQ(parse_api_request(R"({"prompt":"x","stop":[")" + long_stop.substr(1) + R"("]})", false)
+                .stop.size(),
+            1u);
+  const std::string key(100000, 'k');
+  e = parse_error(R"({"prompt":"x",")" + key + R"(":1})");
+  EXPECT_LT(std::string(e.what()).size(), 200u);
+  EXPECT_LT(e.param.size(), 100u);
+  EXPECT_NE(std::string(e.what()).find("(100000 bytes)"), std::string::npos) << e.what();
+  EXPECT_EQ(excerpt("short"), "short");
+  EXPECT_EQ(excerpt("\xc3\xa9\xc3\xa9", 3), "\xc3\xa9... (4 bytes)");  // never cuts a character
+}
+
 TEST(ProtocolTest, ErrorReplyIsAnOpenAiErrorObject) {
   ErrorReply r = error_reply(ApiError(404, "no model", "invalid_request_error", "model", "model_not_found"));
   EXPECT_EQ(r.status, 404);

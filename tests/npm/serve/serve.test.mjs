@@ -219,6 +219,10 @@ test('bad input gets a 4xx OpenAI error and the server keeps serving', async () 
   ];
   for (const [path, body, status, what] of cases) assertOpenAiError(await post(path, body), status, what);
 
+  // A body over the server's 32 MiB limit: 413 with an OpenAI error object.
+  const huge = await post('/v1/completions', JSON.stringify({ model, prompt: 'x'.repeat(33 << 20) }));
+  assertOpenAiError(huge, 413, 'body over 32 MiB');
+
   const unknownPath = await fetch(`${base}/v1/nothing`, { headers: { Authorization: `Bearer ${apiKey}` } });
   assert.equal(unknownPath.status, 404);
 
