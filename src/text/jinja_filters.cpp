@@ -148,7 +148,11 @@ Value apply_filter(std::string_view name, const Value& v, const CallArgs& args) 
     return Value::integer(std::llabs(need_int(&v, 0, "abs")));
   }
   if (name == "int") {
-    if (v.kind == Value::Kind::kFloat) return Value::integer(int64_t(v.f));
+    if (v.kind == Value::Kind::kFloat) {
+      // Python's int() has no range; duet's integers are 64-bit.
+      if (!(std::fabs(v.f) < 9.2e18)) DUET_ERROR("int: " << v.f << " is out of range");
+      return Value::integer(int64_t(v.f));
+    }
     if (v.is_string()) {
       try {
         return Value::integer(std::stoll(v.s));

@@ -199,7 +199,11 @@ ExprPtr Parser::parse_primary() {
       return e;
     case Tok::kFloat:
       e = node(ExprKind::kLiteral);
-      e->value = Value::real(std::stod(tok.text));
+      try {
+        e->value = Value::real(std::stod(tok.text));
+      } catch (const std::exception&) {
+        fail("float out of range: " + tok.text);
+      }
       ++p_;
       return e;
     case Tok::kOp:
@@ -252,7 +256,12 @@ ExprPtr Parser::parse_postfix(ExprPtr e) {
       if (cur().type == Tok::kInt) {  // x.0 is x[0]
         ExprPtr item = node(ExprKind::kItem);
         ExprPtr index = node(ExprKind::kLiteral);
-        index->value = Value::integer(std::stoll(t_[p_++].text));
+        try {  // found by fuzz_chat_template: std::stoll's out_of_range escaped
+          index->value = Value::integer(std::stoll(cur().text));
+        } catch (const std::exception&) {
+          fail("integer out of range: " + cur().text);
+        }
+        ++p_;
         item->children.push_back(std::move(e));
         item->children.push_back(std::move(index));
         e = std::move(item);

@@ -179,8 +179,9 @@ Value attribute_of(const Value& item, const std::string& path) {
     if (dot == std::string::npos) dot = path.size();
     const std::string part = path.substr(start, dot - start);
     const bool digits = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
-    v = get_item(
-        v, digits && v.is_sequence() ? Value::integer(std::stoll(part)) : Value::string(part));
+    // An index too long for int64 is past any list's end: looked up as a string, it is missing.
+    const bool index = digits && v.is_sequence() && part.size() <= 18;
+    v = get_item(v, index ? Value::integer(std::stoll(part)) : Value::string(part));
     start = dot + 1;
   }
   return v;

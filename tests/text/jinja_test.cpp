@@ -167,3 +167,27 @@ TEST(JinjaTest, GenerationBlocksRenderTheirBody) {
 
 }  // namespace
 }  // namespace duet::jinja
+
+namespace duet::jinja {
+namespace {
+
+// Numbers beyond 64 bits (found by fuzz_chat_template: std::stoll's std::out_of_range escaped
+// the parser and ended the process) are refused with duet::Error, at parse or at render.
+TEST(JinjaLimitsTest, NumbersBeyondTheirRangeAreErrors) {
+  EXPECT_NE(error_of([] { parse_template("{{ x.99999999999999999999 }}"); })
+                .find("integer out of range"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_template("{{ 99999999999999999999 }}"); })
+                .find("integer out of range"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_template("{{ 1e999 }}"); }).find("float out of range"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { render_text("{{ 1e300 | int }}"); }).find("out of range"),
+            std::string::npos);
+  // An index too long for 64 bits in an attribute path is missing, not an exception.
+  EXPECT_NO_THROW(
+      render_text("{{ xs | map(attribute='0.99999999999999999999') | list }}", R"({"xs": [[1]]})"));
+}
+
+}  // namespace
+}  // namespace duet::jinja
