@@ -1,5 +1,6 @@
 #include "text/jinja_eval.h"
 
+#include <climits>
 #include <cmath>
 #include <unordered_map>
 
@@ -38,6 +39,29 @@ int64_t as_int(const Value& v) {
   return v.kind == Value::Kind::kInt ? v.i : int64_t(v.b);
 }
 
+// Integer arithmetic of 64 bits: Python's integers have no bound, so a result beyond int64 is an
+// error rather than a wrapped number (found by fuzz_chat_template: the overflow was undefined,
+// and `2 ** 10**15` looped for hours).
+int64_t int_op(char op, int64_t x, int64_t y) {
+  int64_t r = 0;
+  const bool overflow = op == '+'   ? __builtin_add_overflow(x, y, &r)
+                        : op == '-' ? __builtin_sub_overflow(x, y, &r)
+                                    : __builtin_mul_overflow(x, y, &r);
+  if (overflow) DUET_ERROR("integer overflow in '" << (op == '*' ? "*" : op == '+' ? "+" : "-")
+                                                   << "'");
+  return r;
+}
+
+int64_t int_pow(int64_t base, int64_t exp) {
+  int64_t r = 1;
+  while (exp > 0) {
+    if (exp & 1) r = int_op('*', r, base);
+    exp >>= 1;
+    if (exp > 0) base = int_op('*', base, base);
+  }
+  return r;
+}
+
 Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   if (op == "~") return Value::string(to_str(a) + to_str(b));  // undefined prints as ""
   if (a.is_undefined()) undefined_error(a);
@@ -45,21 +69,13 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   const bool ints = a.is_number() && b.is_number() && a.kind != Value::Kind::kFloat &&
                     b.kind != Value::Kind::kFloat;
   if (a.is_number() && b.is_number()) {
-    if (op == "+")
-      return ints ? Value::integer(as_int(a) + as_int(b))
-                  : Value::real(as_double(a) + as_double(b));
-    if (op == "-")
-      return ints ? Value::integer(as_int(a) - as_int(b))
-                  : Value::real(as_double(a) - as_double(b));
-    if (op == "*")
-      return ints ? Value::integer(as_int(a) * as_int(b))
-                  : Value::real(as_double(a) * as_double(b));
+    if (op == "+" || op == "-" || op == "*") {
+      if (ints) return Value::integer(int_op(op[0], as_int(a), as_int(b)));
+      const double x = as_double(a), y = as_double(b);
+      return Value::real(op == "+" ? x + y : op == "-" ? x - y : x * y);
+    }
     if (op == "**") {
-      if (ints && as_int(b) >= 0) {
-        int64_t r = 1;
-        for (int64_t k = 0; k < as_int(b); ++k) r *= as_int(a);
-        return Value::integer(r);
-      }
+      if (ints && as_int(b) >= 0) return Value::integer(int_pow(as_int(a), as_int(b)));
       return Value::real(std::pow(as_double(a), as_double(b)));
     }
     if (as_double(b) == 0) DUET_ERROR("division by zero");
@@ -67,6 +83,7 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     if (op == "//") {
       if (ints) {
         const int64_t x = as_int(a), y = as_int(b);
+        if (x == INT64_MIN && y == -1) DUET_ERROR("integer overflow in '//'");
         int64_t q = x / y;
         if ((x % y != 0) && ((x < 0) != (y < 0))) --q;
         return Value::integer(q);
@@ -76,6 +93,7 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     if (op == "%") {
       if (ints) {
         const int64_t x = as_int(a), y = as_int(b);
+        if (y == -1) return Value::integer(0);  // INT64_MIN % -1 would trap
         int64_t r = x % y;
         if (r != 0 && ((r < 0) != (y < 0))) r += y;
         return Value::integer(r);
@@ -95,6 +113,10 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     return r;
   }
   if (op == "*" && (a.is_string() || a.is_sequence()) && b.kind == Value::Kind::kInt) {
+    // A bound on what a template may build (as range() has): 'x' * 10**15 would run the process
+    // out of memory.
+    const double n = double(a.is_string() ? a.s.size() : a.list->size()) * double(b.i);
+    if (n > 1e7) DUET_ERROR("repetition too large: " << n << " elements");
     if (a.is_string()) {
       std::string out;
       for (int64_t k = 0; k < b.i; ++k) out += a.s;
@@ -444,7 +466,9 @@ Value Interpreter::eval(const Expr& e, const Scope* scope) {
       if (!v.is_number())
         DUET_ERROR("bad operand type for unary " << e.name << ": '" << type_name(v) << "'");
       if (e.name == "+") return v.kind == Value::Kind::kFloat ? v : Value::integer(as_int(v));
-      return v.kind == Value::Kind::kFloat ? Value::real(-v.f) : Value::integer(-as_int(v));
+      if (v.kind == Value::Kind::kFloat) return Value::real(-v.f);
+      if (as_int(v) == INT64_MIN) DUET_ERROR("integer overflow in unary -");
+      return Value::integer(-as_int(v));
     }
     case ExprKind::kBinary:
       return arithmetic(e.name, eval(*e.children[0], scope), eval(*e.children[1], scope));

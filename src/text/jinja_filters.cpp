@@ -2,6 +2,7 @@
 // Hugging Face's tojson.
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <cmath>
 
 #include "core/error.h"
@@ -145,7 +146,9 @@ Value apply_filter(std::string_view name, const Value& v, const CallArgs& args) 
   }
   if (name == "abs") {
     if (v.kind == Value::Kind::kFloat) return Value::real(std::fabs(v.f));
-    return Value::integer(std::llabs(need_int(&v, 0, "abs")));
+    const int64_t i = need_int(&v, 0, "abs");
+    if (i == INT64_MIN) DUET_ERROR("abs: integer overflow");
+    return Value::integer(std::llabs(i));
   }
   if (name == "int") {
     if (v.kind == Value::Kind::kFloat) {

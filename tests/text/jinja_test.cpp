@@ -191,3 +191,26 @@ TEST(JinjaLimitsTest, NumbersBeyondTheirRangeAreErrors) {
 
 }  // namespace
 }  // namespace duet::jinja
+
+namespace duet::jinja {
+namespace {
+
+// Integer arithmetic beyond 64 bits and repetitions that would exhaust memory are errors (found
+// by fuzz_chat_template: a signed overflow was undefined behaviour, `2 ** 10**15` looped for
+// hours); in range, the results are Python's.
+TEST(JinjaLimitsTest, IntegerOverflowAndHugeRepetitionsAreErrors) {
+  for (const char* t : {"{{ 9223372036854775807 + 1 }}", "{{ -555555555555555 * -555555555555555 }}",
+                        "{{ 2 ** 1000000000000000 }}", "{{ -9223372036854775807 - 2 }}",
+                        "{{ 'ab' * 100000000 }}", "{{ [1, 2] * 100000000 }}"}) {
+    const std::string err = error_of([&] { render_text(t); });
+    EXPECT_TRUE(err.find("overflow") != std::string::npos ||
+                err.find("too large") != std::string::npos)
+        << t << ": " << err;
+  }
+  EXPECT_EQ(render_text("{{ 2 ** 62 }}|{{ (-3) ** 3 }}|{{ 1 ** 1000000000000000 }}|{{ 'ab' * 3 }}"),
+            "4611686018427387904|-27|1|ababab");
+  EXPECT_EQ(render_text("{{ -7 // 2 }}|{{ -7 % 2 }}|{{ 7 % -1 }}"), "-4|1|0");
+}
+
+}  // namespace
+}  // namespace duet::jinja
