@@ -25,7 +25,7 @@ bool launched_by_mpirun();
 // Initialises MPI on first use (MPI_THREAD_MULTIPLE; MPI_Finalize runs at process exit) and
 // returns this rank's context. Collective: every rank calls it. Throws duet::Error if duet was
 // built without MPI or the library lacks MPI_THREAD_MULTIPLE.
-DistContext make_mpi_context(std::chrono::milliseconds watchdog = kDefaultWatchdog);
+DistContext make_mpi_context(std::chrono::milliseconds watchdog = kMpiWatchdog);
 
 // Ends the whole job after a fatal error on this rank: prints "error: rank R: why" on stderr and
 // calls MPI_Abort, which makes mpirun stop every rank. Without MPI initialised it only prints

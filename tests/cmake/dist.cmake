@@ -68,7 +68,7 @@ if(MPI_CXX_FOUND)
       PASS_REGULAR_EXPRESSION
       "job ended [0-9]\\.[0-9]+ s after the kill; mpirun exited with status [1-9]"
       FAIL_REGULAR_EXPRESSION "\\[  FAILED  \\]")
-  # With --enable-recovery mpirun keeps the survivors running: their watchdog (2 s here) must
+  # With --enable-recovery mpirun keeps the survivors running: their watchdog (the default) must
   # name the dead rank.
   add_test(NAME mpi_ep_killed_rank_recovery
            COMMAND ${_duet_mpirun} --enable-recovery -np 4 $<TARGET_FILE:duet_mpi_tests>
@@ -76,16 +76,16 @@ if(MPI_CXX_FOUND)
   set_tests_properties(mpi_ep_killed_rank_recovery PROPERTIES
       TIMEOUT 60 LABELS "mpi" ENVIRONMENT "${_duet_mpi_env}"
       PASS_REGULAR_EXPRESSION
-      "rank [023]: generate failed after [0-9]\\.[0-9]+ s: [^\n]*rank 1 sent no heartbeat"
+      "rank [023]: generate failed after [0-4]\\.[0-9]+ s: [^\n]*rank 1 sent no heartbeat"
       FAIL_REGULAR_EXPRESSION "\\[  FAILED  \\]")
-  # SIGSTOP, which mpirun does not notice: the default watchdog (8 s) names the waiting
-  # collective and the silent rank in under 10 s.
+  # SIGSTOP, which mpirun does not notice: the default watchdog (4 s of silence) names the
+  # waiting collective and the silent rank within it.
   add_test(NAME mpi_ep_stopped_rank
            COMMAND ${_duet_mpirun} -np 4 $<TARGET_FILE:duet_mpi_tests>
                    --gtest_filter=MpiEpFailure.StoppedRank)
   set_tests_properties(mpi_ep_stopped_rank PROPERTIES
       TIMEOUT 60 LABELS "mpi" ENVIRONMENT "${_duet_mpi_env}"
       PASS_REGULAR_EXPRESSION
-      "rank [023]: generate failed after [0-9]\\.[0-9]+ s: [a-z_]+: rank [023] of 4 waited [0-9]+ ms for its peers; rank 1 sent no heartbeat"
+      "rank [023]: generate failed after [0-4]\\.[0-9]+ s: [a-z_]+: rank [023] of 4 waited [0-9]+ ms for its peers; rank 1 sent no heartbeat"
       FAIL_REGULAR_EXPRESSION "\\[  FAILED  \\]")
 endif()

@@ -65,11 +65,11 @@ void run_until_victim_fails(int sig, const char* sig_name, std::chrono::millisec
 }
 
 TEST(MpiEpFailure, KilledRank) {
-  run_until_victim_fails(SIGKILL, "SIGKILL", std::chrono::milliseconds(2000));
+  run_until_victim_fails(SIGKILL, "SIGKILL", kMpiWatchdog);  // what make_mpi_context uses
 }
 
 TEST(MpiEpFailure, StoppedRank) {
-  run_until_victim_fails(SIGSTOP, "SIGSTOP", kDefaultWatchdog);
+  run_until_victim_fails(SIGSTOP, "SIGSTOP", kMpiWatchdog);  // what make_mpi_context uses
 }
 
 }  // namespace
