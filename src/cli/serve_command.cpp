@@ -93,12 +93,17 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
     std::fprintf(stderr, "duet serve: signal %d, stopping\n", sig);
     server.stop();
   });
+  const std::string multi_step =
+      o.engine.num_scheduler_steps > 1
+          ? ", " + std::to_string(o.engine.num_scheduler_steps) + " steps per decode batch"
+          : "";
   std::printf(
       "duet serve: %s on http://%s:%d (%d ranks, %d compute threads each, %lld %s KV "
-      "blocks of %lld%s)\n",
+      "blocks of %lld, %s scheduler%s%s)\n",
       so.model_name.c_str(), o.host.c_str(), port, ctx ? ctx->world_size() : 1, pool.n_threads(),
       static_cast<long long>(engine.metrics().snapshot().kv_blocks_total),
       kv_dtype_name(engine.kv_dtype()), static_cast<long long>(o.engine.block_size),
+      o.engine.overlap_schedule ? "overlapped" : "plain", multi_step.c_str(),
       so.api_key.empty() ? "" : ", API key required");
   std::fflush(stdout);
   server.listen();
@@ -142,6 +147,15 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--block-size", o->engine.block_size, "Positions per KV block (default 16)")
       ->check(CLI::Range(1, 1024));
   add_kv_cache_dtype_option(cmd, *kv_dtype);
+  cmd->add_flag(
+      "--disable-overlap-schedule",
+      [o](int64_t) { o->engine.overlap_schedule = false; },
+      "Run each step after the previous one's outputs are processed (default: the next step "
+      "computes while the engine thread processes outputs and schedules)");
+  cmd->add_option("--num-scheduler-steps", o->engine.num_scheduler_steps,
+                  "Decode steps a decode-only batch runs per scheduler call (multi-step; "
+                  "default 1)")
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--api-key", o->api_key,
                   "Require 'Authorization: Bearer KEY' on every /v1 route (401 otherwise); "
                   "default: $DUET_API_KEY, else none. /health and /metrics stay open");

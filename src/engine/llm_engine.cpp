@@ -35,6 +35,15 @@ int64_t pool_blocks(const Model& model, const EngineConfig& c) {
   return std::min<int64_t>(n, (int64_t{1} << 31) - 1);
 }
 
+// Placeholders outstanding at once: the sampled rows of at most two jobs not yet processed (the
+// one in flight and the one being scheduled), each up to max_num_seqs rows per step; twice that
+// for slack.
+int64_t future_slots(const EngineConfig& c) {
+  return 4 * std::max<int64_t>(1, c.scheduler.max_num_seqs) *
+             std::max<int64_t>(1, c.num_scheduler_steps) +
+         16;
+}
+
 double seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
@@ -49,7 +58,12 @@ LlmEngine::LlmEngine(const Model& model, ThreadPool& pool, const Tokenizer* toke
       blocks_(pool_shape(model, config), pool_blocks(model, config)),
       kv_(blocks_),
       scheduler_(config.scheduler, kv_),
-      steps_(model, pool, group) {
+      steps_(model, pool, group),
+      future_(future_slots(config)),
+      worker_(steps_, future_, model.config().n_vocab, config.overlap_schedule),
+      num_scheduler_steps_(config.num_scheduler_steps) {
+  if (config.num_scheduler_steps < 1 || config.num_scheduler_steps > 64)
+    DUET_ERROR("--num-scheduler-steps must be in [1, 64], got " << config.num_scheduler_steps);
   publish_state();
   thread_ = std::thread([this] { run(); });
 }
@@ -130,9 +144,17 @@ void LlmEngine::run() {
     std::vector<int64_t> load(static_cast<size_t>(steps_.coord().world_size()), 0);
     while (step(load)) {
     }
+    // Stopping: the steps in flight end (every rank launched the same ones); their output is
+    // dropped, as the requests they belong to end with "abort".
+    while (worker_.pending() > 0) worker_.wait();
   } catch (const std::exception& e) {
     error = e.what();
     std::fprintf(stderr, "error: engine loop stopped: %s\n", e.what());
+    // A step in flight samples with the requests' samplers: let it end (or fail) first.
+    try {
+      while (worker_.pending() > 0) worker_.wait();
+    } catch (const std::exception&) {
+    }
     fail_all(std::string("engine error: ") + e.what());
   }
   {
@@ -144,7 +166,7 @@ void LlmEngine::run() {
 }
 
 bool LlmEngine::step(std::vector<int64_t>& load) {
-  retired_.clear();  // the step that could refer to them has ended
+  free_retired();
   if (!exchange_control(load)) return false;
   reap_aborted();
 
@@ -152,14 +174,19 @@ bool LlmEngine::step(std::vector<int64_t>& load) {
   uint64_t prompt_tokens = 0, generated = 0;
   bool has_prefill = false;
   ForwardInput in = build_input(plan, &prompt_tokens, &has_prefill);
+  const int64_t n_steps =
+      num_scheduler_steps_ > 1 && !has_prefill
+          ? scheduler_.reserve_lookahead(plan, num_scheduler_steps_, max_model_len_)
+          : 1;
+  const StepPlan step_plan = steps_.agree_step(in, has_prefill, n_steps);
+  if (step_plan.runs()) launch(plan, step_plan, std::move(in));
 
-  const StepRunner::Launch launch = steps_.run(in, kv_, has_prefill);
-  const StepStats& ss = steps_.stats();
-  metrics_.set_steps(ss.gap_seconds, ss.gaps, ss.forward_seconds, ss.steps);
-
-  if (launch.logits) generated = process_outputs(plan, *launch.logits);
+  // Process outputs: overlapped, those of every job but the one just launched (it computes
+  // meanwhile); else all of them.
+  const int64_t keep = worker_.overlapped() && step_plan.runs() ? step_plan.n_steps : 0;
+  while (worker_.pending() > keep) generated += process_outputs(worker_.wait());
   exchange_outputs(load, prompt_tokens, generated, plan.preempted.size());
-  if (steps_.solo() && !launch.plan.runs() && !live_.empty()) {
+  if (steps_.solo() && !step_plan.runs() && worker_.pending() == 0 && !live_.empty()) {
     // Nothing could run (should not happen: every admitted request fits the pool alone).
     std::unique_lock<std::mutex> lock(inbox_mu_);
     inbox_cv_.wait_for(lock, std::chrono::milliseconds(10));
@@ -188,32 +215,70 @@ ForwardInput LlmEngine::build_input(const SchedulerStep& plan, uint64_t* prompt_
   return in;
 }
 
-uint64_t LlmEngine::process_outputs(const SchedulerStep& plan, const std::vector<float>& logits) {
-  const int64_t n_vocab = model_.config().n_vocab;
-  uint64_t generated = 0;
-  int64_t row = 0;
+void LlmEngine::launch(const SchedulerStep& plan, const StepPlan& step_plan, ForwardInput in) {
+  if (step_plan.n_steps > 1) Scheduler::advance(plan, step_plan.n_steps);
+  StepJob job;
+  job.plan = step_plan;
+  job.n_steps = step_plan.n_steps;
+  job.kv = std::make_unique<PagedKvView>(kv_.snapshot(in));
+  Launched rec;
+  std::vector<Sequence*> seqs;
   for (const ScheduledChunk& c : plan.chunks) {
     if (!c.sample) continue;
     Live& live = *live_.at(c.seq->id);
+    job.samplers.push_back(&live.sampler);
+    rec.rows.push_back({c.seq->id, c.seq->tokens.size()});
+    seqs.push_back(c.seq);
+  }
+  // Every sampled row's token of every step is a placeholder until its output is processed.
+  for (int64_t k = 0; k < job.n_steps; ++k) {
+    for (Sequence* seq : seqs) {
+      const int32_t ph = future_.alloc();
+      job.placeholders.push_back(ph);
+      seq->tokens.push_back(ph);
+    }
+  }
+  job.in = std::move(in);
+  launched_.push_back(std::move(rec));
+  ++n_launched_;
+  worker_.launch(std::move(job));
+}
+
+uint64_t LlmEngine::process_outputs(const StepOutput& out) {
+  DUET_CHECK(!launched_.empty(), "a step output with no job launched");
+  const Launched& rec = launched_.front();
+  DUET_CHECK(out.tokens.size() == rec.rows.size(),
+             "step output of " << out.tokens.size() << " rows for a job of " << rec.rows.size());
+  uint64_t generated = 0;
+  for (size_t r = 0; r < rec.rows.size(); ++r) {
+    auto it = live_.find(rec.rows[r].id);
+    if (it == live_.end()) continue;  // finished (stopped, aborted) earlier: a discarded token
+    Live& live = *it->second;
+    Sequence& seq = *live.seq;
+    const size_t at = rec.rows[r].index + static_cast<size_t>(out.step);
+    DUET_CHECK(at < seq.tokens.size() && FutureMap::is_placeholder(seq.tokens[at]),
+               "request " << seq.id << ": no placeholder at token " << at);
+    if (!out.errors[r].empty()) {  // this request ends with the error; the others go on
+      finish(seq.id, "abort", "", out.errors[r]);
+      continue;
+    }
+    seq.tokens[at] = out.tokens[r];
     ++generated;
-    emit(live, logits.data() + row * n_vocab);
-    ++row;
+    emit(live, out.tokens[r], static_cast<int64_t>(at) + 1 - seq.n_prompt);
+  }
+  const StepStats& ss = out.stats;
+  metrics_.set_steps(ss.gap_seconds, ss.gaps, ss.forward_seconds, ss.steps);
+  if (out.last) {
+    launched_.pop_front();
+    ++n_processed_;
   }
   return generated;
 }
 
-bool LlmEngine::emit(Live& live, const float* logits) {
+bool LlmEngine::emit(Live& live, int32_t tok, int64_t n_gen) {
   Sequence& seq = *live.seq;
-  int32_t tok = 0;
-  try {
-    tok = live.sampler.sample(logits, model_.config().n_vocab);
-  } catch (const Error& e) {  // this request ends with the error; the others go on
-    finish(seq.id, "abort", "", e.what());
-    return true;
-  }
-  seq.tokens.push_back(tok);
   const Clock::time_point now = Clock::now();
-  if (seq.n_generated() == 1) {
+  if (n_gen == 1) {
     metrics_.observe_ttft(seconds(now - live.arrival));
   } else {
     metrics_.observe_itl(seconds(now - live.last_token));
@@ -226,7 +291,7 @@ bool LlmEngine::emit(Live& live, const float* logits) {
     reason = "stop";
   } else if (live.decoder && live.text.append(live.decoder->step(tok))) {
     reason = "stop";
-  } else if (seq.n_generated() >= seq.max_tokens) {
+  } else if (n_gen >= seq.max_tokens) {
     reason = "length";
   }
   if (reason.empty()) {
@@ -244,6 +309,10 @@ bool LlmEngine::emit(Live& live, const float* logits) {
   return true;
 }
 
+void LlmEngine::free_retired() {
+  std::erase_if(retired_, [&](const auto& r) { return r.first <= n_processed_; });
+}
+
 void LlmEngine::finish(uint64_t id, const std::string& reason, const std::string& tail,
                        const std::string& error) {
   auto it = live_.find(id);
@@ -251,7 +320,7 @@ void LlmEngine::finish(uint64_t id, const std::string& reason, const std::string
   scheduler_.remove(live.seq.get());
   metrics_.finished(reason, seconds(Clock::now() - live.arrival));  // before the reader wakes
   live.stream->finish(reason, tail, error);
-  retired_.push_back(std::move(it->second));
+  retired_.emplace_back(n_launched_, std::move(it->second));
   live_.erase(it);
 }
 

@@ -3,11 +3,18 @@
 //   1. control plane (llm_engine_dp.cpp): rank 0 takes the new requests in and hands each to the
 //      least loaded rank (running + waiting), with the ids whose clients left, or says stop;
 //   2. schedule: the Scheduler picks this rank's batch and reserves its KV rows;
-//   3. launch: the one step path (StepRunner) agrees on the step with every rank and runs this
-//      rank's batch, or the dummy batch if it has none while another rank has work;
-//   4. process outputs: sample, detokenize, stop checks, push to each request's stream;
+//   3. launch: the one step path (StepRunner) agrees on the step with every rank, and the step
+//      worker runs this rank's batch (or the dummy batch if it has none while another rank has
+//      work) and samples it;
+//   4. process outputs: detokenize, stop checks, push to each request's stream;
 //   5. output return (llm_engine_dp.cpp): the other ranks send their requests' output to rank 0,
 //      which feeds the HTTP streams and the metrics.
+// With the overlapped scheduler (on by default) the step worker is a thread of its own: phase 3
+// queues step N+1 and phases 4, 5 and the next 1, 2 work on step N's outputs while N+1 computes.
+// Tokens step N has not sampled yet enter N+1's input as FutureMap placeholders. A request that
+// stops in step N has one more token computed in N+1, which is discarded. With
+// --num-scheduler-steps N a decode-only batch runs N steps per launch (multi-step), its
+// outputs processed as each step ends.
 // HTTP threads hand requests in with submit() (on rank 0) and read their output from the
 // returned RequestStream. A failed or silent rank fails every engine (the collectives'
 // watchdog): their requests end with an error and alive() turns false.
@@ -17,6 +24,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,7 +36,9 @@
 #include "engine/block_pool.h"
 #include "engine/engine_metrics.h"
 #include "engine/kv_dtype.h"
+#include "engine/future_map.h"
 #include "engine/step_runner.h"
+#include "engine/step_worker.h"
 #include "engine/output_text.h"
 #include "engine/paged_kv_cache.h"
 #include "engine/request.h"
@@ -44,6 +54,11 @@ struct EngineConfig {
   int64_t block_size = 16;    // positions per KV block
   double kv_cache_gib = 2.0;  // KV pool size; pages are touched only when used
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;  // of the KV rows; auto: the weights'
+  // The overlapped scheduler: steps run on a worker thread while the engine thread processes the
+  // previous step's outputs and schedules the next (--disable-overlap-schedule: false).
+  bool overlap_schedule = true;
+  // Multi-step (--num-scheduler-steps): decode steps a decode-only batch runs per launch, >= 1.
+  int64_t num_scheduler_steps = 1;
 };
 
 class LlmEngine {
@@ -103,8 +118,12 @@ class LlmEngine {
   // Schedule phase's input: this rank's batch for `plan`; counts the prompt tokens computed for
   // the first time and whether any chunk processes prompt tokens.
   ForwardInput build_input(const SchedulerStep& plan, uint64_t* prompt_tokens, bool* has_prefill);
-  // Process-outputs phase: samples and emits each sampled chunk's token; returns how many.
-  uint64_t process_outputs(const SchedulerStep& plan, const std::vector<float>& logits);
+  // Launch phase: appends a placeholder per sampled row and step to its sequence, and queues the
+  // step (with a snapshot of its KV tables) on the worker.
+  void launch(const SchedulerStep& plan, const StepPlan& step_plan, ForwardInput in);
+  // Process-outputs phase for one step's output (of the oldest launched job): puts the sampled
+  // tokens in place of their placeholders and emits them; returns how many were emitted.
+  uint64_t process_outputs(const StepOutput& out);
 
   // Data-parallel group (llm_engine_dp.cpp).
   struct Remote {  // rank 0: a request running on another rank
@@ -129,8 +148,11 @@ class LlmEngine {
   // Other ranks: the output of their requests since the last step; rank 0 applies it.
   std::string take_outbox();
   void apply_outbox(const std::string& msg);
-  // Samples the next token of `live` from `logits` [n_vocab]; true when the request finished.
-  bool emit(Live& live, const float* logits);
+  // Emits `live`'s generated token number n_gen (from 1), already in seq.tokens; true when the
+  // request finished.
+  bool emit(Live& live, int32_t tok, int64_t n_gen);
+  // Frees the retired requests no step in flight can refer to any more.
+  void free_retired();
   // Ends a request: its stream finishes, its KV blocks return to the pool, and its state moves to
   // retired_ until no step in flight can refer to its Sequence.
   // `error`, if any, reaches the client as the request's error (HTTP 503 body or stream event).
@@ -146,13 +168,28 @@ class LlmEngine {
   BlockPool blocks_;
   PagedKvCache kv_;                                 // engine thread only
   Scheduler scheduler_;                             // engine thread only
-  StepRunner steps_;                                // engine thread only
+  StepRunner steps_;         // agree_step: engine thread; execute: the worker (StepWorker)
+  FutureMap future_;         // alloc: engine thread; store, resolve: the worker
+  StepWorker worker_;        // launch, wait: engine thread
   EngineMetrics metrics_;                           // internally locked
   std::map<uint64_t, std::unique_ptr<Live>> live_;  // engine thread only
-  // Finished requests' state, kept until the step that might still refer to their Sequence has
-  // ended (freed at the start of the next step; the overlapped scheduler will keep them one
-  // step longer). Engine thread only.
-  std::vector<std::unique_ptr<Live>> retired_;
+  // Finished requests' state, kept until every job launched before they finished has been
+  // processed (a job in flight samples with their Sampler), with the count of jobs launched then.
+  // Engine thread only.
+  std::vector<std::pair<uint64_t, std::unique_ptr<Live>>> retired_;
+  // The launched jobs whose outputs are not all processed, oldest first: each sampled row's
+  // request and the index in its tokens of its first placeholder. Engine thread only.
+  struct RowRef {
+    uint64_t id = 0;
+    size_t index = 0;
+  };
+  struct Launched {
+    std::vector<RowRef> rows;
+  };
+  std::deque<Launched> launched_;
+  uint64_t n_launched_ = 0;   // jobs launched; engine thread only
+  uint64_t n_processed_ = 0;  // jobs whose every output was processed; engine thread only
+  const int64_t num_scheduler_steps_;
   std::map<uint64_t, Remote> remote_;                             // rank 0, engine thread only
   std::map<uint64_t, std::shared_ptr<RequestStream>> forwarded_;  // other ranks: output to send
   std::string stop_error_;                                        // GUARDED_BY(inbox_mu_)

@@ -73,38 +73,80 @@ int64_t PagedKvCache::n_sequences() const {
   return n;
 }
 
+namespace {
+
 // Hot path (attention calls it per position per layer): one table lookup; a position past the
 // table is an engine bug (rows are reserved before every forward pass), so it is checked.
+int32_t block_at(const std::vector<int32_t>& blocks, int32_t seq_id, int64_t pos,
+                 int64_t block_size) {
+  const size_t i = static_cast<size_t>(pos / block_size);
+  DUET_CHECK(pos >= 0 && i < blocks.size(),
+             "KV position " << pos << " of seq " << seq_id << " is not reserved");
+  return blocks[i];
+}
+
+KvRows rows_in(BlockPool& pool, const std::vector<int32_t>& blocks, int32_t seq_id, int64_t il,
+               int64_t pos, int64_t n_max) {
+  DUET_CHECK(n_max >= 1, "KV rows of seq " << seq_id << ": n_max " << n_max);
+  const BlockPoolShape& shape = pool.shape();
+  const int32_t b = block_at(blocks, seq_id, pos, shape.block_size);
+  const int64_t off = pos % shape.block_size;
+  KvRows r;
+  r.k = pool.k(b, il, off);
+  r.v = shape.v_width > 0 ? pool.v(b, il, off) : nullptr;
+  r.k_stride = shape.k_width;
+  r.v_stride = shape.v_width;
+  r.n = std::min(n_max, shape.block_size - off);
+  return r;
+}
+
+}  // namespace
+
 void* PagedKvCache::k(int32_t seq_id, int64_t il, int64_t pos) {
-  const Seq& s = seqs_[seq_id];
-  const size_t i = static_cast<size_t>(pos / block_size_);
-  DUET_CHECK(i < s.blocks.size(), "KV position " << pos << " of seq " << seq_id
-                                                  << " is not reserved");
-  return pool_.k(s.blocks[i], il, pos % block_size_);
+  return pool_.k(block_at(seqs_[seq_id].blocks, seq_id, pos, block_size_), il, pos % block_size_);
 }
 
 void* PagedKvCache::v(int32_t seq_id, int64_t il, int64_t pos) {
-  const Seq& s = seqs_[seq_id];
-  const size_t i = static_cast<size_t>(pos / block_size_);
-  DUET_CHECK(i < s.blocks.size(), "KV position " << pos << " of seq " << seq_id
-                                                  << " is not reserved");
-  return pool_.v(s.blocks[i], il, pos % block_size_);
+  return pool_.v(block_at(seqs_[seq_id].blocks, seq_id, pos, block_size_), il, pos % block_size_);
 }
 
 KvRows PagedKvCache::rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) {
-  const Seq& s = seqs_[seq_id];
-  const size_t i = static_cast<size_t>(pos / block_size_);
-  DUET_CHECK(pos >= 0 && i < s.blocks.size() && n_max >= 1,
-             "KV position " << pos << " of seq " << seq_id << " is not reserved");
-  const int64_t off = pos % block_size_;
-  const BlockPoolShape& shape = pool_.shape();
-  KvRows r;
-  r.k = pool_.k(s.blocks[i], il, off);
-  r.v = shape.v_width > 0 ? pool_.v(s.blocks[i], il, off) : nullptr;
-  r.k_stride = shape.k_width;
-  r.v_stride = shape.v_width;
-  r.n = std::min(n_max, block_size_ - off);
-  return r;
+  return rows_in(pool_, seqs_[seq_id].blocks, seq_id, il, pos, n_max);
+}
+
+PagedKvView PagedKvCache::snapshot(const ForwardInput& in) const {
+  std::vector<std::vector<int32_t>> tables;
+  for (const SeqSpan& span : in.spans) {
+    const size_t id = static_cast<size_t>(span.seq_id);
+    if (tables.size() <= id) tables.resize(id + 1);
+    if (tables[id].empty()) tables[id] = seq(span.seq_id).blocks;
+  }
+  return PagedKvView(pool_, std::move(tables));
+}
+
+namespace {
+
+const std::vector<int32_t>& table_of(const std::vector<std::vector<int32_t>>& tables,
+                                     int32_t seq_id) {
+  DUET_CHECK(seq_id >= 0 && static_cast<size_t>(seq_id) < tables.size(),
+             "KV sequence " << seq_id << " is not in this step's snapshot");
+  return tables[static_cast<size_t>(seq_id)];
+}
+
+}  // namespace
+
+void* PagedKvView::k(int32_t seq_id, int64_t il, int64_t pos) {
+  return pool_->k(block_at(table_of(tables_, seq_id), seq_id, pos, block_size_), il,
+                  pos % block_size_);
+}
+
+void* PagedKvView::v(int32_t seq_id, int64_t il, int64_t pos) {
+  return pool_->v(block_at(table_of(tables_, seq_id), seq_id, pos, block_size_), il,
+                  pos % block_size_);
+}
+
+KvRows PagedKvView::rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) {
+  return rows_in(*pool_, table_of(tables_, seq_id), seq_id, il, pos, n_max);
 }
 
 }  // namespace duet

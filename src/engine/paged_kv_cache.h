@@ -12,6 +12,8 @@
 
 namespace duet {
 
+class PagedKvView;
+
 class PagedKvCache final : public KvStore {
  public:
   // The pool must outlive the cache. Not thread-safe: one engine thread owns it.
@@ -31,6 +33,10 @@ class PagedKvCache final : public KvStore {
   // Positions the sequence's blocks hold now.
   int64_t capacity(int32_t seq_id) const;
   const std::vector<int32_t>& block_table(int32_t seq_id) const;
+  // The block tables of the sequences `in` runs over, copied: a forward pass on another thread
+  // reads them while this cache goes on reserving and freeing for the next step (overlapped
+  // scheduler). The rows themselves are the pool's, which stays put.
+  PagedKvView snapshot(const ForwardInput& in) const;
 
   // Blocks a sequence of n_pos positions needs.
   int64_t blocks_for(int64_t n_pos) const;
@@ -55,6 +61,26 @@ class PagedKvCache final : public KvStore {
   BlockPool& pool_;
   int64_t block_size_;
   std::vector<Seq> seqs_;
+};
+
+// One step's view of a PagedKvCache (PagedKvCache::snapshot): the same rows, through block tables
+// that no longer change. The pool must outlive it; blocks freed after the snapshot was taken must
+// not be written by anyone else until the step that reads it has ended (the engine runs its steps
+// one after another, so a block freed meanwhile is reused only by a later step).
+class PagedKvView final : public KvStore {
+ public:
+  PagedKvView(BlockPool& pool, std::vector<std::vector<int32_t>> tables)
+      : pool_(&pool), block_size_(pool.shape().block_size), tables_(std::move(tables)) {}
+
+  DType dtype() const override { return pool_->shape().dtype; }
+  void* k(int32_t seq_id, int64_t il, int64_t pos) override;
+  void* v(int32_t seq_id, int64_t il, int64_t pos) override;
+  KvRows rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) override;
+
+ private:
+  BlockPool* pool_;
+  int64_t block_size_;
+  std::vector<std::vector<int32_t>> tables_;  // [seq id] block table (empty: not in the step)
 };
 
 }  // namespace duet

@@ -79,6 +79,8 @@ void Scheduler::schedule_decodes(SchedulerStep& step, int64_t& budget) {
   for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Sequence* seq = running_[i];
     if (seq->in_prefill()) continue;
+    // Its last token (a placeholder of the step in flight) is its last: it finishes with it.
+    if (seq->n_generated() >= seq->max_tokens) continue;
     bool self_preempted = false;
     while (!kv_.reserve(seq->kv_seq, seq->n_computed + 1)) {
       if (preempt_newest(step, budget) == seq) {
@@ -131,6 +133,25 @@ void Scheduler::schedule_waiting(SchedulerStep& step, int64_t& budget) {
     push_chunk(step, seq, n);
     budget -= n;
   }
+}
+
+int64_t Scheduler::reserve_lookahead(const SchedulerStep& step, int64_t n, int64_t max_pos) {
+  if (step.chunks.empty()) return 1;
+  for (const ScheduledChunk& c : step.chunks)
+    if (c.n_tokens != 1 || !c.sample) return 1;
+  int64_t steps = n;
+  for (const ScheduledChunk& c : step.chunks) {
+    const int64_t want = std::min(steps, max_pos - c.n_past);
+    const int64_t kv_seq = c.seq->kv_seq;
+    const int64_t can = std::min(want, kv_.max_reservable(kv_seq) - c.n_past);
+    steps = std::max<int64_t>(1, can);
+    DUET_CHECK(kv_.reserve(kv_seq, c.n_past + steps), "lookahead reserve of seq " << c.seq->id);
+  }
+  return steps;
+}
+
+void Scheduler::advance(const SchedulerStep& step, int64_t n) {
+  for (const ScheduledChunk& c : step.chunks) c.seq->n_computed += n - 1;
 }
 
 SchedulerStep Scheduler::schedule() {

@@ -1,7 +1,9 @@
 // The serving scheduler: continuous batching with chunked prefill under a token budget.
 //
 // Every step it builds one batch from three sources, in this order:
-//   1. running sequences that decode (one uncomputed token each), oldest first, so long
+//   1. running sequences that decode (one uncomputed token each, which may be a placeholder for
+//      a token the step in flight has not sampled yet; none whose placeholders already reach
+//      max_tokens: it ends with the step in flight), oldest first, so long
 //      prefills never starve them; when the pool has no block for one, the newest running
 //      sequence is preempted by recompute (its blocks freed, it goes back to the front of the
 //      waiting queue and later recomputes prompt + generated tokens);
@@ -55,6 +57,15 @@ class Scheduler {
 
   // Plans the next forward pass and reserves its KV rows. Empty when there is nothing to run.
   SchedulerStep schedule();
+
+  // Multi-step (--num-scheduler-steps): reserves KV rows for up to n decode steps of `step` and
+  // returns how many every chunk has rows for: at least 1, and 1 unless every chunk is one token
+  // that samples (a decode-only batch). No position reaches max_pos (the model's context).
+  // n_computed does not move: advance() does, once the group has agreed on the count.
+  int64_t reserve_lookahead(const SchedulerStep& step, int64_t n, int64_t max_pos);
+  // The batch `step` runs n decode steps (n <= reserve_lookahead's): each chunk's sequence has
+  // n - 1 more positions computed than schedule() counted.
+  static void advance(const SchedulerStep& step, int64_t n);
 
   // Takes a sequence out (finished or aborted) and frees its blocks.
   void remove(Sequence* seq);

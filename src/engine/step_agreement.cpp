@@ -1,6 +1,7 @@
 #include "engine/step_agreement.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <sstream>
 
 #include "core/error.h"
@@ -20,6 +21,7 @@ std::string StepPlan::describe() const {
   s << " padded " << padded_tokens;
   if (micro_batch)
     s << " micro-batch " << micro_batch_split << "|" << padded_tokens - micro_batch_split;
+  if (n_steps > 1) s << " x" << n_steps;
   if (dummy) s << " dummy";
   return s.str();
 }
@@ -41,14 +43,18 @@ StepPlan plan_step(const std::vector<StepOffer>& offers, int rank, const MicroBa
   StepPlan plan;
   plan.offers = offers;
   int64_t most = 0;
+  int64_t fewest_steps = INT64_MAX;
   bool any_prefill = false;
   for (const StepOffer& o : offers) {
-    DUET_CHECK(o.n_tokens >= 0, "plan_step: an offer of " << o.n_tokens << " tokens");
+    DUET_CHECK(o.n_tokens >= 0 && o.n_steps >= 1,
+               "plan_step: an offer of " << o.n_tokens << " tokens, " << o.n_steps << " steps");
     most = std::max(most, o.n_tokens);
     any_prefill |= o.has_prefill && o.n_tokens > 0;
+    if (o.n_tokens > 0) fewest_steps = std::min(fewest_steps, o.n_steps);
   }
   if (most == 0) return plan;  // kIdle
   plan.mode = any_prefill ? ForwardMode::kPrefill : ForwardMode::kDecode;
+  plan.n_steps = any_prefill ? 1 : fewest_steps;
   plan.dummy = offers[static_cast<size_t>(rank)].n_tokens == 0;
   plan.padded_tokens = most;
 
@@ -67,13 +73,15 @@ StepPlan plan_step(const std::vector<StepOffer>& offers, int rank, const MicroBa
 }
 
 StepPlan agree(Coordinator& coord, const StepOffer& mine, const MicroBatchPolicy& policy) {
-  const std::vector<int64_t> all =
-      coord.all_gather({mine.n_tokens, mine.has_prefill ? 1 : 0, mine.can_split ? 1 : 0});
-  DUET_CHECK(all.size() == 3 * static_cast<size_t>(coord.world_size()),
+  constexpr size_t kFields = 4;
+  const std::vector<int64_t> all = coord.all_gather(
+      {mine.n_tokens, mine.has_prefill ? 1 : 0, mine.can_split ? 1 : 0, mine.n_steps});
+  DUET_CHECK(all.size() == kFields * static_cast<size_t>(coord.world_size()),
              "agree: " << all.size() << " values from " << coord.world_size() << " ranks");
   std::vector<StepOffer> offers(static_cast<size_t>(coord.world_size()));
   for (size_t r = 0; r < offers.size(); ++r) {
-    offers[r] = {all[3 * r], all[3 * r + 1] != 0, all[3 * r + 2] != 0};
+    const int64_t* o = &all[kFields * r];
+    offers[r] = {o[0], o[1] != 0, o[2] != 0, o[3]};
   }
   return plan_step(offers, coord.rank(), policy);
 }

@@ -5,7 +5,7 @@
 // A single rank is a group of one: the same function plans its steps with no message.
 //
 // The plan is a pure function of the offers (plan_step), so it is tested without ranks; agree()
-// is the collective around it: one all-gather of three integers per rank.
+// is the collective around it: one all-gather of four integers per rank.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,10 @@ struct StepOffer {
   // Its batch can be cut into two non-empty micro-batches (two sequences or more, or a prompt
   // the two-chunk split may cut). Ignored for an idle rank, which can always run a dummy pair.
   bool can_split = false;
+  // Multi-step (--num-scheduler-steps): how many decode steps this batch could run in one go
+  // (its KV rows reserved ahead). The group runs the fewest any working rank offers, and 1 once
+  // any rank prefills; an idle rank's offer does not count (it runs its dummy batch as often).
+  int64_t n_steps = 1;
 };
 
 // When a step runs as two micro-batches (vLLM's DBO thresholds; SGLang's TBO uses the same
@@ -46,6 +50,9 @@ struct StepPlan {
   // Tokens of micro-batch A of the padded batch when micro_batch: padded_tokens / 2, rounded
   // up; B takes the rest. A rank whose real tokens would leave B empty vetoes the split.
   int64_t micro_batch_split = 0;
+  // Decode steps every rank runs with this plan before the next agreement (multi-step); 1 for
+  // prefill.
+  int64_t n_steps = 1;
   std::vector<StepOffer> offers;  // every rank's offer, in rank order
 
   bool runs() const { return mode != ForwardMode::kIdle; }

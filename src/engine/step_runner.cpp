@@ -46,19 +46,29 @@ void StepRunner::run_dummy(ForwardMode mode, bool pair) {
 }
 
 StepRunner::Launch StepRunner::run(ForwardInput& in, KvStore& kv, bool has_prefill) {
+  const StepPlan plan = agree_step(in, has_prefill);
+  if (!plan.runs()) return Launch{plan};
+  return execute(plan, in, kv);
+}
+
+StepPlan StepRunner::agree_step(const ForwardInput& in, bool has_prefill, int64_t n_steps) {
   using Clock = std::chrono::steady_clock;
   const StepOffer mine{in.n_tokens(), has_prefill && in.n_tokens() > 0,
-                       in.n_tokens() > 0 && can_split_batch(in)};
+                       in.n_tokens() > 0 && can_split_batch(in), n_steps};
   const Clock::time_point t0 = Clock::now();
-  Launch launch{agree(*coord_, mine, policy_)};
+  StepPlan plan = agree(*coord_, mine, policy_);
   const Clock::time_point t_agreed = Clock::now();
-  stats_.agree_seconds += std::chrono::duration<double>(t_agreed - t0).count();
-  const StepPlan& plan = launch.plan;
+  agree_seconds_ += std::chrono::duration<double>(t_agreed - t0).count();
   if (trace_) trace_->span(TraceTrack::kStep, "agree", t0, t_agreed);
-  if (!plan.runs()) {
-    idle();
-    return launch;
-  }
+  if (!plan.runs()) idle();
+  return plan;
+}
+
+StepRunner::Launch StepRunner::execute(const StepPlan& plan, ForwardInput& in, KvStore& kv) {
+  using Clock = std::chrono::steady_clock;
+  DUET_CHECK(plan.runs(), "execute() of a plan that does not run");
+  Launch launch{plan};
+  if (idle_.exchange(false, std::memory_order_relaxed)) last_forward_end_ = {};
   // The step's span, from the agreement's end to the forward pass's, named by its plan.
   struct StepSpan {
     Trace* trace;
@@ -67,7 +77,7 @@ StepRunner::Launch StepRunner::run(ForwardInput& in, KvStore& kv, bool has_prefi
     ~StepSpan() {
       if (trace) trace->span(TraceTrack::kStep, "step: " + plan.describe(), t0, Clock::now());
     }
-  } step_span{trace_, plan, t_agreed};
+  } step_span{trace_, plan, Clock::now()};
   ++stats_.steps;
   // The step's shape, the same on every rank: a distributed dispatcher picks its algorithm.
   for (int s = 0; s < runner_.n_slots(); ++s) runner_.dispatcher(s).plan_step(plan.padded_tokens);

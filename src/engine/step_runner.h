@@ -11,6 +11,7 @@
 // plan and this rank's logits; what the front end does with them is its own.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -78,14 +79,35 @@ class StepRunner {
   // in.mode to the group's mode. Throws duet::Error if the group fails (a rank is missing).
   Launch run(ForwardInput& in, KvStore& kv, bool has_prefill);
 
+  // run() in its two halves, for a front end that agrees on step N+1 on one thread while step N
+  // computes on another (the overlapped scheduler). agree_step() is collective on the group's
+  // coordinator only; execute() on its data plane only (the communicator and its thread), so the
+  // two may run on different threads at once, each half in one order on every rank.
+  // agree_step(): the group's plan for this rank's batch `in` (empty: nothing to run here); a
+  // plan that does not run marks the runner idle().
+  // n_steps: the decode steps this batch could run in one go (multi-step; see StepOffer).
+  StepPlan agree_step(const ForwardInput& in, bool has_prefill, int64_t n_steps = 1);
+  // Runs `plan` (plan.runs()): this rank's batch, or the dummy batch when plan.dummy.
+  Launch execute(const StepPlan& plan, ForwardInput& in, KvStore& kv);
+
   // The front end has no more work for now (a batch is done, the server is idle): the time
   // until the next step is not a step gap.
-  void idle() { last_forward_end_ = {}; }
+  // Thread-safe: may be called by the thread of agree_step() while another runs execute().
+  void idle() { idle_.store(true, std::memory_order_relaxed); }
 
   Coordinator& coord() { return *coord_; }
   bool solo() const { return coord_->world_size() == 1; }
   ModelRunner& runner() { return runner_; }
-  const StepStats& stats() const { return stats_; }
+  // The counts so far. Not while execute() runs on another thread (that thread's own copy
+  // is execute_stats()).
+  StepStats stats() const {
+    StepStats s = stats_;
+    s.agree_seconds = agree_seconds_;
+    return s;
+  }
+  // The counts execute() keeps (agree_seconds is agree_step()'s and reads 0 here): for the
+  // thread that runs execute().
+  const StepStats& execute_stats() const { return stats_; }
 
  private:
   // The one-token dummy batch, or a pair of them when the group micro-batches.
@@ -102,8 +124,10 @@ class StepRunner {
   KvCache dummy_kv_;
   ForwardInput dummy_in_[2];
   Trace* trace_;
-  StepStats stats_;
-  std::chrono::steady_clock::time_point last_forward_end_;  // unset (epoch) after idle()
+  StepStats stats_;      // execute()'s thread
+  double agree_seconds_ = 0;  // agree_step()'s thread
+  std::chrono::steady_clock::time_point last_forward_end_;  // execute()'s thread
+  std::atomic<bool> idle_{false};  // set by idle(): execute() forgets last_forward_end_
 };
 
 }  // namespace duet
