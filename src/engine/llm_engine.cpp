@@ -60,7 +60,8 @@ LlmEngine::LlmEngine(const Model& model, ThreadPool& pool, const Tokenizer* toke
       scheduler_(config.scheduler, kv_),
       steps_(model, pool, group),
       future_(future_slots(config)),
-      worker_(steps_, future_, model.config().n_vocab, config.overlap_schedule),
+      worker_(steps_, future_, model.config().n_vocab, config.overlap_schedule,
+              config.before_step),
       num_scheduler_steps_(config.num_scheduler_steps) {
   if (config.num_scheduler_steps < 1 || config.num_scheduler_steps > 64)
     DUET_ERROR("--num-scheduler-steps must be in [1, 64], got " << config.num_scheduler_steps);

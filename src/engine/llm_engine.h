@@ -59,6 +59,8 @@ struct EngineConfig {
   bool overlap_schedule = true;
   // Multi-step (--num-scheduler-steps): decode steps a decode-only batch runs per launch, >= 1.
   int64_t num_scheduler_steps = 1;
+  // Tests only: called on the step worker before each launched job (StepWorker::BeforeJob).
+  StepWorker::BeforeJob before_step;
 };
 
 class LlmEngine {

@@ -21,8 +21,13 @@ void advance(ForwardInput& in, const std::vector<int32_t>& sampled) {
 
 }  // namespace
 
-StepWorker::StepWorker(StepRunner& steps, FutureMap& future, int64_t n_vocab, bool overlapped)
-    : steps_(steps), future_(future), n_vocab_(n_vocab), overlapped_(overlapped) {
+StepWorker::StepWorker(StepRunner& steps, FutureMap& future, int64_t n_vocab, bool overlapped,
+                       BeforeJob before_job)
+    : steps_(steps),
+      future_(future),
+      n_vocab_(n_vocab),
+      overlapped_(overlapped),
+      before_job_(std::move(before_job)) {
   if (overlapped_) thread_ = std::thread([this] { loop(); });
 }
 
@@ -42,7 +47,7 @@ uint64_t StepWorker::launch(StepJob job) {
                  job.placeholders.size() == job.samplers.size() * static_cast<size_t>(job.n_steps),
              "step job with " << job.samplers.size() << " samplers, " << job.in.out_rows.size()
                               << " rows and " << job.placeholders.size() << " placeholders");
-  const uint64_t id = ++n_launched_;
+  const uint64_t id = n_launched_.fetch_add(1) + 1;
   n_expected_ += static_cast<uint64_t>(job.n_steps);
   if (!overlapped_) {
     try {
@@ -105,6 +110,7 @@ void StepWorker::loop() {
 }
 
 void StepWorker::run_job(StepJob& job, uint64_t id) {
+  if (before_job_) before_job_(id, *this);
   const size_t n_rows = job.samplers.size();
   for (int64_t k = 0; k < job.n_steps; ++k) {
     // Tokens sampled by earlier steps (only in the first step of a job: later ones take them

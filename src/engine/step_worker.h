@@ -11,7 +11,9 @@
 //   worker:         ...  step N (resolve, forward, sample)  | step N+1 ...
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -54,8 +56,13 @@ struct StepOutput {
 
 class StepWorker {
  public:
+  // Called on the worker before each job with its launch number (tests hold a step there to
+  // watch the engine thread meanwhile, through launched()).
+  using BeforeJob = std::function<void(uint64_t job, const StepWorker& worker)>;
+
   // steps and future must outlive the worker; n_vocab is the logits' row width.
-  StepWorker(StepRunner& steps, FutureMap& future, int64_t n_vocab, bool overlapped);
+  StepWorker(StepRunner& steps, FutureMap& future, int64_t n_vocab, bool overlapped,
+             BeforeJob before_job = {});
   // Finishes the step in flight (if any) and stops the thread; outputs not taken are dropped.
   ~StepWorker();
   StepWorker(const StepWorker&) = delete;
@@ -69,6 +76,8 @@ class StepWorker {
   // Outputs of launched jobs not yet taken by wait().
   int64_t pending() const { return static_cast<int64_t>(n_expected_ - n_taken_); }
   bool overlapped() const { return overlapped_; }
+  // Jobs launched so far (any thread).
+  uint64_t launched() const { return n_launched_.load(); }
 
  private:
   void loop();
@@ -80,7 +89,8 @@ class StepWorker {
   FutureMap& future_;
   const int64_t n_vocab_;
   const bool overlapped_;
-  uint64_t n_launched_ = 0;  // caller thread only
+  const BeforeJob before_job_;
+  std::atomic<uint64_t> n_launched_{0};  // written by the caller thread
   uint64_t n_expected_ = 0;  // caller thread only: outputs the launched jobs will post
   uint64_t n_taken_ = 0;     // caller thread only
 

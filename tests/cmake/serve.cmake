@@ -5,6 +5,21 @@ add_test(NAME serve_openai_client
          COMMAND bash ${CMAKE_SOURCE_DIR}/tests/npm/serve/run_serve_test.sh $<TARGET_FILE:duet>)
 set_tests_properties(serve_openai_client PROPERTIES TIMEOUT 600 LABELS "npm")
 
+# The same client with the scheduler's other modes: steps one after another (no overlapped
+# scheduler), and multi-step decoding with and without it; the client test checks every
+# request's tokens against the same request alone, stop strings and max_tokens included.
+add_test(NAME serve_openai_client_plain_schedule
+         COMMAND bash ${CMAKE_SOURCE_DIR}/tests/npm/serve/run_serve_test.sh $<TARGET_FILE:duet>
+                 --disable-overlap-schedule)
+add_test(NAME serve_openai_client_multistep
+         COMMAND bash ${CMAKE_SOURCE_DIR}/tests/npm/serve/run_serve_test.sh $<TARGET_FILE:duet>
+                 --num-scheduler-steps 4)
+add_test(NAME serve_openai_client_multistep_plain
+         COMMAND bash ${CMAKE_SOURCE_DIR}/tests/npm/serve/run_serve_test.sh $<TARGET_FILE:duet>
+                 --num-scheduler-steps 3 --disable-overlap-schedule)
+set_tests_properties(serve_openai_client_plain_schedule serve_openai_client_multistep
+                     serve_openai_client_multistep_plain PROPERTIES TIMEOUT 600 LABELS "npm")
+
 # The same client against two ranks (data-parallel attention, experts split over the ranks),
 # started by duet itself under mpirun: requests spread over the ranks get their single-rank
 # tokens, aborts reach the rank that holds the request.

@@ -23,3 +23,10 @@ foreach(_mode two-batch-overlap dbo)
                    --dbo-prefill-token-threshold 2)
   set_tests_properties(serve_openai_client_dp2_${_mode} PROPERTIES TIMEOUT 600 LABELS "npm")
 endforeach()
+# Multi-step decoding composed with DBO over two in-process ranks.
+add_test(NAME serve_openai_client_dp2_dbo_multistep
+         COMMAND bash ${CMAKE_SOURCE_DIR}/tests/npm/serve/run_serve_test.sh $<TARGET_FILE:duet>
+                 --data-parallel-size 2 --enable-expert-parallel --distributed-backend inproc
+                 --enable-dbo --dbo-decode-token-threshold 2 --dbo-prefill-token-threshold 2
+                 --num-scheduler-steps 4)
+set_tests_properties(serve_openai_client_dp2_dbo_multistep PROPERTIES TIMEOUT 600 LABELS "npm")

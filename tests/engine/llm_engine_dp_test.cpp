@@ -20,8 +20,10 @@
 namespace duet {
 namespace {
 
-EngineConfig small_config() {
+EngineConfig small_config(bool overlap = true, int64_t steps = 1) {
   EngineConfig c;
+  c.overlap_schedule = overlap;
+  c.num_scheduler_steps = steps;
   c.scheduler = {8, 64};
   c.block_size = 4;
   c.kv_cache_gib = 1.0 / 1024;  // 1 MiB: plenty for these requests
@@ -70,6 +72,8 @@ RankParts load_rank(const std::string& dir, DistContext& ctx,
 struct DpCase {
   int world;
   All2AllBackend backend;
+  bool overlap = true;  // the overlapped scheduler
+  int64_t steps = 1;    // --num-scheduler-steps
 };
 
 class LlmEngineDpTest : public ::testing::TestWithParam<DpCase> {};
@@ -102,7 +106,7 @@ TEST_P(LlmEngineDpTest, RequestsSpreadOverRanksGetSingleRankTokens) {
   run_ranks(dc.world, [&](DistContext& ctx) {
     RankParts p = load_rank(dir, ctx, dc.backend);
     ThreadPool pool(1);
-    LlmEngine engine(*p.model, pool, nullptr, small_config(),
+    LlmEngine engine(*p.model, pool, nullptr, small_config(dc.overlap, dc.steps),
                      test::borrowing_group(ctx.coord(), *p.dispatcher));
     if (ctx.rank() == 0) {
       std::vector<std::shared_ptr<RequestStream>> streams;
@@ -141,7 +145,13 @@ INSTANTIATE_TEST_SUITE_P(Ranks, LlmEngineDpTest,
                          ::testing::Values(DpCase{2, All2AllBackend::kHighThroughput},
                                            DpCase{4, All2AllBackend::kHighThroughput},
                                            DpCase{2, All2AllBackend::kLowLatency},
-                                           DpCase{4, All2AllBackend::kLowLatency}));
+                                           DpCase{4, All2AllBackend::kLowLatency},
+                                           // Scheduler modes: plain, multi-step with and
+                                           // without the overlapped scheduler.
+                                           DpCase{2, All2AllBackend::kHighThroughput, false, 1},
+                                           DpCase{2, All2AllBackend::kLowLatency, true, 4},
+                                           DpCase{4, All2AllBackend::kHighThroughput, false, 3},
+                                           DpCase{4, All2AllBackend::kLowLatency, true, 3}));
 
 TEST(LlmEngineDp, AbortReachesTheRankHoldingTheRequest) {
   const std::string dir = test::tiny_model_dir("qwen3_moe");
@@ -176,8 +186,13 @@ TEST(LlmEngineDp, AbortReachesTheRankHoldingTheRequest) {
   });
 }
 
-TEST(LlmEngineDp, SilentRankFailsTheEngineWithinTheWatchdog) {
+// With a step in flight on the worker (the overlapped scheduler, alone or with multi-step) or
+// not (plain), a rank that stops answering fails the engine within the watchdog.
+class LlmEngineDpFailure : public ::testing::TestWithParam<DpCase> {};
+
+TEST_P(LlmEngineDpFailure, SilentRankFailsTheEngineWithinTheWatchdog) {
   const std::string dir = test::tiny_model_dir("qwen3_moe");
+  const DpCase dc = GetParam();
   const std::vector<std::string> errors = run_ranks_collect(
       2,
       [&](DistContext& ctx) {
@@ -189,7 +204,7 @@ TEST(LlmEngineDp, SilentRankFailsTheEngineWithinTheWatchdog) {
           std::this_thread::sleep_for(std::chrono::milliseconds(3000));
           return;
         }
-        LlmEngine engine(*p.model, pool, nullptr, small_config(),
+        LlmEngine engine(*p.model, pool, nullptr, small_config(dc.overlap, dc.steps),
                          test::borrowing_group(ctx.coord(), *p.dispatcher));
         std::shared_ptr<RequestStream> s = engine.submit(greedy({1, 2, 3}, 400));
         ASSERT_TRUE(s);
@@ -208,6 +223,11 @@ TEST(LlmEngineDp, SilentRankFailsTheEngineWithinTheWatchdog) {
       std::chrono::milliseconds(1000));
   EXPECT_EQ(errors[1], "");
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, LlmEngineDpFailure,
+                         ::testing::Values(DpCase{2, All2AllBackend::kHighThroughput, false, 1},
+                                           DpCase{2, All2AllBackend::kHighThroughput, true, 1},
+                                           DpCase{2, All2AllBackend::kLowLatency, true, 4}));
 
 }  // namespace
 }  // namespace duet

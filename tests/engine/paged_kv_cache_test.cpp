@@ -89,6 +89,32 @@ TEST(PagedKvCacheTest, Bf16RowsRoundToNearestEvenAcrossBlocks) {
   }
 }
 
+// The overlapped scheduler's view of one step: the same rows as the cache, through tables that do
+// not change while the cache reserves, frees and adds sequences for the next step.
+TEST(PagedKvCacheTest, SnapshotKeepsTheStepsTablesWhileTheCacheMovesOn) {
+  BlockPool pool({2, 3, 0, 4}, 16);
+  PagedKvCache kv(pool);
+  const int32_t a = kv.add_sequence(), b = kv.add_sequence();
+  ASSERT_TRUE(kv.reserve(a, 6));
+  ASSERT_TRUE(kv.reserve(b, 3));
+  ForwardInput in;
+  const int32_t tok[2] = {1, 2};
+  in.add(a, 4, tok, 2, false);
+  PagedKvView view = kv.snapshot(in);
+  void* row = kv.k(a, 1, 5);
+  // The cache moves on: a grows (its table reallocates), b goes, new sequences come.
+  ASSERT_TRUE(kv.reserve(a, 30));
+  kv.remove_sequence(b);
+  for (int i = 0; i < 5; ++i) kv.add_sequence();
+  EXPECT_EQ(view.k(a, 1, 5), row);
+  const KvRows r = view.rows(a, 1, 4, 8);
+  EXPECT_EQ(r.k, kv.k(a, 1, 4));
+  EXPECT_EQ(r.n, 4) << "a run ends at its block's end";
+  EXPECT_EQ(view.dtype(), kv.dtype());
+  EXPECT_THROW(view.k(b, 0, 0), Error) << "b is not in the step";
+  EXPECT_THROW(view.k(a, 0, 8), Error) << "position 8 was not reserved when the step was taken";
+}
+
 TEST(PagedKvCacheTest, ReserveIsAllOrNothingAndRowsNeverAlias) {
   BlockPool pool({2, 3, 1, 4}, 5);  // 2 layers, k 3 floats, v 1 float, 4 positions per block
   PagedKvCache kv(pool);

@@ -196,5 +196,64 @@ TEST_F(SchedulerTest, BudgetMustCoverEveryRunningSequence) {
   EXPECT_THROW(Scheduler({8, 4}, kv), Error);
 }
 
+// The overlapped scheduler appends the step in flight's token as a placeholder: a sequence whose
+// placeholders already reach max_tokens ends with that step and is not scheduled again.
+TEST_F(SchedulerTest, ASequenceWhosePendingTokenIsItsLastIsNotScheduled) {
+  init(8, 4, 16);
+  Sequence* a = add('A', 3, 2);
+  Sequence* b = add('B', 3, 5);
+  SchedulerStep s1 = sched_->schedule();  // both prefill
+  ASSERT_EQ(s1.chunks.size(), 2u);
+  a->tokens.push_back(-1);  // placeholders of step 1's samples
+  b->tokens.push_back(-2);
+  SchedulerStep s2 = sched_->schedule();  // both decode their placeholder
+  ASSERT_EQ(s2.chunks.size(), 2u);
+  a->tokens.push_back(-3);  // A's second token: its last
+  b->tokens.push_back(-4);
+  SchedulerStep s3 = sched_->schedule();
+  ASSERT_EQ(s3.chunks.size(), 1u);
+  EXPECT_EQ(s3.chunks[0].seq, b);
+}
+
+// Multi-step: a decode-only batch reserves rows for up to n steps; the count is what every chunk
+// has rows for, never past the context, and 1 for a batch with prompt tokens.
+TEST_F(SchedulerTest, LookaheadReservesRowsForEveryStep) {
+  init(8, 4, 16);  // 8 blocks of 4 positions
+  Sequence* a = add('A', 3, 20);
+  Sequence* b = add('B', 6, 20);
+  SchedulerStep s1 = sched_->schedule();
+  EXPECT_EQ(sched_->reserve_lookahead(s1, 4, 100), 1) << "a prefill batch runs one step";
+  a->tokens.push_back(1);
+  b->tokens.push_back(1);
+  SchedulerStep s2 = sched_->schedule();  // A at 3, B at 6
+  EXPECT_EQ(sched_->reserve_lookahead(s2, 4, 100), 4);
+  EXPECT_GE(kv_->capacity(a->kv_seq), 3 + 4);
+  EXPECT_GE(kv_->capacity(b->kv_seq), 6 + 4);
+  Scheduler::advance(s2, 4);
+  EXPECT_EQ(a->n_computed, 3 + 4);
+  EXPECT_EQ(b->n_computed, 6 + 4);
+  for (int i = 0; i < 4; ++i) {
+    a->tokens.push_back(1);
+    b->tokens.push_back(1);
+  }
+  // The context: B's positions may not pass 12.
+  SchedulerStep s3 = sched_->schedule();  // A at 7, B at 10
+  EXPECT_EQ(sched_->reserve_lookahead(s3, 8, 12), 2);
+}
+
+TEST_F(SchedulerTest, LookaheadIsBoundedByFreeBlocks) {
+  init(4, 4, 16);  // 16 positions in all
+  Sequence* a = add('A', 7, 20);
+  Sequence* b = add('B', 3, 20);
+  sched_->schedule();  // A: 2 blocks, B: 1 block; 1 left
+  a->tokens.push_back(1);
+  b->tokens.push_back(1);
+  SchedulerStep s = sched_->schedule();  // A at 7 (room for 8), B at 3 (room for 4)
+  // A takes the free block (to position 12 at most: 5 steps); B has then only its own block,
+  // room for its position 3: one step. The batch runs one.
+  EXPECT_EQ(sched_->reserve_lookahead(s, 8, 100), 1);
+  EXPECT_EQ(pool_->n_free(), 0);
+}
+
 }  // namespace
 }  // namespace duet

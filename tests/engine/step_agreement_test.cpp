@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "dist/inproc_backend.h"
 
 namespace duet {
@@ -84,6 +85,24 @@ TEST(StepAgreementTest, IdleRanksRunADummyPairWhenTheOthersSplit) {
   EXPECT_EQ(p.describe(), "decode padded 8 micro-batch 4|4 dummy");
 }
 
+// Multi-step: the group runs the fewest steps any working rank offers; idle ranks do not count
+// (they run their dummy batch as often); any prefill makes it one step.
+TEST(StepAgreementTest, MultiStepRunsTheFewestStepsAWorkingRankOffers) {
+  StepOffer a = decode(4), b = decode(2), idle = kIdle;
+  a.n_steps = 8;
+  b.n_steps = 3;
+  idle.n_steps = 1;
+  EXPECT_EQ(plan_step({a, b}, 0, {}).n_steps, 3);
+  EXPECT_EQ(plan_step({a, idle}, 1, {}).n_steps, 8);
+  EXPECT_EQ(plan_step({a, idle}, 1, {}).describe(), "decode padded 4 x8 dummy");
+  StepOffer p = prefill(5);
+  p.n_steps = 8;
+  EXPECT_EQ(plan_step({a, p}, 0, {}).n_steps, 1);
+  StepOffer bad = decode(1);
+  bad.n_steps = 0;
+  EXPECT_THROW(plan_step({bad}, 0, {}), Error);
+}
+
 TEST(StepAgreementTest, ASingleRankIsAGroupOfOne) {
   SoloCoordinator solo;
   const StepPlan p = agree(solo, decode(6), split_policy());
@@ -103,12 +122,15 @@ TEST_P(StepAgreementRanksTest, EveryRankAgreesOnEveryStep) {
   // Step 2: rank 0 alone decodes 8, the rest idle   → dummy pairs beside rank 0's split.
   // Step 3: rank 0 decodes 1 sequence, others idle  → no split, dummies of 1 token.
   // Step 4: nobody has work                          → idle.
-  std::vector<std::vector<StepOffer>> schedule(5, std::vector<StepOffer>(static_cast<size_t>(n)));
+  // Step 5: rank r decodes 2 sequences offering 2 + r steps → all run 2 steps.
+  std::vector<std::vector<StepOffer>> schedule(6, std::vector<StepOffer>(static_cast<size_t>(n)));
   for (int r = 0; r < n; ++r) {
     schedule[0][static_cast<size_t>(r)] = prefill(10 + r);
     schedule[1][static_cast<size_t>(r)] = decode(8);
     schedule[2][static_cast<size_t>(r)] = r == 0 ? decode(8) : kIdle;
     schedule[3][static_cast<size_t>(r)] = r == 0 ? decode(1, false) : kIdle;
+    schedule[5][static_cast<size_t>(r)] = decode(2, false);
+    schedule[5][static_cast<size_t>(r)].n_steps = 2 + r;
   }
   std::mutex mu;
   std::vector<std::vector<std::string>> seen(static_cast<size_t>(n));
@@ -127,7 +149,7 @@ TEST_P(StepAgreementRanksTest, EveryRankAgreesOnEveryStep) {
     const std::vector<std::string> want{
         "prefill padded " + std::to_string(10 + n - 1),  // below the prefill threshold of 64
         "decode padded 8 micro-batch 4|4", "decode padded 8 micro-batch 4|4" + dummy,
-        "decode padded 1" + dummy, "idle"};
+        "decode padded 1" + dummy, "idle", "decode padded 2 x2"};
     EXPECT_EQ(seen[static_cast<size_t>(r)], want) << "rank " << r << " of " << n;
   }
 }
