@@ -32,6 +32,8 @@ struct LatencyOptions {
   std::string kv_cache_dtype = "auto";
   KvCacheDtype kv_dtype = KvCacheDtype::kAuto;  // parsed from kv_cache_dtype
   bool profile_ops = false;
+  std::string scheduler_modes;  // set: the serving engine under each mode (bench_schedule.cpp)
+  int rounds = 3;
   DistOptions dist;
 };
 
@@ -198,6 +200,22 @@ void run_latency_single(const LatencyOptions& o) {
 }
 
 void run_latency(const LatencyOptions& o) {
+  if (!o.scheduler_modes.empty()) {
+    if (o.dist.data_parallel_size > 1)
+      DUET_ERROR("--scheduler-modes runs on one rank (serve's multi-rank engine is measured by "
+                 "`bench serve`)");
+    ScheduleBenchOptions so;
+    so.model_dir = o.model_dir;
+    so.modes = o.scheduler_modes;
+    so.batch = o.batch;
+    so.prompt_len = o.prompt_len;
+    so.gen_len = o.gen_len;
+    so.threads = o.threads;
+    so.seed = o.seed;
+    so.rounds = o.rounds;
+    run_schedule_bench(so);
+    return;
+  }
   launch_ranks(o.dist, o.model_dir, [&](DistContext* ctx) {
     if (ctx)
       run_latency_ep(o, *ctx);
@@ -223,6 +241,12 @@ void add_bench_latency(CLI::App& bench) {
   cmd->add_flag("--profile-ops", o->profile_ops,
                 "Also print decode time per kind of operation (attn, moe_route, experts, output, "
                 "...), summed over layers (rank 0's with several ranks)");
+  cmd->add_option("--scheduler-modes", o->scheduler_modes,
+                  "Run the batch through the serving engine under each scheduler mode in turn "
+                  "(plain, overlap, multistepN, overlap+multistepN; comma-separated) and "
+                  "compare decode tok/s and the step gap");
+  cmd->add_option("--rounds", o->rounds, "Rounds of --scheduler-modes (default 3)")
+      ->check(CLI::PositiveNumber);
   add_dist_options(cmd, o->dist);
   cmd->callback([o] {
     o->kv_dtype = parse_kv_cache_dtype(o->kv_cache_dtype);

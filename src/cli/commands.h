@@ -3,8 +3,25 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
 
 namespace duet {
+
+// `duet bench latency --scheduler-modes`: one batch through the serving engine per scheduler
+// mode, alternating (bench_schedule.cpp).
+struct ScheduleBenchOptions {
+  std::string model_dir;
+  std::string modes;  // "plain,overlap,multistep4,overlap+multistep4"
+  int64_t batch = 1;
+  int64_t prompt_len = 128;
+  int64_t gen_len = 64;
+  int threads = 0;
+  uint64_t seed = 0;
+  int rounds = 3;
+  double kv_cache_gib = 1.0;
+};
+void run_schedule_bench(const ScheduleBenchOptions& o);
 
 void add_make_model_command(CLI::App& app);
 void add_generate_command(CLI::App& app);

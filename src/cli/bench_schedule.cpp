@@ -1,0 +1,152 @@
+// `duet bench latency --scheduler-modes ...`: one batch of requests through the serving engine
+// (LlmEngine, single rank) under each scheduler mode in turn, alternating over rounds in one run:
+// plain (each step after the previous one's outputs are processed), the overlapped scheduler,
+// multi-step decoding, or both. Prints per mode the decode tok/s, the step gap (end of one
+// forward pass to the start of the next) against the forward pass, and the ratio to the first
+// mode, medians over the rounds.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/llm_engine.h"
+#include "kernels/matmul.h"
+#include "model/model.h"
+
+namespace duet {
+
+namespace {
+
+struct SchedulerMode {
+  std::string name;
+  bool overlap = false;
+  int64_t steps = 1;
+};
+
+// "plain", "overlap", "multistepN", "overlap+multistepN".
+SchedulerMode parse_mode(const std::string& s) {
+  SchedulerMode m;
+  m.name = s;
+  std::string rest = s;
+  if (rest == "plain") return m;
+  if (rest.rfind("overlap", 0) == 0) {
+    m.overlap = true;
+    rest = rest.substr(7);
+    if (rest.empty()) return m;
+    if (rest[0] != '+') DUET_ERROR("unknown scheduler mode '" << s << "'");
+    rest = rest.substr(1);
+  }
+  const std::string ms = "multistep";
+  if (rest.rfind(ms, 0) == 0 && rest.size() > ms.size()) {
+    try {
+      m.steps = std::stoll(rest.substr(ms.size()));
+    } catch (const std::exception&) {
+      DUET_ERROR("unknown scheduler mode '" << s << "'");
+    }
+    if (m.steps >= 1 && m.steps <= 64) return m;
+  }
+  DUET_ERROR("unknown scheduler mode '" << s
+                                        << "' (plain, overlap, multistepN, overlap+multistepN)");
+}
+
+struct ModeRun {
+  double decode_tps = 0;
+  double gap_ms = 0;      // mean step gap
+  double forward_ms = 0;  // mean forward pass
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// One batch through an engine in mode m: every request's prompt, then gen_len tokens each.
+// Decode is timed from the moment every request has its first token to the last token.
+ModeRun run_mode(const Model& model, ThreadPool& pool, const ScheduleBenchOptions& o,
+                 const SchedulerMode& m, const std::vector<EngineRequest>& reqs) {
+  EngineConfig c;
+  c.scheduler.max_num_seqs = std::max<int64_t>(o.batch, 1);
+  c.scheduler.max_num_batched_tokens = std::max<int64_t>(o.batch * o.prompt_len, o.batch);
+  c.kv_cache_gib = o.kv_cache_gib;
+  c.overlap_schedule = m.overlap;
+  c.num_scheduler_steps = m.steps;
+  LlmEngine engine(model, pool, nullptr, c);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const EngineRequest& r : reqs) streams.push_back(engine.submit(r));
+  using Clock = std::chrono::steady_clock;
+  // Every prompt is prefilled in the first step (the budget holds them all), so the first token
+  // of the first request marks the start of decode for all. The waits block: no core spins.
+  auto take = [](RequestStream& s, bool until_finished) {
+    for (;;) {
+      const StreamDelta d = s.wait(std::chrono::milliseconds(1000));
+      if (d.finished && !d.error.empty()) DUET_ERROR("request failed: " << d.error);
+      if (d.finished || (!until_finished && !d.tokens.empty())) return d.finished;
+    }
+  };
+  const bool first_done = take(*streams.front(), false);
+  const Clock::time_point decode_start = Clock::now();
+  if (!first_done) take(*streams.front(), true);
+  for (size_t i = 1; i < streams.size(); ++i) take(*streams[i], true);
+  const double decode_s = std::chrono::duration<double>(Clock::now() - decode_start).count();
+  const EngineMetricsSnapshot s = engine.metrics().snapshot();
+  ModeRun r;
+  r.decode_tps = decode_s > 0 ? double(o.batch) * double(o.gen_len - 1) / decode_s : 0.0;
+  r.gap_ms = s.step_gaps ? s.step_gap_seconds / double(s.step_gaps) * 1e3 : 0.0;
+  r.forward_ms = s.forward_steps ? s.forward_seconds / double(s.forward_steps) * 1e3 : 0.0;
+  return r;
+}
+
+}  // namespace
+
+void run_schedule_bench(const ScheduleBenchOptions& o) {
+  std::vector<SchedulerMode> modes;
+  {
+    std::stringstream ss(o.modes);
+    std::string item;
+    while (std::getline(ss, item, ',')) modes.push_back(parse_mode(item));
+  }
+  if (modes.empty()) DUET_ERROR("--scheduler-modes lists no mode");
+  if (o.gen_len < 2) DUET_ERROR("--scheduler-modes needs --gen-len of 2 or more");
+  ThreadPool pool(o.threads > 0 ? o.threads : available_cores());
+  std::unique_ptr<Model> model = Model::load(o.model_dir);
+  const ModelConfig& c = model->config();
+  std::mt19937_64 rng(o.seed);
+  std::vector<EngineRequest> reqs(static_cast<size_t>(o.batch));
+  for (EngineRequest& r : reqs) {
+    for (int64_t i = 0; i < o.prompt_len; ++i)
+      r.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(c.n_vocab)));
+    r.max_tokens = o.gen_len;
+    r.ignore_eos = true;
+  }
+  std::printf(
+      "model %s (%s), batch %lld, prompt %lld, gen %lld, %d threads, matmul %s; serving engine, "
+      "%d rounds of the modes in turn (medians)\n",
+      o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
+      (long long)o.gen_len, pool.n_threads(), matmul_isa(), o.rounds);
+  run_mode(*model, pool, o, modes.front(), reqs);  // warm-up: pages of the weights, buffers
+  std::vector<std::vector<ModeRun>> runs(modes.size());
+  for (int round = 0; round < o.rounds; ++round)
+    for (size_t m = 0; m < modes.size(); ++m)
+      runs[m].push_back(run_mode(*model, pool, o, modes[m], reqs));
+  std::printf("%-22s %12s %10s %12s %12s %10s\n", "scheduler", "decode tok/s", "vs first",
+              "step gap ms", "forward ms", "gap/step");
+  double first = 0;
+  for (size_t m = 0; m < modes.size(); ++m) {
+    std::vector<double> tps, gap, fwd;
+    for (const ModeRun& r : runs[m]) {
+      tps.push_back(r.decode_tps);
+      gap.push_back(r.gap_ms);
+      fwd.push_back(r.forward_ms);
+    }
+    const double t = median(tps), g = median(gap), f = median(fwd);
+    if (m == 0) first = t;
+    std::printf("%-22s %12.1f %10.2f %12.4f %12.4f %9.1f%%\n", modes[m].name.c_str(), t,
+                first > 0 ? t / first : 0.0, g, f, g + f > 0 ? 100.0 * g / (g + f) : 0.0);
+  }
+}
+
+}  // namespace duet
