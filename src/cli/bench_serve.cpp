@@ -40,6 +40,9 @@ struct BenchServeOptions {
   uint64_t seed = 0;
   bool compare_single = false;
   int64_t single_prompts = 4;
+  // Servers to alternate with base_url (each started in another mode), --rounds times.
+  std::vector<std::string> compare_urls;
+  int rounds = 3;
 };
 
 struct Outcome {
@@ -237,6 +240,56 @@ void report_step_gap(const StepGapCounters& a, const StepGapCounters& b) {
               gap * 1e3, 100.0 * gap / (gap + fwd), fwd * 1e3);
 }
 
+// One load run against each of base_url and compare_urls in turn, `rounds` times: per server the
+// median output tok/s, TTFT and step gap, and the tok/s ratio to the first server.
+void run_compare(const BenchServeOptions& o, const std::string& model, int64_t conc) {
+  std::vector<std::string> urls = {o.base_url};
+  urls.insert(urls.end(), o.compare_urls.begin(), o.compare_urls.end());
+  struct Row {
+    std::vector<double> tok_s, ttft_p50, gap_ms, gap_share;
+  };
+  std::vector<Row> rows(urls.size());
+  for (int round = 0; round < o.rounds; ++round) {
+    for (size_t u = 0; u < urls.size(); ++u) {
+      BenchServeOptions one = o;
+      one.base_url = urls[u];
+      const StepGapCounters g0 = scrape_step_gap(one);
+      const RunResult r = run(one, model, o.num_prompts, conc);
+      const StepGapCounters g1 = scrape_step_gap(one);
+      int64_t out_tokens = 0;
+      std::vector<double> ttft;
+      for (const Outcome& oc : r.outcomes) {
+        if (!oc.ok) DUET_ERROR(urls[u] << ": a request failed: " << oc.error);
+        out_tokens += oc.output_tokens;
+        ttft.push_back(oc.ttft * 1e3);
+      }
+      const double gaps = g1.gaps - g0.gaps, steps = g1.steps - g0.steps;
+      const double gap = gaps > 0 ? (g1.gap_s - g0.gap_s) / gaps : 0.0;
+      const double fwd = steps > 0 ? (g1.forward_s - g0.forward_s) / steps : 0.0;
+      rows[u].tok_s.push_back(double(out_tokens) / r.seconds);
+      rows[u].ttft_p50.push_back(stats(ttft).p50);
+      rows[u].gap_ms.push_back(gap * 1e3);
+      rows[u].gap_share.push_back(gap + fwd > 0 ? 100.0 * gap / (gap + fwd) : 0.0);
+      std::printf("round %d  %-32s %9.1f tok/s  TTFT p50 %7.1f ms  step gap %.3f ms\n", round + 1,
+                  urls[u].c_str(), rows[u].tok_s.back(), rows[u].ttft_p50.back(), gap * 1e3);
+      std::fflush(stdout);
+    }
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf("%-32s %12s %9s %14s %12s %9s\n", "server (medians)", "output tok/s", "vs first",
+              "TTFT p50 ms", "step gap ms", "gap/step");
+  const double first = median(rows[0].tok_s);
+  for (size_t u = 0; u < urls.size(); ++u) {
+    const double t = median(rows[u].tok_s);
+    std::printf("%-32s %12.1f %9.2f %14.1f %12.3f %8.1f%%\n", urls[u].c_str(), t,
+                first > 0 ? t / first : 0.0, median(rows[u].ttft_p50), median(rows[u].gap_ms),
+                median(rows[u].gap_share));
+  }
+}
+
 void run_bench_serve(const BenchServeOptions& o) {
   if (o.num_prompts < 1 || o.input_len < 1 || o.output_len < 1 || o.token_range < 1)
     DUET_ERROR("--num-prompts, --input-len, --output-len and --token-range must be >= 1");
@@ -247,6 +300,10 @@ void run_bench_serve(const BenchServeOptions& o) {
               model.c_str(), static_cast<long long>(o.num_prompts),
               static_cast<long long>(o.input_len), static_cast<long long>(o.output_len),
               o.request_rate > 0 ? std::to_string(o.request_rate).c_str() : "inf");
+  if (!o.compare_urls.empty()) {
+    run_compare(o, model, conc);
+    return;
+  }
   double single = 0;
   if (o.compare_single) {
     BenchServeOptions s = o;
@@ -281,6 +338,11 @@ void add_bench_serve(CLI::App& bench) {
   cmd->add_flag("--compare-single", o->compare_single,
                 "First run --single-prompts requests one at a time; print the throughput ratio");
   cmd->add_option("--single-prompts", o->single_prompts, "Requests of the single run (default 4)");
+  cmd->add_option("--compare-url", o->compare_urls,
+                  "Another server (e.g. the same model in another mode) to alternate with "
+                  "--base-url, run after run; repeatable");
+  cmd->add_option("--rounds", o->rounds, "Rounds over the servers with --compare-url (default 3)")
+      ->check(CLI::PositiveNumber);
   cmd->callback([o, rate] {
     if (*rate == "inf") {
       o->request_rate = 0;

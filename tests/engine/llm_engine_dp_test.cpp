@@ -12,6 +12,7 @@
 
 #include "dist/inproc_backend.h"
 #include "engine/generator.h"
+#include "engine/executor.h"
 #include "engine/llm_engine.h"
 #include "engine/tiny_models.h"
 #include "moe/borrowed_dispatcher.h"
@@ -228,6 +229,83 @@ INSTANTIATE_TEST_SUITE_P(Modes, LlmEngineDpFailure,
                          ::testing::Values(DpCase{2, All2AllBackend::kHighThroughput, false, 1},
                                            DpCase{2, All2AllBackend::kHighThroughput, true, 1},
                                            DpCase{2, All2AllBackend::kLowLatency, true, 4}));
+
+// The scheduler's modes compose with micro-batch overlap (TBO, DBO) and SBO's chunked combine
+// with the shared experts beside it: requests spread over two ranks of deepseek_v2 (shared
+// experts) get the single-rank Generator's tokens with the overlapped scheduler and multi-step
+// on together, and with both off.
+struct ComposeCase {
+  OverlapMode overlap;
+  bool sbo;
+  bool overlap_schedule;
+  int64_t steps;
+};
+
+class LlmEngineDpCompose : public ::testing::TestWithParam<ComposeCase> {};
+
+TEST_P(LlmEngineDpCompose, MicroBatchAndSingleBatchOverlapGetSingleRankTokens) {
+  const std::string dir = test::tiny_model_dir("deepseek_v2");
+  const ComposeCase cc = GetParam();
+  std::vector<EngineRequest> reqs;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> prompt;
+    for (int j = 0; j < 4 + 2 * i; ++j) prompt.push_back(1 + (29 * j + 13 * i) % 400);
+    reqs.push_back(greedy(prompt, 5 + i % 3));
+  }
+  std::vector<std::vector<int32_t>> want;
+  {
+    std::unique_ptr<Model> m = Model::load(dir);
+    ThreadPool pool(1);
+    Generator g(*m, pool);
+    for (const EngineRequest& r : reqs) {
+      GenerateRequest gr;
+      gr.prompt = r.prompt;
+      gr.max_tokens = r.max_tokens;
+      want.push_back(g.generate({gr})[0].tokens);
+    }
+  }
+  run_ranks(2, [&](DistContext& ctx) {
+    const int r = ctx.rank();
+    const ExpertPlacement place = place_experts(8, 2);
+    std::unique_ptr<Model> m = Model::load(dir, LoadOptions{place.begin(r), place.end(r)});
+    ThreadPool pool(1);
+    StepGroup g;
+    g.coord = &ctx.coord();
+    g.overlap = cc.overlap;
+    g.micro_batch.decode_token_threshold = 2;  // every batch that can split does
+    g.micro_batch.prefill_token_threshold = 2;
+    EpDispatcherOptions opt{cc.sbo ? All2AllBackend::kLowLatency : All2AllBackend::kHighThroughput,
+                            64};
+    if (cc.sbo) {
+      opt.combine_chunks = 2;
+      g.shared_experts_at = SharedExpertsAt::kCombine;
+    }
+    Communicator* comm = &ctx.comm();
+    g.dispatchers = [comm, place, opt](int) {
+      return std::make_unique<EpDispatcher>(*comm, place, opt);
+    };
+    LlmEngine engine(*m, pool, nullptr, small_config(cc.overlap_schedule, cc.steps), g);
+    if (r != 0) {
+      EXPECT_EQ(engine.wait_stopped(), "");
+      return;
+    }
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (const EngineRequest& q : reqs) streams.push_back(engine.submit(q));
+    for (size_t i = 0; i < streams.size(); ++i) {
+      std::string reason;
+      EXPECT_EQ(drain(*streams[i], &reason), want[i]) << "request " << i;
+      EXPECT_EQ(reason, "length");
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, LlmEngineDpCompose,
+                         ::testing::Values(ComposeCase{OverlapMode::kTbo, false, true, 3},
+                                           ComposeCase{OverlapMode::kDbo, false, true, 3},
+                                           ComposeCase{OverlapMode::kTbo, true, true, 4},
+                                           ComposeCase{OverlapMode::kDbo, true, false, 3},
+                                           ComposeCase{OverlapMode::kNone, true, true, 1},
+                                           ComposeCase{OverlapMode::kDbo, false, false, 1}));
 
 }  // namespace
 }  // namespace duet
