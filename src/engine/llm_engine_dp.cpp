@@ -71,6 +71,8 @@ bool LlmEngine::exchange_control(const std::vector<int64_t>& load) {
     bool stop = false;
     {
       std::unique_lock<std::mutex> lock(inbox_mu_);
+      // Waiting for work: the time until the next step is idle time, not a step gap.
+      if (live_.empty() && remote_.empty() && inbox_.empty()) steps_.idle();
       if (steps_.solo()) {
         inbox_cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !live_.empty(); });
       } else if (live_.empty() && remote_.empty()) {

@@ -118,9 +118,10 @@ ApiServer::ApiServer(LlmEngine& engine, const Tokenizer* tokenizer,
   http_->set_payload_max_length(kMaxBody);
   // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port and
   // silently take half its connections; two duet instances must collide loudly instead.
-  http_->set_socket_options([](socket_t sock) {
+  http_->set_socket_options([this](socket_t sock) {
     int yes = 1;
     ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    listen_sock_ = static_cast<int>(sock);
   });
   routes();
 }
@@ -132,6 +133,10 @@ int ApiServer::bind(const std::string& host, int port) {
   if (got <= 0)
     DUET_ERROR("cannot listen on " << host << ":" << port
                                    << " (is another server using the port? --port 0 picks a free one)");
+  // Debian's httplib listens with a backlog of 5 (compiled in): a burst of new connections (a
+  // client per request, as load generators open them) overflows it and clients see their
+  // connection fail. Listening again on the bound socket raises the backlog.
+  if (listen_sock_ >= 0) ::listen(listen_sock_, SOMAXCONN);
   return got;
 }
 

@@ -56,6 +56,7 @@ class ApiServer {
   const ChatTemplate* chat_template_;
   ApiServerOptions opt_;
   std::unique_ptr<httplib::Server> http_;
+  int listen_sock_ = -1;  // the listening socket httplib made (set in its socket-options hook)
   std::atomic<uint64_t> n_requests_{0};
 };
 

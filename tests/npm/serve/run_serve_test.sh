@@ -55,6 +55,14 @@ for _ in $(seq 1 100); do  # up to 10 s for the model to load and the port to be
   sleep 0.1
 done
 [ -n "$port" ] || { cat "$work/server.err" >&2; echo "FAIL: duet serve did not become healthy" >&2; exit 1; }
+# The listen backlog (ss shows it as a listening socket's Send-Q): httplib's compiled-in 5 made a
+# burst of new connections overflow it (clients waited a 1 s SYN retransmit or failed); duet raises
+# it to SOMAXCONN after binding.
+backlog=$(ss -ltnH "sport = :$port" | awk '{print $3}' | head -1)
+if [ -z "$backlog" ] || [ "$backlog" -lt 128 ]; then
+  echo "FAIL: the server listens with a backlog of '${backlog}', want >= 128" >&2
+  exit 1
+fi
 
 status=0
 (cd "$cache" && DUET_BASE_URL="http://127.0.0.1:$port" DUET_MODEL=tiny DUET_TEST_API_KEY="$api_key" \
