@@ -380,6 +380,23 @@ TEST_F(CliTest, DumpLogitsOnSeveralRanksEqualsOneRank) {
   }
 }
 
+// The scheduler modes from the command line: bench latency runs the batch through the serving
+// engine in each mode and prints one row per mode; bad modes and step counts are refused.
+TEST_F(CliTest, SchedulerModes) {
+  RunResult r = run_duet("bench latency " + dir_ +
+                         " --batch 2 --prompt-len 4 --gen-len 6 --rounds 1 --threads 1"
+                         " --scheduler-modes plain,overlap,multistep3,overlap+multistep2");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  for (const char* row : {"\nplain ", "\noverlap ", "\nmultistep3 ", "\noverlap+multistep2 "})
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << " missing in:\n" << r.out;
+  expect_error(run_duet("bench latency " + dir_ + " --scheduler-modes overlap+turbo"),
+               "overlap+turbo");
+  expect_error(run_duet("bench latency " + dir_ + " --scheduler-modes multistep0"), "multistep0");
+  RunResult bad = run_duet("serve " + dir_ + " --num-scheduler-steps 0");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("--num-scheduler-steps"), std::string::npos) << bad.out;
+}
+
 TEST_F(CliTest, UnknownOptionsAreRejected) {
   RunResult r = run_duet("generate " + dir_ + " --no-such-flag");
   EXPECT_NE(r.exit_code, 0);
