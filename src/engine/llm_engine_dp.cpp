@@ -68,7 +68,7 @@ bool LlmEngine::exchange_control(const std::vector<int64_t>& load) {
   Coordinator& coord = steps_.coord();
   std::string ctrl;
   if (coord.is_master()) {
-    bool stop = false;
+    bool stop = false, fresh = false;
     {
       std::unique_lock<std::mutex> lock(inbox_mu_);
       // Waiting for work: the time until the next step is idle time, not a step gap.
@@ -79,10 +79,17 @@ bool LlmEngine::exchange_control(const std::vector<int64_t>& load) {
         inbox_cv_.wait_for(lock, kIdleWait, [&] { return stop_ || !inbox_.empty(); });
       }
       stop = stop_;
+      fresh = !inbox_.empty();
+    }
+    if (steps_.solo()) {
+      // A group of one: the new requests are all its own and nobody reads a message.
+      if (stop) return false;
+      if (fresh) make_control(load, false);
+      return true;
     }
     ctrl = make_control(load, stop);
   }
-  if (!steps_.solo()) coord.broadcast(ctrl, 0);
+  coord.broadcast(ctrl, 0);
   return apply_control(ctrl);
 }
 
