@@ -28,4 +28,10 @@ if(MPI_CXX_FOUND)
            COMMAND bash ${CMAKE_SOURCE_DIR}/tests/npm/serve/run_serve_test.sh $<TARGET_FILE:duet>
                    --data-parallel-size 2 --enable-expert-parallel)
   set_tests_properties(serve_openai_client_dp2_mpi PROPERTIES TIMEOUT 600 LABELS "npm;mpi")
+  # Multi-step over MPI ranks: every rank runs the same number of steps per call.
+  add_test(NAME serve_openai_client_dp2_mpi_multistep
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/npm/serve/run_serve_test.sh $<TARGET_FILE:duet>
+                   --data-parallel-size 2 --enable-expert-parallel --num-scheduler-steps 4)
+  set_tests_properties(serve_openai_client_dp2_mpi_multistep PROPERTIES TIMEOUT 600
+                       LABELS "npm;mpi")
 endif()
