@@ -213,6 +213,7 @@ void run_latency(const LatencyOptions& o) {
     so.threads = o.threads;
     so.seed = o.seed;
     so.rounds = o.rounds;
+    so.kv_dtype = o.kv_dtype;
     run_schedule_bench(so);
     return;
   }

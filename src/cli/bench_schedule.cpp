@@ -59,6 +59,9 @@ struct ModeRun {
   double forward_ms = 0;  // mean forward pass
 };
 
+// Plenty for a benchmark's batch; the pool's pages are touched only when used.
+constexpr double kKvCacheGib = 1.0;
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -71,7 +74,8 @@ ModeRun run_mode(const Model& model, ThreadPool& pool, const ScheduleBenchOption
   EngineConfig c;
   c.scheduler.max_num_seqs = std::max<int64_t>(o.batch, 1);
   c.scheduler.max_num_batched_tokens = std::max<int64_t>(o.batch * o.prompt_len, o.batch);
-  c.kv_cache_gib = o.kv_cache_gib;
+  c.kv_cache_gib = kKvCacheGib;
+  c.kv_cache_dtype = o.kv_dtype;
   c.overlap_schedule = m.overlap;
   c.num_scheduler_steps = m.steps;
   LlmEngine engine(model, pool, nullptr, c);

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "engine/kv_dtype.h"
+
 namespace duet {
 
 // `duet bench latency --scheduler-modes`: one batch through the serving engine per scheduler
@@ -19,7 +21,7 @@ struct ScheduleBenchOptions {
   int threads = 0;
   uint64_t seed = 0;
   int rounds = 3;
-  double kv_cache_gib = 1.0;
+  KvCacheDtype kv_dtype = KvCacheDtype::kAuto;  // --kv-cache-dtype
 };
 void run_schedule_bench(const ScheduleBenchOptions& o);
 

@@ -187,8 +187,8 @@ void ApiServer::handle_generate(const std::string& body, bool chat, httplib::Res
   try {
     const ApiRequest a = parse_api_request(body, chat);
     if (!a.model.empty() && a.model != opt_.model_name) {
-      throw ApiError(404, "The model `" + excerpt(a.model) + "` does not exist.", "invalid_request_error",
-                     "model", "model_not_found");
+      throw ApiError(404, "The model `" + excerpt(a.model) + "` does not exist.",
+                     "invalid_request_error", "model", "model_not_found");
     }
     if (!engine_.alive()) throw ApiError(503, "the engine is not running", "service_unavailable");
     auto x = std::make_shared<Exchange>();

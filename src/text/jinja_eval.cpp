@@ -47,8 +47,7 @@ int64_t int_op(char op, int64_t x, int64_t y) {
   const bool overflow = op == '+'   ? __builtin_add_overflow(x, y, &r)
                         : op == '-' ? __builtin_sub_overflow(x, y, &r)
                                     : __builtin_mul_overflow(x, y, &r);
-  if (overflow) DUET_ERROR("integer overflow in '" << (op == '*' ? "*" : op == '+' ? "+" : "-")
-                                                   << "'");
+  if (overflow) DUET_ERROR("integer overflow in '" << op << "'");
   return r;
 }
 

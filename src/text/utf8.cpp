@@ -66,13 +66,12 @@ char32_t next(std::string_view s, size_t* i) {
   // Ill-formed or cut-off sequences (a chat_template.jinja file is read as raw bytes) decode as
   // U+FFFD and are stepped over, never read past the end (found by fuzz_chat_template).
   bool truncated;
-  const int n = scan_sequence(s, *i, &truncated);
-  if (n <= 0) {
-    *i += static_cast<size_t>(n < 0 ? -n : 1);
+  const int len = scan_sequence(s, *i, &truncated);
+  if (len <= 0) {
+    *i += static_cast<size_t>(len < 0 ? -len : 1);
     return 0xFFFD;
   }
   const auto c = static_cast<unsigned char>(s[*i]);
-  const int len = n;
   char32_t cp = len == 1 ? c : len == 2 ? (c & 0x1F) : len == 3 ? (c & 0x0F) : (c & 0x07);
   for (int k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[*i + k]) & 0x3F);
   *i += len;

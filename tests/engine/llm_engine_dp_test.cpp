@@ -54,6 +54,22 @@ std::vector<int32_t> drain(RequestStream& s, std::string* reason, std::string* e
   return toks;
 }
 
+// Each request's greedy tokens from the single-rank Generator, alone.
+std::vector<std::vector<int32_t>> single_rank_tokens(const std::string& dir,
+                                                     const std::vector<EngineRequest>& reqs) {
+  std::unique_ptr<Model> m = Model::load(dir);
+  ThreadPool pool(1);
+  Generator g(*m, pool);
+  std::vector<std::vector<int32_t>> out;
+  for (const EngineRequest& r : reqs) {
+    GenerateRequest gr;
+    gr.prompt = r.prompt;
+    gr.max_tokens = r.max_tokens;
+    out.push_back(g.generate({gr})[0].tokens);
+  }
+  return out;
+}
+
 struct RankParts {
   std::unique_ptr<Model> model;
   std::unique_ptr<EpDispatcher> dispatcher;
@@ -88,18 +104,7 @@ TEST_P(LlmEngineDpTest, RequestsSpreadOverRanksGetSingleRankTokens) {
     for (int j = 0; j < 3 + 3 * i; ++j) prompt.push_back(1 + static_cast<int32_t>(rng() % 500));
     reqs.push_back(greedy(prompt, 4 + i % 4));
   }
-  std::vector<std::vector<int32_t>> want;
-  {
-    std::unique_ptr<Model> m = Model::load(dir);
-    ThreadPool pool(1);
-    Generator g(*m, pool);
-    for (const EngineRequest& r : reqs) {
-      GenerateRequest gr;
-      gr.prompt = r.prompt;
-      gr.max_tokens = r.max_tokens;
-      want.push_back(g.generate({gr})[0].tokens);
-    }
-  }
+  const std::vector<std::vector<int32_t>> want = single_rank_tokens(dir, reqs);
 
   std::mutex mu;
   const DpCase dc = GetParam();
@@ -252,18 +257,7 @@ TEST_P(LlmEngineDpCompose, MicroBatchAndSingleBatchOverlapGetSingleRankTokens) {
     for (int j = 0; j < 4 + 2 * i; ++j) prompt.push_back(1 + (29 * j + 13 * i) % 400);
     reqs.push_back(greedy(prompt, 5 + i % 3));
   }
-  std::vector<std::vector<int32_t>> want;
-  {
-    std::unique_ptr<Model> m = Model::load(dir);
-    ThreadPool pool(1);
-    Generator g(*m, pool);
-    for (const EngineRequest& r : reqs) {
-      GenerateRequest gr;
-      gr.prompt = r.prompt;
-      gr.max_tokens = r.max_tokens;
-      want.push_back(g.generate({gr})[0].tokens);
-    }
-  }
+  const std::vector<std::vector<int32_t>> want = single_rank_tokens(dir, reqs);
   run_ranks(2, [&](DistContext& ctx) {
     const int r = ctx.rank();
     const ExpertPlacement place = place_experts(8, 2);
