@@ -6,7 +6,7 @@ packages=(build-essential cmake pkg-config nlohmann-json3-dev libcli11-dev libpc
           libcpp-httplib-dev libgtest-dev libbenchmark-dev python3 python3-numpy
           openmpi-bin libopenmpi-dev curl
           clang  # libFuzzer with AddressSanitizer and UBSan, for fuzz/
-          iproute2)  # ip and tc, for the cluster emulator (tools/cluster/emulate.sh)
+          iproute2)  # ip, tc: the cluster emulator (tools/cluster/); ss: the serve test
 # node and npm run the tokenizer's reference tests (tests/npm/tokenizer).
 command -v node > /dev/null || packages+=(nodejs npm)
 missing=()
