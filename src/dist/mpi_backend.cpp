@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #include "core/error.h"
 
@@ -24,6 +25,27 @@ namespace duet {
 
 bool launched_by_mpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+}
+
+const std::vector<MpiParam>& mpi_tcp_defaults() {
+  // Open MPI's TCP transport sends a message larger than btl_tcp_eager_limit (64 KiB by default)
+  // by rendezvous: a first fragment, then the rest once the receiver has answered, at most three
+  // fragments of btl_tcp_max_send_size (128 KiB) in flight. Every dispatch and combine message of
+  // a decode step (hundreds of KiB) then waits a round trip, behind whatever the link has queued.
+  // Sent eagerly instead, on 2 emulated hosts at 200 Mbit/s (qwen3_moe small, 128 sequences per
+  // rank), TBO's transfers took 5.7 s where they had taken 8.2 s, and TBO's gain over no overlap
+  // rose from 1.17x to 1.29x. The receiver buffers a message that arrives before its receive is
+  // posted, which is at most one step's rows here.
+  static const std::vector<MpiParam> params = {
+      {"OMPI_MCA_btl_tcp_eager_limit", "4194304"},
+      {"OMPI_MCA_btl_tcp_rndv_eager_limit", "4194304"},
+      {"OMPI_MCA_btl_tcp_max_send_size", "4194304"},
+  };
+  return params;
+}
+
+void apply_mpi_tcp_defaults() {
+  for (const MpiParam& p : mpi_tcp_defaults()) ::setenv(p.name, p.value, /*overwrite=*/0);
 }
 
 #if !DUET_HAVE_MPI
@@ -53,6 +75,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+
 // MPI for the whole process: initialised once, finalised at exit (aborted if a watchdog gave
 // up on a collective).
 class MpiRuntime {
@@ -61,6 +84,7 @@ class MpiRuntime {
     int initialised = 0;
     MPI_Initialized(&initialised);
     if (initialised) return;
+    apply_mpi_tcp_defaults();
     int provided = 0;
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
     owns_ = true;

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "dist/coordinator.h"
 #include "dist/dist_context.h"
@@ -21,6 +22,21 @@ bool mpi_available();
 
 // Whether this process was started by mpirun (it sees OpenMPI's or PMIx's rank variables).
 bool launched_by_mpirun();
+
+// An Open MPI parameter as the environment variable that sets it.
+struct MpiParam {
+  const char* name;   // e.g. "OMPI_MCA_btl_tcp_eager_limit"
+  const char* value;
+};
+
+// The parameters duet sets for Open MPI's TCP transport before MPI starts: messages up to 4 MiB
+// are sent eagerly, without a rendezvous round trip (the reason and the measurement are in
+// mpi_backend.cpp).
+const std::vector<MpiParam>& mpi_tcp_defaults();
+
+// Sets each of mpi_tcp_defaults() in the environment unless it is set already (by the user, or by
+// mpirun's --mca), so that MPI_Init in this process reads it. make_mpi_context calls it.
+void apply_mpi_tcp_defaults();
 
 // Initialises MPI on first use (MPI_THREAD_MULTIPLE; MPI_Finalize runs at process exit) and
 // returns this rank's context. Collective: every rank calls it. Throws duet::Error if duet was

@@ -10,9 +10,12 @@
 // rather than the exit status.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <mpi.h>
 
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <string>
 #include <thread>
 
 #include "core/error.h"
@@ -42,6 +45,50 @@ TEST(MpiDist, RankInfo) {
 TEST(MpiDist, EveryCollective) {
   DistContext ctx = make_mpi_context();
   test::check_every_collective(ctx);
+}
+
+// duet starts MPI with its TCP transport sending messages up to 4 MiB eagerly (no rendezvous
+// round trip per dispatch or combine message), read back through MPI's tool interface.
+TEST(MpiDist, TcpTransportSendsEagerlyUpTo4MiB) {
+  DistContext ctx = make_mpi_context();
+  int provided = 0;
+  ASSERT_EQ(MPI_T_init_thread(MPI_THREAD_SINGLE, &provided), MPI_SUCCESS);
+  int n = 0;
+  MPI_T_cvar_get_num(&n);
+  std::map<std::string, unsigned long long> found;
+  for (int i = 0; i < n; ++i) {
+    char name[256], desc[1024];
+    int name_len = sizeof name, desc_len = sizeof desc, verbosity = 0, bind = 0, scope = 0;
+    MPI_Datatype type;
+    MPI_T_enum enumtype;
+    if (MPI_T_cvar_get_info(i, name, &name_len, &verbosity, &type, &enumtype, desc, &desc_len,
+                            &bind, &scope) != MPI_SUCCESS) {
+      continue;
+    }
+    const std::string key(name);
+    if (key != "btl_tcp_eager_limit" && key != "btl_tcp_rndv_eager_limit" &&
+        key != "btl_tcp_max_send_size") {
+      continue;
+    }
+    MPI_T_cvar_handle handle;
+    int count = 0;
+    ASSERT_EQ(MPI_T_cvar_handle_alloc(i, nullptr, &handle, &count), MPI_SUCCESS);
+    int size = 0;
+    MPI_Type_size(type, &size);
+    ASSERT_EQ(count, 1);
+    ASSERT_LE(size, 8);
+    unsigned long long value = 0;  // little-endian: the low bytes hold a narrower type's value
+    ASSERT_EQ(MPI_T_cvar_read(handle, &value), MPI_SUCCESS);
+    MPI_T_cvar_handle_free(&handle);
+    found[key] = value;
+  }
+  MPI_T_finalize();
+  ASSERT_EQ(found.size(), 3u) << "Open MPI's TCP transport parameters not found";
+  for (const MpiParam& p : mpi_tcp_defaults()) {
+    const std::string key = std::string(p.name).substr(std::string("OMPI_MCA_").size());
+    EXPECT_EQ(found[key], std::stoull(p.value)) << key;
+  }
+  EXPECT_EQ(found["btl_tcp_eager_limit"], 4194304u);
 }
 
 // Two contexts at once do not see each other's messages.
