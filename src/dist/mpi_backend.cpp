@@ -75,7 +75,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-
 // MPI for the whole process: initialised once, finalised at exit (aborted if a watchdog gave
 // up on a collective).
 class MpiRuntime {
