@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "server/api_error.h"
+#include "server/client_socket.h"
 #include "server/prometheus.h"
 
 namespace duet {
@@ -16,6 +17,8 @@ namespace {
 using nlohmann::json;
 
 constexpr auto kHeartbeat = std::chrono::milliseconds(1000);
+// How often a non-streamed request that waits in its handler checks whether its client left.
+constexpr auto kHangupPoll = std::chrono::milliseconds(200);
 constexpr size_t kMaxBody = 32u << 20;
 
 void reply_json(httplib::Response& res, int status, const json& body) {
@@ -107,6 +110,32 @@ bool provide(Exchange& x, httplib::DataSink& sink) {
   return true;
 }
 
+// A non-streamed request whose connection socket is known: waits in the handler, before
+// anything is written, so that the status line says how the request ended (200, or 503 with the
+// OpenAI error when the engine failed, e.g. a rank died). A client that hangs up meanwhile is
+// noticed within kHangupPoll and its request aborted.
+void reply_whole(Exchange& x, int fd, httplib::Response& res) {
+  for (;;) {
+    const StreamDelta d = x.stream->wait(kHangupPoll);
+    x.text += d.text;
+    if (d.finished && !d.error.empty()) {
+      reply_error(res, ApiError(503, d.error, "service_unavailable"));
+      return;
+    }
+    if (d.finished) {
+      reply_json(res, 200,
+                 response_json(x.meta, x.text, d.finish_reason,
+                               {d.prompt_tokens, d.completion_tokens}));
+      return;
+    }
+    if (peer_hung_up(fd)) {
+      x.stream->abort();
+      reply_error(res, ApiError(400, "the client closed the connection"));  // read by no one
+      return;
+    }
+  }
+}
+
 }  // namespace
 
 ApiServer::ApiServer(LlmEngine& engine, const Tokenizer* tokenizer,
@@ -183,9 +212,9 @@ EngineRequest ApiServer::to_engine_request(const ApiRequest& a) const {
   return r;
 }
 
-void ApiServer::handle_generate(const std::string& body, bool chat, httplib::Response& res) {
+void ApiServer::handle_generate(const httplib::Request& req, bool chat, httplib::Response& res) {
   try {
-    const ApiRequest a = parse_api_request(body, chat);
+    const ApiRequest a = parse_api_request(req.body, chat);
     if (!a.model.empty() && a.model != opt_.model_name) {
       throw ApiError(404, "The model `" + excerpt(a.model) + "` does not exist.",
                      "invalid_request_error", "model", "model_not_found");
@@ -197,6 +226,16 @@ void ApiServer::handle_generate(const std::string& body, bool chat, httplib::Res
     x->meta = {chat, next_id(chat), unix_seconds(), opt_.model_name};
     x->stream_mode = a.stream;
     x->include_usage = a.include_usage;
+    if (!a.stream) {
+      const int fd = find_connection_socket(req.local_addr, req.local_port, req.remote_addr,
+                                            req.remote_port);
+      if (fd >= 0) {
+        reply_whole(*x, fd, res);
+        return;
+      }
+      // Not found (not expected): the whitespace heartbeat below finds a client that left, at
+      // the price of a 200 status sent before the outcome is known.
+    }
     if (a.stream) res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         a.stream ? "text/event-stream" : "application/json",
@@ -227,10 +266,10 @@ void ApiServer::routes() {
     });
   }
   http_->Post("/v1/completions", [this](const Request& req, Response& res) {
-    handle_generate(req.body, /*chat=*/false, res);
+    handle_generate(req, /*chat=*/false, res);
   });
   http_->Post("/v1/chat/completions", [this](const Request& req, Response& res) {
-    handle_generate(req.body, /*chat=*/true, res);
+    handle_generate(req, /*chat=*/true, res);
   });
   http_->Get("/v1/models", [this](const Request&, Response& res) {
     json model = {{"id", opt_.model_name},      {"object", "model"},

@@ -16,6 +16,7 @@
 
 namespace httplib {
 class Server;
+struct Request;
 struct Response;
 }  // namespace httplib
 
@@ -47,7 +48,7 @@ class ApiServer {
 
  private:
   void routes();
-  void handle_generate(const std::string& body, bool chat, httplib::Response& res);
+  void handle_generate(const httplib::Request& req, bool chat, httplib::Response& res);
   EngineRequest to_engine_request(const ApiRequest& a) const;
   std::string next_id(bool chat);
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `duet serve` on two MPI ranks; rank 1 is stopped (SIGSTOP, a hung host) or killed (SIGKILL, a
-# crashed one) in the middle of a streamed request. The streams must end with an error event and
-# new requests must get HTTP 503 within the 10 s limit, never hang.
+# crashed one) in the middle of streamed requests and a non-streamed one. The streams must end with
+# an error event, the non-streamed request with HTTP 503, and new requests must get HTTP 503
+# within the 10 s limit, never hang.
 # Usage: serve_dead_rank.sh DUET_BINARY STOP|KILL
 set -euo pipefail
 duet=$(realpath "$1")
@@ -49,6 +50,12 @@ for i in 1 2; do
     -d '{"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 1500, "ignore_eos": true,
          "temperature": 0, "stream": true}' >"$work/stream$i.txt" &
 done
+# And one not streamed: its status line must say 503 once the rank is gone (duet holds it back
+# until the request ends), with the OpenAI error object as its body.
+curl -s -o "$work/whole.json" -w '%{http_code}' --max-time 20 "$url" -H 'Content-Type: application/json' \
+  -d '{"model": "tiny", "prompt": [4, 5, 6], "max_tokens": 1500, "ignore_eos": true,
+       "temperature": 0}' >"$work/whole.status" &
+whole_pid=$!
 sleep 1
 kill "-$signal" "$rank1"
 start=$(date +%s%N)
@@ -68,6 +75,10 @@ if [ "$wait_streams" != 1 ]; then
   exit 1
 fi
 [ "$elapsed_ms" -lt 10000 ] || { echo "FAIL: the error took more than 10 s" >&2; exit 1; }
+wait "$whole_pid" || true
+echo "the request in flight, not streamed, got HTTP $(cat "$work/whole.status"): $(head -c 300 "$work/whole.json")"
+[ "$(cat "$work/whole.status")" = 503 ] || { echo "FAIL: expected 503 for the request in flight" >&2; exit 1; }
+grep -q '"type":"service_unavailable"' "$work/whole.json" || { echo "FAIL: no OpenAI error body" >&2; exit 1; }
 status=$(curl -s -o "$work/new.json" -w '%{http_code}' --max-time 10 "$url" \
   -H 'Content-Type: application/json' -d '{"model": "tiny", "prompt": [1, 2], "max_tokens": 2}')
 echo "a new request got HTTP $status: $(cat "$work/new.json")"

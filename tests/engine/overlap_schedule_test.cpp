@@ -164,8 +164,11 @@ TEST_P(OverlapScheduleTest, StopsEndAtThePlainEnginesToken) {
     EXPECT_EQ(got.tokens, want.tokens) << "request " << i;
     EXPECT_EQ(got.text, want.text) << "request " << i;
     EXPECT_EQ(got.reason, want.reason) << "request " << i;
-    if (i < 6) EXPECT_EQ(got.tokens.size(), i + 1);
-    if (i >= 6) EXPECT_EQ(want.reason, "stop") << "request " << i << " was meant to stop";
+    if (i < 6) {
+      EXPECT_EQ(got.tokens.size(), i + 1);
+    } else {
+      EXPECT_EQ(want.reason, "stop") << "request " << i << " was meant to stop";
+    }
   }
   // All at once too: each ends where it ends alone.
   std::vector<std::shared_ptr<RequestStream>> streams;

@@ -193,6 +193,25 @@ test('a client that disconnects mid-stream aborts its request and frees its bloc
   assert.equal(r.usage.completion_tokens, 3);
 });
 
+test('a client that leaves a non-streamed request aborts it and frees its blocks', async () => {
+  const before = await metrics();
+  // A and B together need twice the KV cache, so they take turns (preemption) and B runs for far
+  // longer than the 30 ms after which its client leaves.
+  const a = await client.completions.create({ ...greedy, prompt: 'Hold', max_tokens: 1000, stream: true });
+  const controller = new AbortController();
+  const b = fetch(`${base}/v1/completions`, { method: 'POST', signal: controller.signal,
+    headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${apiKey}` },
+    body: JSON.stringify({ ...greedy, prompt: 'Leave me', max_tokens: 1000 }) });
+  await new Promise((r) => setTimeout(r, 30));
+  controller.abort();  // before any byte of B's response has come
+  await assert.rejects(b, { name: 'AbortError' });
+  let n = 0;
+  for await (const chunk of a) n += chunk.choices.length ? 1 : 0;
+  assert.ok(n > 0);
+  const after = await waitIdle();
+  assert.equal(after.aborted, before.aborted + 1);
+});
+
 // Raw requests, so that the body is exactly what is under test.
 async function post(path, body) {
   const res = await fetch(`${base}${path}`, { method: 'POST',
