@@ -12,6 +12,7 @@ void add_bench_command(CLI::App& app) {
   add_bench_tokenizer(*bench);
   add_bench_all2all(*bench);
   add_bench_overlap(*bench);
+  add_bench_soak(*bench);
 }
 
 }  // namespace duet

@@ -35,5 +35,6 @@ void add_tokenize_command(CLI::App& app);  // tokenize_command.cpp
 void add_bench_tokenizer(CLI::App& bench);  // bench_tokenizer.cpp
 void add_bench_all2all(CLI::App& bench);  // bench_all2all.cpp
 void add_bench_overlap(CLI::App& bench);  // bench_overlap.cpp
+void add_bench_soak(CLI::App& bench);     // bench_soak.cpp
 
 }  // namespace duet

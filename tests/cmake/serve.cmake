@@ -35,3 +35,10 @@ if(MPI_CXX_FOUND)
   set_tests_properties(serve_openai_client_dp2_mpi_multistep PROPERTIES TIMEOUT 600
                        LABELS "npm;mpi")
 endif()
+
+# A minute of `duet bench soak` (64 streaming clients, hang-ups, slow readers, a KV cache small
+# enough to force preemption) against the tiny preset: nothing lost, mixed or leaked. The
+# 10-minute, 256-client soak of the README is the same script with more seconds and clients.
+add_test(NAME serve_soak
+         COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/soak_test.sh $<TARGET_FILE:duet> 60 64)
+set_tests_properties(serve_soak PROPERTIES TIMEOUT 300 LABELS "soak" PASS_REGULAR_EXPRESSION "PASS: soak")

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# `duet serve` on the tiny preset with a KV cache too small for its load (so requests are
+# preempted and recomputed), under `duet bench soak`: many streaming clients, a new connection per
+# request, random prompt and output lengths, 10% hanging up mid-stream, 10% reading slowly. The
+# soak fails on any error, lost or mixed request, or /metrics that disagree with the client; here
+# the server must also have preempted and its descriptors must be back near where they started.
+# Usage: soak_test.sh DUET_BINARY [SECONDS] [CLIENTS]
+set -euo pipefail
+duet=$(realpath "$1")
+seconds=${2:-60}
+clients=${3:-64}
+work=$(mktemp -d "${TMPDIR:-/tmp}/duet-soak.XXXXXX")
+server_pid=""
+cleanup() {
+  if [ -n "$server_pid" ]; then
+    kill "$server_pid" 2>/dev/null || true
+    wait "$server_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+"$duet" make-model "$work/model" --arch qwen3_moe --preset tiny --seed 7 >/dev/null
+# 0.25 MiB of bf16 KV is 64 blocks of 16 positions: about five of the longest requests at once.
+DUET_API_KEY=soak-key "$duet" serve "$work/model" --host 127.0.0.1 --port 0 --served-model-name tiny \
+  --kv-cache-memory 0.000244140625 >"$work/server.out" 2>"$work/server.err" &
+server_pid=$!
+port=""
+for _ in $(seq 1 100); do
+  port=$(grep -o 'http://127.0.0.1:[0-9]*' "$work/server.out" 2>/dev/null | sed 's/.*://' || true)
+  [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.err" >&2; echo "FAIL: serve exited" >&2; exit 1; }
+  port=""
+  sleep 0.1
+done
+[ -n "$port" ] || { cat "$work/server.err" >&2; echo "FAIL: serve not healthy" >&2; exit 1; }
+fds_before=$(ls "/proc/$server_pid/fd" | wc -l)
+
+DUET_API_KEY=soak-key "$duet" bench soak --base-url "http://127.0.0.1:$port" --clients "$clients" \
+  --duration "$seconds" --report-every 15 --server-pid "$server_pid" --seed 3 | tee "$work/soak.txt"
+
+kill -0 "$server_pid" || { echo "FAIL: the server died" >&2; exit 1; }
+preempted=$(curl -s "http://127.0.0.1:$port/metrics" | sed -n 's/^duet:num_preemptions_total{[^}]*} //p')
+echo "preemptions: $preempted"
+[ "${preempted%.*}" -gt 0 ] || { echo "FAIL: the soak never forced a preemption" >&2; exit 1; }
+sleep 1
+fds_after=$(ls "/proc/$server_pid/fd" | wc -l)
+echo "server descriptors: $fds_before before, $fds_after after"
+[ "$fds_after" -le $((fds_before + 4)) ] || { echo "FAIL: descriptors leaked" >&2; exit 1; }
+echo "PASS: soak"
