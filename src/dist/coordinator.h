@@ -19,12 +19,12 @@
 namespace duet {
 
 // The watchdog time of blocking collectives. A rank that dies or stops answering turns into an
-// error on every other rank within this time (plus a poll step). Over MPI a rank that is busy
-// (a long prefill) keeps beating (every 100 ms) and is waited for past it, so its watchdog is
-// only how long a peer may be silent: 4 s. In-process, where ranks have no heartbeat, it is a
-// plain deadline on the wait, which a busy rank must not reach: 8 s.
-inline constexpr std::chrono::milliseconds kDefaultWatchdog{8000};
-inline constexpr std::chrono::milliseconds kMpiWatchdog{4000};
+// error on every other rank within this time (plus a poll step). A rank that is busy (a long
+// prefill) is waited for past it: over MPI it keeps beating (every 100 ms), in-process its
+// thread has not ended nor been stopped (InprocHub). So it is only how long a peer may be
+// silent, on both backends: 4 s.
+inline constexpr std::chrono::milliseconds kDefaultWatchdog{4000};
+inline constexpr std::chrono::milliseconds kMpiWatchdog = kDefaultWatchdog;
 
 // Where this process sits in the launch (what the launcher tells each rank).
 struct RankInfo {

@@ -168,6 +168,12 @@ class InprocOps final : public CollectiveOps {
 
 }  // namespace
 
+void stop_answering(DistContext& ctx) {
+  DUET_CHECK(dynamic_cast<InprocCoordinator*>(ctx.coordinator.get()) != nullptr,
+             "stop_answering: not an in-process rank");
+  std::static_pointer_cast<InprocHub>(ctx.keepalive)->stop_answering(ctx.rank());
+}
+
 DistContext make_inproc_context(std::shared_ptr<InprocHub> hub, int rank) {
   DistContext ctx;
   ctx.coordinator = std::make_unique<InprocCoordinator>(hub, rank);
@@ -192,6 +198,7 @@ std::vector<std::string> run_ranks_impl(int world_size, const std::function<void
       try {
         DistContext ctx = make_inproc_context(hub, r);
         fn(ctx);
+        hub->stop_answering(r, "ended");  // as a process that exits: its peers may not wait
       } catch (const std::exception& e) {
         {
           std::lock_guard<std::mutex> lock(mu);

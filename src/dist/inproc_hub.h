@@ -2,7 +2,13 @@
 // `--distributed-backend inproc`). A collective is a rendezvous: each rank posts a pointer to its
 // contribution, waits until every rank has posted the same operation, reads what it needs
 // straight from its peers' buffers, then waits until every rank has finished reading so the
-// buffers may be reused. Waits block on a condition variable with a watchdog deadline.
+// buffers may be reused.
+//
+// Liveness, as the MPI backend's heartbeat gives it: a wait that has lasted the watchdog time
+// gives up only once a rank it waits for has been silent for the watchdog time (its thread
+// ended, or stop_answering: the in-process twin of a stopped process), or once every rank has
+// been stuck that long (waiting in collectives of which none finished: their sequences are out of
+// step). A rank that is alive and working (a long prefill) is waited for however long it takes.
 #pragma once
 
 #include <chrono>
@@ -37,6 +43,11 @@ class InprocHub {
   // The first reason wins.
   void abort(const std::string& why);
 
+  // From now on `rank` is silent: its peers' waits for it give up once it has been silent for
+  // the watchdog time. What a SIGSTOP is to an MPI rank (its threads may go on running); the
+  // launcher also calls it for a rank whose function has returned.
+  void stop_answering(int rank, const std::string& why = "stopped answering");
+
  private:
   struct Slot {
     std::vector<const void*> posts;  // [world_size], valid between the two barriers
@@ -51,6 +62,23 @@ class InprocHub {
   void barrier(std::unique_lock<std::mutex>& lock, Slot& s, int rank, const char* op,
                const char* phase, bool stop_on_abort = true);
   [[noreturn]] void fail_locked(const std::string& why);  // REQUIRES: mu_ held
+  // Why a wait that has lasted the watchdog time for `missing` ranks should give up, or "" to
+  // go on waiting. REQUIRES: mu_ held.
+  std::string verdict_locked(const std::vector<int>& missing,
+                             std::chrono::steady_clock::time_point now) const;
+  // A wait of `rank` begins / ends (`finished`: its collective completed, which is progress).
+  // REQUIRES: mu_ held.
+  void enter_wait_locked(int rank);
+  void leave_wait_locked(int rank, bool finished);
+
+  // What the peers can tell of a rank.
+  struct Liveness {
+    int n_waits = 0;                                    // collectives it is waiting in now
+    std::chrono::steady_clock::time_point stuck_since;  // since then in waits, none finished
+    bool silent = false;
+    std::chrono::steady_clock::time_point silent_since;
+    std::string why_silent;
+  };
 
   const int world_size_;
   const std::chrono::milliseconds watchdog_;
@@ -58,6 +86,7 @@ class InprocHub {
   std::condition_variable cv_;
   Slot slots_[kNumChannels];  // GUARDED_BY(mu_)
   std::string aborted_;       // GUARDED_BY(mu_); empty while healthy
+  std::vector<Liveness> ranks_;  // GUARDED_BY(mu_); [world_size]
 };
 
 }  // namespace duet

@@ -51,13 +51,14 @@ double seconds_since(Clock::time_point t0) {
 }
 
 // Rank 2 stops answering: the others fail with the collective and the missing rank named,
-// within the watchdog time (not when rank 2 eventually comes back).
+// within the watchdog time of its silence (not when rank 2 eventually comes back).
 TEST(InprocWatchdog, MissingRankIsNamed) {
   const auto t0 = Clock::now();
   std::vector<std::string> errors = run_ranks_collect(
       3,
       [](DistContext& ctx) {
         if (ctx.rank() == 2) {
+          stop_answering(ctx);  // a hung rank: silent, its thread still there
           std::this_thread::sleep_for(std::chrono::milliseconds(1500));
           return;
         }
@@ -71,6 +72,61 @@ TEST(InprocWatchdog, MissingRankIsNamed) {
   }
   EXPECT_EQ(errors[2], "");
   EXPECT_LT(seconds_since(t0), 2.0);
+}
+
+// A rank that is busy (computing, not silent) for 2.5 watchdog times before it joins a barrier
+// and an all_reduce is waited for, as the MPI backend's heartbeat makes it: no error.
+TEST(InprocWatchdog, BusyRankIsWaitedFor) {
+  const auto t0 = Clock::now();
+  std::vector<std::string> errors = run_ranks_collect(
+      3,
+      [](DistContext& ctx) {
+        if (ctx.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(750));
+        ctx.coord().barrier();
+        if (ctx.rank() == 2) std::this_thread::sleep_for(std::chrono::milliseconds(750));
+        std::vector<float> v(4, 1.0f);
+        ctx.comm().all_reduce(v.data(), 4, ElemType::kF32, ReduceOp::kSum);
+        EXPECT_EQ(v[0], 3.0f);
+      },
+      std::chrono::milliseconds(300));
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(errors[r], "") << "rank " << r;
+  EXPECT_GE(seconds_since(t0), 1.5);
+}
+
+// A rank whose function returned is gone: a peer still waiting for it gives up after the
+// watchdog time, naming it.
+TEST(InprocWatchdog, EndedRankIsNamed) {
+  const auto t0 = Clock::now();
+  std::vector<std::string> errors = run_ranks_collect(
+      2,
+      [](DistContext& ctx) {
+        if (ctx.rank() == 1) return;
+        ctx.coord().barrier();
+      },
+      std::chrono::milliseconds(300));
+  EXPECT_NE(errors[0].find("rank 1 ended"), std::string::npos) << errors[0];
+  EXPECT_LT(seconds_since(t0), 2.0);
+}
+
+// Every rank waits, each in a collective the others never join (rank 0 in the data plane, rank 1
+// in the control plane): nobody works towards them, so both give up after the watchdog time.
+TEST(InprocWatchdog, OutOfStepRanksAreReported) {
+  const auto t0 = Clock::now();
+  std::vector<std::string> errors = run_ranks_collect(
+      2,
+      [](DistContext& ctx) {
+        if (ctx.rank() == 0) {
+          std::vector<float> v(4, 1.0f);
+          ctx.comm().all_reduce(v.data(), 4, ElemType::kF32, ReduceOp::kSum);
+        } else {
+          ctx.coord().barrier();
+        }
+      },
+      std::chrono::milliseconds(300));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("in collectives that do not finish"), std::string::npos) << errors[r];
+  }
+  EXPECT_LT(seconds_since(t0), 3.0);
 }
 
 // A rank that throws makes the others fail at once, naming it, rather than after the timeout.

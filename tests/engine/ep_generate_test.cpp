@@ -134,10 +134,13 @@ INSTANTIATE_TEST_SUITE_P(Archs, EpGenerateTest, ::testing::ValuesIn(all_cases())
 // Delegates to an EpDispatcher; on one rank, stops answering at its n-th dispatch (mid-decode).
 class StallingDispatcher final : public Dispatcher {
  public:
-  StallingDispatcher(EpDispatcher& inner, bool stalls, int at)
+  StallingDispatcher(EpDispatcher& inner, DistContext* stalls, int at)
       : inner_(inner), stalls_(stalls), at_(at) {}
   void dispatch_send(const RoutedTokens& t) override {
-    if (stalls_ && ++calls_ == at_) std::this_thread::sleep_for(std::chrono::seconds(3));
+    if (stalls_ && ++calls_ == at_) {
+      stop_answering(*stalls_);  // hung, as a stopped process
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+    }
     inner_.dispatch_send(t);
   }
   ExpertBatch& dispatch_recv() override { return inner_.dispatch_recv(); }
@@ -146,7 +149,7 @@ class StallingDispatcher final : public Dispatcher {
 
  private:
   EpDispatcher& inner_;
-  bool stalls_;
+  DistContext* stalls_;  // the stalling rank's context, or null
   int at_;
   int calls_ = 0;
 };
@@ -166,7 +169,7 @@ TEST(EpFailure, StalledRankStopsTheOthersWithinTheWatchdog) {
             Model::load(dir, LoadOptions{place.begin(ctx.rank()), place.end(ctx.rank())});
         ThreadPool pool(1);
         EpDispatcher ep(ctx.comm(), place, {});
-        StallingDispatcher d(ep, ctx.rank() == 2, /*at=*/3 * 2 + 1);  // in decode step 3
+        StallingDispatcher d(ep, ctx.rank() == 2 ? &ctx : nullptr, /*at=*/3 * 2 + 1);  // decode step 3
         Generator gen(*m, pool, KvCacheDtype::kAuto, test::borrowing_group(ctx.coord(), d));
         try {
           gen.generate({reqs[static_cast<size_t>(ctx.rank())]});

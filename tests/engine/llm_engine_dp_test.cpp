@@ -205,8 +205,9 @@ TEST_P(LlmEngineDpFailure, SilentRankFailsTheEngineWithinTheWatchdog) {
         RankParts p = load_rank(dir, ctx);
         ThreadPool pool(1);
         if (ctx.rank() == 1) {
-          // Rank 1 takes part for a while, then stops answering (its engine is never built
-          // again, its thread just waits), as a hung process would.
+          // Rank 1 stops answering (its engine is never built, its thread just waits), as a
+          // hung process would.
+          stop_answering(ctx);
           std::this_thread::sleep_for(std::chrono::milliseconds(3000));
           return;
         }

@@ -248,10 +248,13 @@ INSTANTIATE_TEST_SUITE_P(Archs, Bf16RowsTest,
 // dispatch (for 3 s), with the other micro-batch's transfers in flight on the other ranks.
 class StallingSlot final : public Dispatcher {
  public:
-  StallingSlot(std::unique_ptr<EpDispatcher> inner, bool stalls, int at)
+  StallingSlot(std::unique_ptr<EpDispatcher> inner, DistContext* stalls, int at)
       : inner_(std::move(inner)), stalls_(stalls), at_(at) {}
   void dispatch_send(const RoutedTokens& t) override {
-    if (stalls_ && ++calls_ == at_) std::this_thread::sleep_for(std::chrono::seconds(3));
+    if (stalls_ && ++calls_ == at_) {
+      stop_answering(*stalls_);  // hung, as a stopped process
+      std::this_thread::sleep_for(std::chrono::seconds(3));
+    }
     inner_->dispatch_send(t);
   }
   ExpertBatch& dispatch_recv() override { return inner_->dispatch_recv(); }
@@ -261,7 +264,7 @@ class StallingSlot final : public Dispatcher {
 
  private:
   std::unique_ptr<EpDispatcher> inner_;
-  bool stalls_;
+  DistContext* stalls_;  // the stalling rank's context, or null
   int at_;
   int calls_ = 0;
 };
@@ -286,11 +289,12 @@ TEST_P(OverlapFailureTest, StalledRankStopsTheOthersWithinTheWatchdog) {
         StepGroup g = overlap_group(GetParam());
         g.coord = &ctx.coord();
         Communicator* comm = &ctx.comm();
-        g.dispatchers = [comm, place, r](int slot) {
+        DistContext* c = &ctx;
+        g.dispatchers = [comm, c, place, r](int slot) {
           // Micro-batch A of rank 2 stalls at its 3rd decode step's first MoE layer.
           return std::make_unique<StallingSlot>(
               std::make_unique<EpDispatcher>(*comm, place, EpDispatcherOptions{}),
-              r == 2 && slot == 0, /*at=*/3 * 2 + 1);
+              r == 2 && slot == 0 ? c : nullptr, /*at=*/3 * 2 + 1);
         };
         Generator gen(*m, pool, KvCacheDtype::kAuto, g);
         try {
