@@ -195,14 +195,20 @@ test('a client that disconnects mid-stream aborts its request and frees its bloc
 
 test('a client that leaves a non-streamed request aborts it and frees its blocks', async () => {
   const before = await metrics();
-  // A and B together need twice the KV cache, so they take turns (preemption) and B runs for far
-  // longer than the 30 ms after which its client leaves.
+  // A and B together need twice the KV cache, so they take turns (preemption): B stays in the
+  // engine long after its client has seen it there and left.
   const a = await client.completions.create({ ...greedy, prompt: 'Hold', max_tokens: 1000, stream: true });
   const controller = new AbortController();
   const b = fetch(`${base}/v1/completions`, { method: 'POST', signal: controller.signal,
     headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${apiKey}` },
     body: JSON.stringify({ ...greedy, prompt: 'Leave me', max_tokens: 1000 }) });
-  await new Promise((r) => setTimeout(r, 30));
+  // Leave once the engine holds B (and A): from then on B is in flight.
+  let held = false;
+  for (let i = 0; i < 500 && !held; i++) {
+    const m = await metrics();
+    held = m.running + m.waiting >= 2;
+  }
+  assert.ok(held, 'B never reached the engine');
   controller.abort();  // before any byte of B's response has come
   await assert.rejects(b, { name: 'AbortError' });
   let n = 0;
