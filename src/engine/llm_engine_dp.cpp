@@ -18,9 +18,9 @@ namespace {
 using json = nlohmann::json;
 
 // How long rank 0 waits for a request while no rank has work before it runs an (empty) step
-// anyway: the other ranks sit in the control broadcast meanwhile. Over MPI the heartbeat already
-// shows an idle rank 0 alive; the in-process backend has no heartbeat, so there this keeps the
-// other ranks' watchdog from taking an idle rank 0 for a dead one.
+// anyway: the other ranks sit in the control broadcast meanwhile. Both backends know an idle
+// rank 0 is alive (MPI by its heartbeat, in-process by its thread); the empty step only bounds
+// how long a stop or an abort waits to reach the other ranks.
 constexpr std::chrono::milliseconds kIdleWait{20};
 
 // The counts each rank shares after its step, in this order.
