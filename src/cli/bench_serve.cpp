@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/served_model.h"
 #include "core/error.h"
 
 namespace duet {
@@ -194,14 +195,7 @@ double report(const char* title, const RunResult& r, int64_t concurrency) {
 }
 
 std::string pick_model(const BenchServeOptions& o) {
-  if (!o.model.empty()) return o.model;
-  httplib::Client cli(o.base_url);
-  auto res = cli.Get("/v1/models");
-  if (!res || res->status != 200) DUET_ERROR("GET " << o.base_url << "/v1/models failed");
-  json j = json::parse(res->body, nullptr, false);
-  if (j.is_discarded() || !j.contains("data") || j["data"].empty())
-    DUET_ERROR(o.base_url << "/v1/models lists no model");
-  return j["data"][0].value("id", "");
+  return o.model.empty() ? first_served_model(o.base_url) : o.model;
 }
 
 // The server's step-gap counters (duet:step_gap_seconds_total and friends in /metrics), or all

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/served_model.h"
 #include "core/error.h"
 
 namespace duet {
@@ -166,16 +167,7 @@ std::map<std::string, double> finished_counts(const SoakOptions& o) {
 }
 
 std::string pick_model(const SoakOptions& o) {
-  if (!o.model.empty()) return o.model;
-  httplib::Client cli(o.base_url);
-  httplib::Headers h;
-  if (!o.api_key.empty()) h.emplace("Authorization", bearer(o));
-  auto res = cli.Get("/v1/models", h);
-  if (!res || res->status != 200) DUET_ERROR("GET " << o.base_url << "/v1/models failed");
-  const json j = json::parse(res->body, nullptr, false);
-  if (j.is_discarded() || !j.contains("data") || j["data"].empty())
-    DUET_ERROR(o.base_url << "/v1/models lists no model");
-  return j["data"][0].value("id", "");
+  return o.model.empty() ? first_served_model(o.base_url, o.api_key) : o.model;
 }
 
 size_t common_prefix(const std::string& a, const std::string& b) {

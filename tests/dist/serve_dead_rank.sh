@@ -7,32 +7,15 @@
 set -euo pipefail
 duet=$(realpath "$1")
 signal=${2:-STOP}
-work=$(mktemp -d "${TMPDIR:-/tmp}/duet-dead-rank.XXXXXX")
-server_pid=""
-cleanup() {
-  if [ -n "$server_pid" ]; then
-    pkill -KILL -P "$server_pid" 2>/dev/null || true
-    kill -KILL "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/../server/serve_lib.sh"
+serve_test_setup duet-dead-rank KILL
 
 "$duet" make-model "$work/model" --arch qwen3_moe --preset tiny --seed 7 >/dev/null
 "$duet" serve "$work/model" --host 127.0.0.1 --port 0 --served-model-name tiny \
   --data-parallel-size 2 --enable-expert-parallel >"$work/server.out" 2>"$work/server.err" &
 server_pid=$!
 
-port=""
-for _ in $(seq 1 200); do
-  port=$(grep -o 'http://127.0.0.1:[0-9]*' "$work/server.out" 2>/dev/null | sed 's/.*://' || true)
-  [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.err" >&2; echo "FAIL: serve exited" >&2; exit 1; }
-  port=""
-  sleep 0.1
-done
-[ -n "$port" ] || { cat "$work/server.err" >&2; echo "FAIL: serve not healthy" >&2; exit 1; }
+serve_wait_healthy 200
 url="http://127.0.0.1:$port/v1/completions"
 
 # Rank 1 is the child of mpirun whose environment says so.

@@ -9,31 +9,15 @@ set -euo pipefail
 duet=$(realpath "$1")
 seconds=${2:-60}
 clients=${3:-64}
-work=$(mktemp -d "${TMPDIR:-/tmp}/duet-soak.XXXXXX")
-server_pid=""
-cleanup() {
-  if [ -n "$server_pid" ]; then
-    kill "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/serve_lib.sh"
+serve_test_setup duet-soak
 
 "$duet" make-model "$work/model" --arch qwen3_moe --preset tiny --seed 7 >/dev/null
 # 0.25 MiB of bf16 KV is 64 blocks of 16 positions: about five of the longest requests at once.
 DUET_API_KEY=soak-key "$duet" serve "$work/model" --host 127.0.0.1 --port 0 --served-model-name tiny \
   --kv-cache-memory 0.000244140625 >"$work/server.out" 2>"$work/server.err" &
 server_pid=$!
-port=""
-for _ in $(seq 1 100); do
-  port=$(grep -o 'http://127.0.0.1:[0-9]*' "$work/server.out" 2>/dev/null | sed 's/.*://' || true)
-  [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.err" >&2; echo "FAIL: serve exited" >&2; exit 1; }
-  port=""
-  sleep 0.1
-done
-[ -n "$port" ] || { cat "$work/server.err" >&2; echo "FAIL: serve not healthy" >&2; exit 1; }
+serve_wait_healthy 100
 fds_before=$(ls "/proc/$server_pid/fd" | wc -l)
 
 DUET_API_KEY=soak-key "$duet" bench soak --base-url "http://127.0.0.1:$port" --clients "$clients" \

@@ -23,16 +23,8 @@ if ! cmp -s "$here/package.json" "$cache/package.json" || [ ! -d "$cache/node_mo
 fi
 cp "$here/serve.test.mjs" "$cache/serve.test.mjs"
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/duet-serve-test.XXXXXX")
-server_pid=""
-cleanup() {
-  if [ -n "$server_pid" ]; then
-    kill "$server_pid" 2>/dev/null || true
-    wait "$server_pid" 2>/dev/null || true
-  fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$here/../../server/serve_lib.sh"
+serve_test_setup duet-serve-test
 
 "$duet" make-model "$work/model" --arch qwen3_moe --preset tiny --seed 7 >/dev/null
 # A small KV pool so that the cache limits are reachable: the tiny model's block (16 positions x
@@ -46,15 +38,7 @@ DUET_API_KEY="$api_key" "$duet" serve "$work/model" --host 127.0.0.1 --port 0 --
   >"$work/server.out" 2>"$work/server.err" &
 server_pid=$!
 
-port=""
-for _ in $(seq 1 100); do  # up to 10 s for the model to load and the port to be printed
-  port=$(grep -o 'http://127.0.0.1:[0-9]*' "$work/server.out" 2>/dev/null | sed 's/.*://' || true)
-  [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$work/server.err" >&2; echo "FAIL: duet serve exited" >&2; exit 1; }
-  port=""
-  sleep 0.1
-done
-[ -n "$port" ] || { cat "$work/server.err" >&2; echo "FAIL: duet serve did not become healthy" >&2; exit 1; }
+serve_wait_healthy 100  # up to 10 s for the model to load and the port to be printed
 # The listen backlog (ss shows it as a listening socket's Send-Q): httplib's compiled-in 5 made a
 # burst of new connections overflow it (clients waited a 1 s SYN retransmit or failed); duet raises
 # it to SOMAXCONN after binding.
