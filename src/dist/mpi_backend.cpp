@@ -116,10 +116,19 @@ class MpiRuntime {
   }
 
   // The process's heartbeat, started by the first call. Collective on the first call (every
-  // rank makes its first context at the same point), then only a lookup.
-  MpiHeartbeat& heartbeat() {
+  // rank makes its first context at the same point), then only a lookup. The first call gives
+  // up after kStartupWatchdogs × watchdog if a rank never joins.
+  MpiHeartbeat& heartbeat(std::chrono::milliseconds watchdog) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!heartbeat_) heartbeat_ = std::make_unique<MpiHeartbeat>();
+    if (!heartbeat_) {
+      bool abandoned = false;
+      try {
+        heartbeat_ = std::make_unique<MpiHeartbeat>(kStartupWatchdogs * watchdog, &abandoned);
+      } catch (...) {
+        n_abandoned_ += abandoned;
+        throw;
+      }
+    }
     return *heartbeat_;
   }
 
@@ -140,9 +149,14 @@ MpiRuntime& runtime() {
 class MpiChannel {
  public:
   MpiChannel(std::chrono::milliseconds watchdog)
-      : watchdog_(watchdog), heartbeat_(runtime().heartbeat()) {
-    check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
-    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+      : watchdog_(watchdog), heartbeat_(runtime().heartbeat(watchdog)) {
+    bool abandoned = false;
+    try {
+      comm_ = dup_world("a channel's communicator", kStartupWatchdogs * watchdog, &abandoned);
+    } catch (...) {
+      if (abandoned) runtime().abandon();
+      throw;
+    }
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
   }
@@ -337,6 +351,15 @@ RankInfo rank_info() {
   RankInfo info;
   MPI_Comm_rank(MPI_COMM_WORLD, &info.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &info.world_size);
+  // Open MPI's launcher says where this rank sits on its host; asking MPI instead is a blocking
+  // collective (MPI_Comm_split_type), which would hang if a rank died before it.
+  const char* local_rank = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  if (local_rank && local_size) {
+    info.local_rank = std::atoi(local_rank);
+    info.local_world_size = std::atoi(local_size);
+    return info;
+  }
   MPI_Comm node;
   check_mpi(
       MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, info.rank, MPI_INFO_NULL, &node),

@@ -7,9 +7,8 @@
 
 namespace duet {
 
-MpiHeartbeat::MpiHeartbeat() {
-  check_mpi(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+MpiHeartbeat::MpiHeartbeat(std::chrono::milliseconds startup_deadline, bool* abandoned) {
+  comm_ = dup_world("the heartbeat's communicator", startup_deadline, abandoned);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   const size_t n = static_cast<size_t>(size_);

@@ -36,8 +36,9 @@ class MpiHeartbeat {
   using Clock = std::chrono::steady_clock;
   static constexpr std::chrono::milliseconds kBeat{100};
 
-  // Collective: duplicates MPI_COMM_WORLD. Starts the thread.
-  MpiHeartbeat();
+  // Collective: duplicates MPI_COMM_WORLD, giving up after startup_deadline (throws duet::Error
+  // and sets *abandoned) if a rank never joins. Starts the thread.
+  MpiHeartbeat(std::chrono::milliseconds startup_deadline, bool* abandoned);
   ~MpiHeartbeat() { stop(); }
   MpiHeartbeat(const MpiHeartbeat&) = delete;
   MpiHeartbeat& operator=(const MpiHeartbeat&) = delete;

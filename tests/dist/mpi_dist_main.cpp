@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <thread>
@@ -89,6 +90,27 @@ TEST(MpiDist, TcpTransportSendsEagerlyUpTo4MiB) {
     EXPECT_EQ(found[key], std::stoull(p.value)) << key;
   }
   EXPECT_EQ(found["btl_tcp_eager_limit"], 4194304u);
+}
+
+// Rank 1 dies (SIGKILL) after MPI has started but before duet's start-up collectives (the
+// heartbeat's and the channels' duplicates of MPI_COMM_WORLD): rank 0's make_mpi_context reports
+// it after kStartupWatchdogs watchdog times instead of hanging. Run alone under mpirun
+// --enable-recovery (the survivor keeps running); ctest checks the printed message.
+TEST(MpiStartup, RankDeadBeforeSetUpIsReported) {
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 1) raise(SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    DistContext ctx = make_mpi_context(std::chrono::milliseconds(1000));
+    std::printf("start-up did not fail on rank %d\n", rank);
+  } catch (const Error& e) {
+    std::printf("start-up failed after %.1f s on rank %d: %s\n", seconds_since(t0), rank, e.what());
+  }
+  std::fflush(stdout);
+  std::_Exit(0);  // MPI cannot finish with a request abandoned to a dead rank
 }
 
 // Two contexts at once do not see each other's messages.
