@@ -54,9 +54,10 @@ inline MPI_Comm dup_world(const char* what, std::chrono::milliseconds deadline, 
       int rank = 0, size = 0;
       MPI_Comm_rank(MPI_COMM_WORLD, &rank);
       MPI_Comm_size(MPI_COMM_WORLD, &size);
-      DUET_ERROR("start-up: " << what << ": rank " << rank << " of " << size << " waited "
-                              << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()
-                              << " ms for the other ranks to join; one died or never started");
+      DUET_ERROR(
+          "start-up: " << what << ": rank " << rank << " of " << size << " waited "
+                       << std::chrono::duration_cast<std::chrono::milliseconds>(waited).count()
+                       << " ms for the other ranks to join; one died or never started");
     }
     std::this_thread::sleep_for(nap);
   }
