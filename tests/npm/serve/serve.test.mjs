@@ -218,6 +218,27 @@ test('a client that leaves a non-streamed request aborts it and frees its blocks
   assert.equal(after.aborted, before.aborted + 1);
 });
 
+test('a client that stalls in its request headers gets a 400 after the read timeout; others are served meanwhile', async () => {
+  const net = await import('node:net');
+  const url = new URL(base);
+  const sock = net.connect(Number(url.port), url.hostname);
+  await new Promise((r) => sock.once('connect', r));
+  sock.write('POST /v1/completions HTTP/1.1\r\nHost: x\r\n');  // and never the rest
+  const t0 = Date.now();
+  const answer = new Promise((r) => {
+    let got = '';
+    sock.on('data', (d) => { got += d; if (got.includes('\r\n\r\n')) r(got); });
+    sock.once('close', () => r(got));
+  });
+  const r = await client.completions.create({ ...greedy, prompt: 'Meanwhile', max_tokens: 3 });
+  assert.equal(r.usage.completion_tokens, 3);
+  const got = await answer;
+  sock.destroy();
+  const s = (Date.now() - t0) / 1000;
+  assert.match(got, /^HTTP\/1\.1 400 /);
+  assert.ok(s < 8, `the stalled request was answered after ${s} s`);
+});
+
 // Raw requests, so that the body is exactly what is under test.
 async function post(path, body) {
   const res = await fetch(`${base}${path}`, { method: 'POST',
