@@ -60,8 +60,10 @@ void InprocHub::leave_wait_locked(int rank, bool finished) {
 }
 
 std::string InprocHub::verdict_locked(const std::vector<int>& missing, Clock::time_point now) const {
+  bool falling_silent = false;  // a missing rank is silent, not yet for the watchdog time
   for (int r : missing) {
     const Liveness& l = ranks_[static_cast<size_t>(r)];
+    falling_silent |= l.silent && now - l.silent_since < watchdog_;
     if (l.silent && now - l.silent_since >= watchdog_) {
       return "rank " + std::to_string(r) + " " + l.why_silent + " " +
              std::to_string(
@@ -69,6 +71,7 @@ std::string InprocHub::verdict_locked(const std::vector<int>& missing, Clock::ti
              " ms ago";
     }
   }
+  if (falling_silent) return "";  // name it once it has been silent for the watchdog time
   for (const Liveness& l : ranks_) {
     const bool stuck = l.silent || (l.n_waits > 0 && now - l.stuck_since >= watchdog_);
     if (!stuck) return "";  // someone works towards the collectives the others wait for
