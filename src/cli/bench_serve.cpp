@@ -5,7 +5,6 @@
 #include <httplib.h>
 
 #include <cstdlib>
-#include <sstream>
 
 #include <algorithm>
 #include <atomic>
@@ -19,7 +18,7 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "cli/served_model.h"
+#include "cli/openai_client.h"
 #include "core/error.h"
 
 namespace duet {
@@ -66,7 +65,7 @@ double since(BenchClock::time_point t0) {
 // Sends one streamed completion and times it.
 Outcome send_one(httplib::Client& cli, const json& body) {
   Outcome o;
-  std::string buf;
+  SseSplitter sse;
   bool first = true;
   const auto t0 = BenchClock::now();
   httplib::Request req;
@@ -75,14 +74,10 @@ Outcome send_one(httplib::Client& cli, const json& body) {
   req.set_header("Content-Type", "application/json");
   req.body = body.dump();
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    buf.append(data, n);
-    size_t end;
-    while ((end = buf.find("\n\n")) != std::string::npos) {
-      const std::string event = buf.substr(0, end);
-      buf.erase(0, end + 2);
-      if (event.rfind("data: ", 0) != 0 || event == "data: [DONE]") continue;
-      json j = json::parse(event.substr(6), nullptr, false);
-      if (j.is_discarded()) continue;
+    sse.feed(data, n, [&](const std::string& payload) {
+      if (payload == "[DONE]") return;
+      const json j = json::parse(payload, nullptr, false);
+      if (j.is_discarded()) return;
       if (j.contains("error")) o.error = j["error"].value("message", "error");
       if (j.contains("choices") && !j["choices"].empty() && first) {
         o.ttft = since(t0);
@@ -90,7 +85,7 @@ Outcome send_one(httplib::Client& cli, const json& body) {
       }
       if (j.contains("usage") && j["usage"].is_object())
         o.output_tokens = j["usage"].value("completion_tokens", int64_t{0});
-    }
+    });
     return true;
   };
   httplib::Response res;
@@ -98,7 +93,7 @@ Outcome send_one(httplib::Client& cli, const json& body) {
   if (!cli.send(req, res, err)) {
     o.error = "connection failed: " + httplib::to_string(err);
   } else if (res.status != 200) {
-    o.error = "HTTP " + std::to_string(res.status) + ": " + buf + res.body;
+    o.error = "HTTP " + std::to_string(res.status) + ": " + sse.rest() + res.body;
   }
   o.latency = since(t0);
   o.ok = o.error.empty() && !first;
@@ -206,32 +201,39 @@ struct StepGapCounters {
 
 StepGapCounters scrape_step_gap(const BenchServeOptions& o) {
   StepGapCounters c;
-  httplib::Client cli(o.base_url);
-  auto res = cli.Get("/metrics");
-  if (!res || res->status != 200) return c;
-  std::istringstream lines(res->body);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.empty() || line[0] == '#') continue;
-    const size_t brace = line.find('{'), space = line.rfind(' ');
-    if (space == std::string::npos) continue;
-    const std::string name = line.substr(0, std::min(brace, space));
-    const double v = std::strtod(line.c_str() + space + 1, nullptr);
-    if (name == "duet:step_gap_seconds_total") c.gap_s = v;
-    if (name == "duet:step_gaps_total") c.gaps = v;
-    if (name == "duet:forward_seconds_total") c.forward_s = v;
-    if (name == "duet:forward_steps_total") c.steps = v;
+  for (const MetricSample& m : scrape_metrics(o.base_url)) {
+    if (m.name == "duet:step_gap_seconds_total") c.gap_s = m.value;
+    if (m.name == "duet:step_gaps_total") c.gaps = m.value;
+    if (m.name == "duet:forward_seconds_total") c.forward_s = m.value;
+    if (m.name == "duet:forward_steps_total") c.steps = m.value;
   }
   return c;
 }
 
+// The mean step gap and forward pass (ms) over a run, from the counters before and after it
+// (rank 0's, on several ranks); 0 where the run had none.
+struct StepGap {
+  double gap_ms = 0, forward_ms = 0;
+  double share() const {  // % of a step
+    return gap_ms + forward_ms > 0 ? 100.0 * gap_ms / (gap_ms + forward_ms) : 0.0;
+  }
+};
+
+StepGap step_gap(const StepGapCounters& a, const StepGapCounters& b) {
+  const double gaps = b.gaps - a.gaps, steps = b.steps - a.steps;
+  StepGap g;
+  if (gaps > 0) g.gap_ms = (b.gap_s - a.gap_s) / gaps * 1e3;
+  if (steps > 0) g.forward_ms = (b.forward_s - a.forward_s) / steps * 1e3;
+  return g;
+}
+
 // The step gap over a run, from the counters before and after it (rank 0's, on several ranks).
 void report_step_gap(const StepGapCounters& a, const StepGapCounters& b) {
-  const double gaps = b.gaps - a.gaps, steps = b.steps - a.steps;
-  if (gaps <= 0 || steps <= 0) return;
-  const double gap = (b.gap_s - a.gap_s) / gaps, fwd = (b.forward_s - a.forward_s) / steps;
+  const StepGap g = step_gap(a, b);
+  if (g.gap_ms <= 0 || g.forward_ms <= 0) return;
   std::printf("server step gap:          %.3f ms between forward passes (%.1f%% of a step; "
               "forward %.2f ms)\n",
-              gap * 1e3, 100.0 * gap / (gap + fwd), fwd * 1e3);
+              g.gap_ms, g.share(), g.forward_ms);
 }
 
 // One load run against each of base_url and compare_urls in turn, `rounds` times: per server the
@@ -257,15 +259,13 @@ void run_compare(const BenchServeOptions& o, const std::string& model, int64_t c
         out_tokens += oc.output_tokens;
         ttft.push_back(oc.ttft * 1e3);
       }
-      const double gaps = g1.gaps - g0.gaps, steps = g1.steps - g0.steps;
-      const double gap = gaps > 0 ? (g1.gap_s - g0.gap_s) / gaps : 0.0;
-      const double fwd = steps > 0 ? (g1.forward_s - g0.forward_s) / steps : 0.0;
+      const StepGap g = step_gap(g0, g1);
       rows[u].tok_s.push_back(double(out_tokens) / r.seconds);
       rows[u].ttft_p50.push_back(stats(ttft).p50);
-      rows[u].gap_ms.push_back(gap * 1e3);
-      rows[u].gap_share.push_back(gap + fwd > 0 ? 100.0 * gap / (gap + fwd) : 0.0);
+      rows[u].gap_ms.push_back(g.gap_ms);
+      rows[u].gap_share.push_back(g.share());
       std::printf("round %d  %-32s %9.1f tok/s  TTFT p50 %7.1f ms  step gap %.3f ms\n", round + 1,
-                  urls[u].c_str(), rows[u].tok_s.back(), rows[u].ttft_p50.back(), gap * 1e3);
+                  urls[u].c_str(), rows[u].tok_s.back(), rows[u].ttft_p50.back(), g.gap_ms);
       std::fflush(stdout);
     }
   }

@@ -23,13 +23,12 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cli/commands.h"
-#include "cli/served_model.h"
+#include "cli/openai_client.h"
 #include "core/error.h"
 
 namespace duet {
@@ -77,7 +76,7 @@ Streamed stream_one(const SoakOptions& o, const json& body, int leave_after, int
   httplib::Client cli(o.base_url);
   cli.set_keep_alive(false);
   cli.set_read_timeout(120);
-  std::string buf;
+  SseSplitter sse;
   int chunks = 0;
   httplib::Request req;
   req.method = "POST";
@@ -86,29 +85,25 @@ Streamed stream_one(const SoakOptions& o, const json& body, int leave_after, int
   if (!o.api_key.empty()) req.set_header("Authorization", bearer(o));
   req.body = body.dump();
   req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
-    buf.append(data, n);
-    for (size_t end; (end = buf.find("\n\n")) != std::string::npos;) {
-      const std::string event = buf.substr(0, end);
-      buf.erase(0, end + 2);
-      if (event.rfind("data: ", 0) != 0) continue;  // ": keep-alive"
-      if (event == "data: [DONE]") {
+    sse.feed(data, n, [&](const std::string& payload) {
+      if (payload == "[DONE]") {
         s.done = true;
-        continue;
+        return;
       }
-      const json j = json::parse(event.substr(6), nullptr, false);
+      const json j = json::parse(payload, nullptr, false);
       if (j.is_discarded()) {
-        s.error = "unparsable event: " + event.substr(0, 80);
-        continue;
+        s.error = "unparsable event: " + payload.substr(0, 80);
+        return;
       }
       if (j.contains("error")) s.error = j["error"].value("message", "error event");
-      if (!j.contains("choices")) continue;
+      if (!j.contains("choices")) return;
       for (const json& c : j["choices"]) {
         s.text += c.value("text", "");
         if (c.contains("finish_reason") && c["finish_reason"].is_string())
           s.finish = c["finish_reason"].get<std::string>();
       }
       ++chunks;
-    }
+    });
     if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     if (leave_after > 0 && chunks >= leave_after && !s.done) {
       s.hung_up = true;
@@ -121,7 +116,7 @@ Streamed stream_one(const SoakOptions& o, const json& body, int leave_after, int
   if (!cli.send(req, res, err)) {
     if (!s.hung_up) s.error = "connection failed: " + httplib::to_string(err);
   } else if (res.status != 200) {
-    s.error = "HTTP " + std::to_string(res.status) + ": " + buf + res.body;
+    s.error = "HTTP " + std::to_string(res.status) + ": " + sse.rest() + res.body;
   }
   return s;
 }
@@ -151,17 +146,12 @@ std::pair<double, int> server_usage(int pid) {
 // duet:request_success_total by finish reason, from /metrics (empty if absent).
 std::map<std::string, double> finished_counts(const SoakOptions& o) {
   std::map<std::string, double> out;
-  httplib::Client cli(o.base_url);
-  auto res = cli.Get("/metrics");
-  if (!res || res->status != 200) return out;
-  std::istringstream lines(res->body);
-  const std::string name = "duet:request_success_total{", label = "finished_reason=\"";
-  for (std::string line; std::getline(lines, line);) {
-    if (line.rfind(name, 0) != 0) continue;
-    const size_t at = line.find(label);
-    if (at == std::string::npos) continue;
-    const size_t from = at + label.size(), q = line.find('"', from);
-    out[line.substr(from, q - from)] = std::stod(line.substr(line.rfind(' ') + 1));
+  const std::string label = "finished_reason=\"";
+  for (const MetricSample& m : scrape_metrics(o.base_url)) {
+    const size_t at = m.labels.find(label);
+    if (m.name != "duet:request_success_total" || at == std::string::npos) continue;
+    const size_t from = at + label.size();
+    out[m.labels.substr(from, m.labels.find('"', from) - from)] = m.value;
   }
   return out;
 }

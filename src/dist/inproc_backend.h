@@ -26,8 +26,8 @@ void stop_answering(DistContext& ctx);
 // Runs fn on `world_size` ranks, each on its own thread with its own context, and returns when
 // all have returned. A rank that throws aborts the hub, so the others fail at their next (or
 // current) collective instead of waiting for it; a rank that returns falls silent
-// (InprocHub::stop_answering), so a peer still waiting for it gives up after the watchdog time. Returns each rank's error message, empty for a
-// rank that succeeded.
+// (InprocHub::stop_answering), so a peer still waiting for it gives up after the watchdog time.
+// Returns each rank's error message, empty for a rank that succeeded.
 std::vector<std::string> run_ranks_collect(int world_size,
                                            const std::function<void(DistContext&)>& fn,
                                            std::chrono::milliseconds watchdog = kDefaultWatchdog);

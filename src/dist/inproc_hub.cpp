@@ -1,7 +1,6 @@
 #include "dist/inproc_hub.h"
 
 #include <cstring>
-#include <sstream>
 
 #include "core/error.h"
 #include "dist/comm_thread.h"
@@ -59,15 +58,15 @@ void InprocHub::leave_wait_locked(int rank, bool finished) {
   if (finished) l.stuck_since = Clock::now();
 }
 
-std::string InprocHub::verdict_locked(const std::vector<int>& missing, Clock::time_point now) const {
+std::string InprocHub::verdict_locked(const std::vector<int>& missing,
+                                      Clock::time_point now) const {
   bool falling_silent = false;  // a missing rank is silent, not yet for the watchdog time
   for (int r : missing) {
     const Liveness& l = ranks_[static_cast<size_t>(r)];
     falling_silent |= l.silent && now - l.silent_since < watchdog_;
     if (l.silent && now - l.silent_since >= watchdog_) {
-      return "rank " + std::to_string(r) + " " + l.why_silent + " " +
-             std::to_string(
-                 std::chrono::duration_cast<std::chrono::milliseconds>(now - l.silent_since).count()) +
+      const auto ago = std::chrono::duration_cast<std::chrono::milliseconds>(now - l.silent_since);
+      return "rank " + std::to_string(r) + " " + l.why_silent + " " + std::to_string(ago.count()) +
              " ms ago";
     }
   }

@@ -74,6 +74,14 @@ std::string sse_events(Exchange& x, const StreamDelta& d) {
   return out;
 }
 
+// The status and body of a non-streamed request that has finished: 200 with the completion, or
+// 503 with the OpenAI error when the engine failed (a rank died).
+ErrorReply whole_response(const Exchange& x, const StreamDelta& d) {
+  if (!d.error.empty()) return error_reply(ApiError(503, d.error, "service_unavailable"));
+  return {200, response_json(x.meta, x.text, d.finish_reason,
+                             {d.prompt_tokens, d.completion_tokens})};
+}
+
 // Feeds one request's output to httplib: blocks on the stream and writes what arrived (a chunk
 // per delta when streaming; the whole body at the end otherwise). After a silent second it
 // writes a heartbeat (an SSE comment, or whitespace, which JSON ignores) so that a client that
@@ -89,12 +97,7 @@ bool provide(Exchange& x, httplib::DataSink& sink) {
     out = sse_events(x, d);
   } else {
     x.text += d.text;
-    if (d.finished && !d.error.empty()) {
-      out = error_reply(ApiError(503, d.error, "service_unavailable")).body.dump();
-    } else if (d.finished) {
-      out = response_json(x.meta, x.text, d.finish_reason, {d.prompt_tokens, d.completion_tokens})
-                .dump();
-    }
+    if (d.finished) out = whole_response(x, d).body.dump();
   }
   const bool silent = d.tokens.empty() && d.text.empty() && !d.finished;
   if (silent) out = x.stream_mode ? ": keep-alive\n\n" : " ";
@@ -115,19 +118,19 @@ bool provide(Exchange& x, httplib::DataSink& sink) {
 // OpenAI error when the engine failed, e.g. a rank died). A client that hangs up meanwhile is
 // noticed within kHangupPoll and its request aborted.
 void reply_whole(Exchange& x, int fd, httplib::Response& res) {
+  auto next_check = std::chrono::steady_clock::now() + kHangupPoll;
   for (;;) {
     const StreamDelta d = x.stream->wait(kHangupPoll);
     x.text += d.text;
-    if (d.finished && !d.error.empty()) {
-      reply_error(res, ApiError(503, d.error, "service_unavailable"));
-      return;
-    }
     if (d.finished) {
-      reply_json(res, 200,
-                 response_json(x.meta, x.text, d.finish_reason,
-                               {d.prompt_tokens, d.completion_tokens}));
+      const ErrorReply r = whole_response(x, d);
+      reply_json(res, r.status, r.body);
       return;
     }
+    // Once per kHangupPoll, not per token.
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_check) continue;
+    next_check = now + kHangupPoll;
     if (peer_hung_up(fd)) {
       x.stream->abort();
       reply_error(res, ApiError(400, "the client closed the connection"));  // read by no one
