@@ -18,7 +18,7 @@ using nlohmann::json;
 
 constexpr auto kHeartbeat = std::chrono::milliseconds(1000);
 // How often a non-streamed request that waits in its handler checks whether its client left.
-constexpr auto kHangupPoll = std::chrono::milliseconds(200);
+constexpr auto kHangupPoll = std::chrono::milliseconds(50);
 constexpr size_t kMaxBody = 32u << 20;
 
 void reply_json(httplib::Response& res, int status, const json& body) {

@@ -195,27 +195,31 @@ test('a client that disconnects mid-stream aborts its request and frees its bloc
 
 test('a client that leaves a non-streamed request aborts it and frees its blocks', async () => {
   const before = await metrics();
-  // A and B together need twice the KV cache, so they take turns (preemption): B stays in the
-  // engine long after its client has seen it there and left.
-  const a = await client.completions.create({ ...greedy, prompt: 'Hold', max_tokens: 1000, stream: true });
+  // Six long holds and B need several times the KV cache, so they take turns (preemption), and
+  // B, the newest, is the one preempted every time: it cannot finish before most holds have, which
+  // keeps it in the engine for many times the server's hang-up poll after its client has left.
+  const holds = await Promise.all(Array.from({ length: 6 }, (_, i) =>
+    client.completions.create({ ...greedy, prompt: `Hold ${i}`, max_tokens: 1000, stream: true })));
   const controller = new AbortController();
   const b = fetch(`${base}/v1/completions`, { method: 'POST', signal: controller.signal,
     headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${apiKey}` },
     body: JSON.stringify({ ...greedy, prompt: 'Leave me', max_tokens: 1000 }) });
-  // Leave once the engine holds B (and A): from then on B is in flight.
+  // Leave once the engine holds B (and the holds): from then on B is in flight.
   let held = false;
   for (let i = 0; i < 500 && !held; i++) {
     const m = await metrics();
-    held = m.running + m.waiting >= 2;
+    held = m.running + m.waiting >= 7;
   }
   assert.ok(held, 'B never reached the engine');
   controller.abort();  // before any byte of B's response has come
   await assert.rejects(b, { name: 'AbortError' });
-  let n = 0;
-  for await (const chunk of a) n += chunk.choices.length ? 1 : 0;
-  assert.ok(n > 0);
+  for (const a of holds) {
+    let n = 0;
+    for await (const chunk of a) n += chunk.choices.length ? 1 : 0;
+    assert.ok(n > 0);
+  }
   const after = await waitIdle();
-  assert.equal(after.aborted, before.aborted + 1);
+  assert.equal(after.aborted, before.aborted + 1, 'B finished instead of being aborted');
 });
 
 test('a client that stalls in its request headers gets a 400 after the read timeout; others are served meanwhile', async () => {
