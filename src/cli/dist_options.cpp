@@ -74,6 +74,8 @@ void check_overlap(const DistOptions& o) {
   if (!(o.tbo_token_distribution_threshold >= 0.0 && o.tbo_token_distribution_threshold <= 0.5))
     DUET_ERROR("--tbo-token-distribution-threshold must be in [0, 0.5], got "
                << o.tbo_token_distribution_threshold);
+  if (o.dbo_split != "auto" && o.dbo_split != "thresholds")
+    DUET_ERROR("--dbo-split: '" << o.dbo_split << "' is not auto or thresholds");
 }
 
 void check_world(const DistOptions& o, const std::string& model_dir, int world) {
@@ -118,6 +120,10 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
   cmd->add_option("--tbo-token-distribution-threshold", o.tbo_token_distribution_threshold,
                   "Below this share of tokens in the smaller half, cut a sequence in two "
                   "(default 0.48)");
+  cmd->add_option("--dbo-split", o.dbo_split,
+                  "Which steps past the thresholds are split: auto (those that run faster split "
+                  "than whole, timed as they run, the other re-tried every 32nd step) or "
+                  "thresholds (all of them, as vLLM does); default auto");
   cmd->add_option("--trace-file", o.trace_file,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of the steps, each "
                   "micro-batch's operations and the transfers; one file per rank (PATH.rankN)");
@@ -189,6 +195,7 @@ StepGroup step_group(const DistOptions& o) {
   g.micro_batch.decode_token_threshold = o.dbo_decode_token_threshold;
   g.micro_batch.prefill_token_threshold = o.dbo_prefill_token_threshold;
   g.tbo_distribution_threshold = o.tbo_token_distribution_threshold;
+  g.micro_batch.measured = o.dbo_split == "auto";
   g.shared_experts_at = resolve_sbo(o).shared_experts_at;
   return g;
 }

@@ -34,6 +34,7 @@ struct DistOptions {
   int64_t dbo_decode_token_threshold = 32;
   int64_t dbo_prefill_token_threshold = 512;
   double tbo_token_distribution_threshold = 0.48;
+  std::string dbo_split = "auto";  // --dbo-split auto | thresholds (MicroBatchPolicy::measured)
   std::string trace_file;  // --trace-file: a Chrome trace per rank ("" = none)
   // Single-batch overlap (SGLang's SBO; needs --enable-expert-parallel).
   bool enable_single_batch_overlap = false;  // --enable-single-batch-overlap

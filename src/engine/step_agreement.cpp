@@ -35,9 +35,10 @@ bool rank_wants_split(const StepOffer& o, const MicroBatchPolicy& policy) {
   return o.can_split && o.n_tokens >= threshold;
 }
 
-}  // namespace
-
-StepPlan plan_step(const std::vector<StepOffer>& offers, int rank, const MicroBatchPolicy& policy) {
+// plan_step() but for the measured choice's bookkeeping; *candidate: the step was past the
+// thresholds.
+StepPlan plan_offers(const std::vector<StepOffer>& offers, int rank, const MicroBatchPolicy& policy,
+                     SplitTimes* times, bool* candidate) {
   DUET_CHECK(rank >= 0 && rank < static_cast<int>(offers.size()),
              "plan_step: rank " << rank << " of " << offers.size() << " offers");
   StepPlan plan;
@@ -67,23 +68,38 @@ StepPlan plan_step(const std::vector<StepOffer>& offers, int rank, const MicroBa
     if (o.n_tokens == 0) continue;
     if (!rank_wants_split(o, policy) || o.n_tokens <= split) return plan;
   }
+  *candidate = true;
+  if (times && !times->choose(plan.mode, plan.padded_tokens)) return plan;
   plan.micro_batch = true;
   plan.micro_batch_split = split;
   return plan;
 }
 
-StepPlan agree(Coordinator& coord, const StepOffer& mine, const MicroBatchPolicy& policy) {
-  constexpr size_t kFields = 4;
-  const std::vector<int64_t> all = coord.all_gather(
-      {mine.n_tokens, mine.has_prefill ? 1 : 0, mine.can_split ? 1 : 0, mine.n_steps});
+}  // namespace
+
+StepPlan plan_step(const std::vector<StepOffer>& offers, int rank, const MicroBatchPolicy& policy,
+                   SplitTimes* times) {
+  if (times) times->record(offers);
+  bool candidate = false;
+  StepPlan plan = plan_offers(offers, rank, policy, times, &candidate);
+  if (times) times->push(plan, candidate);
+  return plan;
+}
+
+StepPlan agree(Coordinator& coord, const StepOffer& mine, const MicroBatchPolicy& policy,
+               SplitTimes* times) {
+  constexpr size_t kFields = 5;
+  const std::vector<int64_t> all =
+      coord.all_gather({mine.n_tokens, mine.has_prefill ? 1 : 0, mine.can_split ? 1 : 0,
+                        mine.n_steps, mine.lagged_ns});
   DUET_CHECK(all.size() == kFields * static_cast<size_t>(coord.world_size()),
              "agree: " << all.size() << " values from " << coord.world_size() << " ranks");
   std::vector<StepOffer> offers(static_cast<size_t>(coord.world_size()));
   for (size_t r = 0; r < offers.size(); ++r) {
     const int64_t* o = &all[kFields * r];
-    offers[r] = {o[0], o[1] != 0, o[2] != 0, o[3]};
+    offers[r] = {o[0], o[1] != 0, o[2] != 0, o[3], o[4]};
   }
-  return plan_step(offers, coord.rank(), policy);
+  return plan_step(offers, coord.rank(), policy, times);
 }
 
 }  // namespace duet

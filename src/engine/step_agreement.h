@@ -5,7 +5,7 @@
 // A single rank is a group of one: the same function plans its steps with no message.
 //
 // The plan is a pure function of the offers (plan_step), so it is tested without ranks; agree()
-// is the collective around it: one all-gather of four integers per rank.
+// is the collective around it: one all-gather of five integers per rank.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "dist/coordinator.h"
+#include "engine/split_timing.h"
 #include "model/forward.h"
 
 namespace duet {
@@ -28,6 +29,9 @@ struct StepOffer {
   // (its KV rows reserved ahead). The group runs the fewest any working rank offers, and 1 once
   // any rank prefills; an idle rank's offer does not count (it runs its dummy batch as often).
   int64_t n_steps = 1;
+  // The measured split choice (SplitTimes): this rank's forward time per step, in ns, of the
+  // running plan SplitTimes::kLag agreements back; -1: none (not timed, or not finished).
+  int64_t lagged_ns = -1;
 };
 
 // When a step runs as two micro-batches (vLLM's DBO thresholds; SGLang's TBO uses the same
@@ -36,6 +40,10 @@ struct MicroBatchPolicy {
   bool enabled = false;
   int64_t decode_token_threshold = 32;    // --dbo-decode-token-threshold: decode-only steps
   int64_t prefill_token_threshold = 512;  // --dbo-prefill-token-threshold: steps with a prefill
+  // --dbo-split auto (the command line's default): past the thresholds, split a step only when
+  // steps like it have run faster split than whole (SplitTimes, kept by the step path). false:
+  // whenever past them, as vLLM does.
+  bool measured = false;
 };
 
 struct StepPlan {
@@ -53,6 +61,9 @@ struct StepPlan {
   // Decode steps every rank runs with this plan before the next agreement (multi-step); 1 for
   // prefill.
   int64_t n_steps = 1;
+  // The plan's number among the group's running plans, from 0, when the split is chosen by
+  // measurement (SplitTimes numbers them); -1 otherwise.
+  int64_t index = -1;
   std::vector<StepOffer> offers;  // every rank's offer, in rank order
 
   bool runs() const { return mode != ForwardMode::kIdle; }
@@ -61,12 +72,16 @@ struct StepPlan {
 };
 
 // The plan of `rank` from every rank's offer. Pure: every rank computes the same plan (but for
-// `dummy`) from the same offers.
-StepPlan plan_step(const std::vector<StepOffer>& offers, int rank, const MicroBatchPolicy& policy);
+// `dummy`) from the same offers. With `times` (--dbo-split auto), a step past the thresholds is
+// split as times->choose() says, and the table learns from the offers and the plan; every rank
+// must pass its own table, which then stays the same on every rank.
+StepPlan plan_step(const std::vector<StepOffer>& offers, int rank, const MicroBatchPolicy& policy,
+                   SplitTimes* times = nullptr);
 
 // Collective: shares `mine` with every rank of `coord`'s group and plans the step. Throws
 // duet::Error as the coordinator does when a rank is missing.
-StepPlan agree(Coordinator& coord, const StepOffer& mine, const MicroBatchPolicy& policy);
+StepPlan agree(Coordinator& coord, const StepOffer& mine, const MicroBatchPolicy& policy,
+               SplitTimes* times = nullptr);
 
 // The coordinator of a group of one: the calls return at once (a single rank plans its steps
 // through the same agree()).

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -108,6 +109,9 @@ class StepRunner {
   // The counts execute() keeps (agree_seconds is agree_step()'s and reads 0 here): for the
   // thread that runs execute().
   const StepStats& execute_stats() const { return stats_; }
+  // The measured split choice's table (--dbo-split auto), for logs; "" without it. On the thread
+  // of agree_step().
+  std::string split_times() const { return split_times_ ? split_times_->describe() : ""; }
 
  private:
   // The one-token dummy batch, or a pair of them when the group micro-batches.
@@ -128,6 +132,18 @@ class StepRunner {
   double agree_seconds_ = 0;  // agree_step()'s thread
   std::chrono::steady_clock::time_point last_forward_end_;  // execute()'s thread
   std::atomic<bool> idle_{false};  // set by idle(): execute() forgets last_forward_end_
+  // The measured split choice: the group's table (agree_step()'s thread), and this rank's forward
+  // times of its last running plans (execute() adds, agree_step() offers the one kLag back).
+  std::optional<SplitTimes> split_times_;
+  struct PlanTime {
+    int64_t index = -1;
+    int64_t ns = 0;
+    int64_t steps = 0;
+  };
+  std::mutex plan_times_mu_;
+  PlanTime plan_times_[SplitTimes::kLag + 2];  // GUARDED_BY(plan_times_mu_), by index modulo
+  void add_plan_time(int64_t index, int64_t ns);
+  int64_t plan_time(int64_t index);  // ns per step, or -1
 };
 
 }  // namespace duet

@@ -279,12 +279,14 @@ TEST_F(CliTest, TraceFileShowsStepsMicroBatchesAndTransfers) {
 }
 
 // bench overlap runs off, TBO and DBO in each round on one group and prints a row for each, with
-// how many steps ran as two micro-batches (none with overlap off).
+// how many steps ran as two micro-batches (none with overlap off; all of them with the thresholds
+// alone deciding).
 TEST_F(CliTest, BenchOverlapComparesTheModesInOneRun) {
-  RunResult r = run_duet("bench overlap " + dir_ +
-                         " --batch 4 --gen-len 3 --rounds 1 --threads 1 --data-parallel-size 2 "
-                         "--enable-expert-parallel --distributed-backend inproc "
-                         "--dbo-decode-token-threshold 2 --dbo-prefill-token-threshold 2");
+  RunResult r =
+      run_duet("bench overlap " + dir_ +
+               " --batch 4 --gen-len 3 --rounds 1 --threads 1 --data-parallel-size 2 "
+               "--enable-expert-parallel --distributed-backend inproc --dbo-split "
+               "thresholds --dbo-decode-token-threshold 2 --dbo-prefill-token-threshold 2");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* row : {"\n1     off ", "\n1     tbo ", "\n1     dbo ", "\n1     sbo "}) {
     EXPECT_NE(r.out.find(row), std::string::npos) << row << " in " << r.out;
@@ -297,6 +299,10 @@ TEST_F(CliTest, BenchOverlapComparesTheModesInOneRun) {
   expect_error(run_duet("bench overlap " + dir_ + " --modes off,tbo+dbo --enable-expert-parallel "
                         "--data-parallel-size 2 --distributed-backend inproc"),
                "'tbo+dbo' is not off, tbo or dbo");
+  expect_error(run_duet("bench overlap " + dir_ +
+                        " --dbo-split sometimes --enable-expert-parallel "
+                        "--data-parallel-size 2 --distributed-backend inproc"),
+               "--dbo-split");
 }
 
 // The SBO modes and bf16 rows, low_latency (the chunked combine), side by side with off.

@@ -13,17 +13,19 @@ if(MPI_CXX_FOUND)
 endif()
 
 # The same client against two in-process ranks with each overlap mode, thresholds low enough that
-# the concurrent requests' steps run as two micro-batches (the client test checks that every
-# request gets its single-request tokens).
+# the concurrent requests' steps run as two micro-batches, every one of them (--dbo-split
+# thresholds; the client test checks that every request gets its single-request tokens).
 foreach(_mode two-batch-overlap dbo)
   add_test(NAME serve_openai_client_dp2_${_mode}
            COMMAND bash ${CMAKE_SOURCE_DIR}/tests/npm/serve/run_serve_test.sh $<TARGET_FILE:duet>
                    --data-parallel-size 2 --enable-expert-parallel --distributed-backend inproc
                    --enable-${_mode} --dbo-decode-token-threshold 2
-                   --dbo-prefill-token-threshold 2)
+                   --dbo-prefill-token-threshold 2 --dbo-split thresholds)
   set_tests_properties(serve_openai_client_dp2_${_mode} PROPERTIES TIMEOUT 600 LABELS "npm")
 endforeach()
-# Multi-step decoding composed with DBO over two in-process ranks.
+# Multi-step decoding composed with DBO over two in-process ranks, the split chosen by measurement
+# (--dbo-split auto, the default: the step times travel with the overlapped scheduler's
+# agreements).
 add_test(NAME serve_openai_client_dp2_dbo_multistep
          COMMAND bash ${CMAKE_SOURCE_DIR}/tests/npm/serve/run_serve_test.sh $<TARGET_FILE:duet>
                  --data-parallel-size 2 --enable-expert-parallel --distributed-backend inproc
