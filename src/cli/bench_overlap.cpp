@@ -34,7 +34,8 @@ struct OverlapBenchOptions {
 };
 
 // One mode of the comparison: "off", "tbo" or "dbo" (default off), with "+sbo" (the SBO flags as
-// given, or SBO's defaults) and "+bf16" (bf16 rows), e.g. "tbo+sbo+bf16", "sbo", "bf16".
+// given, or SBO's defaults), "+bf16" (bf16 rows), and "+auto" or "+thresholds" (--dbo-split for
+// this mode), e.g. "tbo+sbo+bf16", "sbo", "bf16", "dbo+thresholds".
 struct BenchMode {
   std::string name;
   DistOptions dist;  // the run's flags with this mode's overlap settings
@@ -58,13 +59,15 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
         m.dist.enable_single_batch_overlap = true;
       } else if (part == "bf16") {
         m.dist.all2all_dtype = "bf16";
+      } else if (part == "auto" || part == "thresholds") {
+        m.dist.dbo_split = part;
       } else {
         overlaps = 2;
       }
     }
     if (overlaps > 1) {
-      DUET_ERROR("--modes: '" << name << "' is not off, tbo or dbo (default off) with +sbo "
-                              << "and/or +bf16");
+      DUET_ERROR("--modes: '" << name << "' is not off, tbo or dbo (default off) with +sbo, "
+                              << "+bf16 and/or +auto or +thresholds");
     }
     if (!m.dist.enable_single_batch_overlap) {  // the SBO flags apply to +sbo modes only
       m.dist.sbo_combine_chunks = 0;
@@ -134,6 +137,11 @@ void run_overlap_rank(const OverlapBenchOptions& o, DistContext* ctx) {
                   (long long)st.steps, tokens / run, off_seconds / run);
     }
   }
+  // What --dbo-split auto learnt, per mode that used it (rank 0's table; every rank's is the same).
+  for (size_t m = 0; m < gens.size() && ctx->rank() == 0; ++m) {
+    const std::string t = gens[m]->split_times();
+    if (!t.empty()) std::printf("%s, step time per token by kind of step:\n%s", modes[m].name.c_str(), t.c_str());
+  }
   finish_trace(rm, o.dist, ctx);
 }
 
@@ -154,7 +162,8 @@ void add_bench_overlap(CLI::App& bench) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--modes", o->modes,
                   "Comma-separated modes, the first the baseline of 'vs': off | tbo | dbo, each "
-                  "optionally +sbo and/or +bf16 (default off,tbo,dbo,sbo)");
+                  "optionally +sbo, +bf16, and +auto or +thresholds (--dbo-split) (default "
+                  "off,tbo,dbo,sbo)");
   cmd->add_option("--threads", o->threads, "Compute threads per rank");
   add_dist_options(cmd, o->dist);
   cmd->callback([o] {

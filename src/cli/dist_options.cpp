@@ -122,7 +122,7 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
                   "(default 0.48)");
   cmd->add_option("--dbo-split", o.dbo_split,
                   "Which steps past the thresholds are split: auto (those that run faster split "
-                  "than whole, timed as they run, the other re-tried every 32nd step) or "
+                  "than whole, timed as they run, the other re-tried for 2 steps in 32) or "
                   "thresholds (all of them, as vLLM does); default auto");
   cmd->add_option("--trace-file", o.trace_file,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of the steps, each "

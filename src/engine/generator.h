@@ -86,6 +86,8 @@ class Generator {
   const std::vector<float>& forward(const ForwardInput& in);
 
   KvCache& kv_cache() { return kv_; }
+  // The measured split choice's table (--dbo-split auto; StepRunner::split_times), "" without.
+  std::string split_times() const { return steps_.split_times(); }
   // Whether generate() times each operation of its decode steps (GenerateStats::
   // decode_op_seconds); off by default, as the clock reads cost a little.
   void profile_ops(bool on) { profile_ops_ = on; }

@@ -16,7 +16,7 @@ int SplitTimes::bucket(int64_t n) {
 }
 
 void SplitTimes::Average::add(int64_t sample) {
-  ns_per_token = n == 0 ? sample : (3 * ns_per_token + sample + 2) / 4;
+  ns_per_token = n == 0 ? sample : (ns_per_token + sample + 1) / 2;
   ++n;
 }
 
@@ -41,7 +41,7 @@ bool SplitTimes::choose(ForwardMode mode, int64_t padded_tokens) {
   // Until both have two times: the one with fewer, a split first.
   if (kind.split.n < 2 || kind.whole.n < 2) return kind.split.n <= kind.whole.n;
   const bool split_faster = kind.split.ns_per_token <= kind.whole.ns_per_token;
-  return kind.decisions % kExploreEvery == 0 ? !split_faster : split_faster;
+  return kind.decisions % kExploreEvery < kExploreSteps ? !split_faster : split_faster;
 }
 
 void SplitTimes::push(StepPlan& plan, bool candidate) {

@@ -5,8 +5,11 @@
 // too short to hide anything worth the split's cost (each micro-batch reads the experts' weights
 // again), on a slow one the same batch gains a third. So for each kind of step (forward mode,
 // and the padded token count in half-octave buckets) the group keeps the time per token of its
-// recent split and whole steps, picks the faster, and re-tries the other every kExploreEvery-th
-// decision so that the choice follows a link that changes.
+// recent split and whole steps, picks the faster, and re-tries the other for kExploreSteps
+// steps every kExploreEvery decisions so that the choice follows a link that changes. The
+// averages weigh the newest time by a half, so the two compared are the last few steps of each:
+// on a machine whose speed drifts (a VM's memory bandwidth, a shared link) an old time of the
+// other choice must not decide against a fresh one.
 //
 // Every rank keeps the same table: the times come from the agreement itself. With each offer a
 // rank sends its forward time of the step kLag running plans back (finished on every rank by
@@ -32,8 +35,10 @@ class SplitTimes {
  public:
   // A step's time is offered this many running plans later.
   static constexpr int64_t kLag = 2;
-  // Every this-many-th decision of a kind of step takes the slower choice, to measure it again.
+  // Every kExploreEvery decisions of a kind of step, kExploreSteps in a row take the slower
+  // choice, to measure it again.
   static constexpr int64_t kExploreEvery = 32;
+  static constexpr int64_t kExploreSteps = 2;
 
   // Running plans agreed so far: the index of the next one (StepPlan::index).
   int64_t plans() const { return plans_; }
@@ -57,7 +62,7 @@ class SplitTimes {
 
  private:
   struct Average {
-    int64_t ns_per_token = 0;  // exponential average, weight 1/4 on the newest
+    int64_t ns_per_token = 0;  // exponential average, weight 1/2 on the newest
     int64_t n = 0;             // samples
     void add(int64_t sample);
   };

@@ -66,18 +66,18 @@ int count(const std::vector<bool>& v, size_t from = 0) {
   return n;
 }
 
-TEST(SplitTimesTest, KeepsTheFasterAndRetriesTheOtherEvery32nd) {
-  // Decisions 9 to 200 (steps 8 to 199): the re-tries are decisions 32, 64, ..., 192.
+TEST(SplitTimesTest, KeepsTheFasterAndRetriesTheOtherTwiceIn32) {
+  // Decisions 9 to 200 (steps 8 to 199): the re-tries are decisions 32, 33, 64, 65, ..., 193.
   {
     Sim sim;  // split slower (the fast link): whole, but for the re-tries
     const std::vector<bool> split = sim.run(64, 200, 1'500'000, 1'000'000, 2);
     EXPECT_TRUE(split[0]) << "the first candidate is split";
-    EXPECT_EQ(count(split, 8), 6) << sim.times.describe();
+    EXPECT_EQ(count(split, 8), 12) << sim.times.describe();
   }
   {
     Sim sim;  // split faster (the slow link): split, but for the re-tries
     const std::vector<bool> split = sim.run(64, 200, 700'000, 1'000'000);
-    EXPECT_EQ(192 - count(split, 8), 6) << sim.times.describe();
+    EXPECT_EQ(192 - count(split, 8), 12) << sim.times.describe();
     EXPECT_NE(sim.times.describe().find("decode 64-90: whole 15625 ns/token"), std::string::npos)
         << sim.times.describe();
   }
@@ -85,7 +85,7 @@ TEST(SplitTimesTest, KeepsTheFasterAndRetriesTheOtherEvery32nd) {
 
 TEST(SplitTimesTest, EachKindOfStepLearnsApart) {
   Sim sim;
-  EXPECT_EQ(count(sim.run(64, 100, 1'500'000, 1'000'000), 8), 3);  // 32, 64, 96: whole wins
+  EXPECT_EQ(count(sim.run(64, 100, 1'500'000, 1'000'000), 8), 6);  // 32, 33, 64, ...: whole wins
   // decode 16 (another bucket) starts over: its first candidates are split, while split is
   // slower at 64.
   EXPECT_EQ(sim.run(16, 2, 1'500'000, 1'000'000), std::vector<bool>({true, true}));
@@ -217,16 +217,16 @@ std::vector<int64_t> split_steps(OverlapMode mode, const Delays& d) {
 
 // With the split's second slot slow (a split step waits 20 ms more per layer), auto keeps steps
 // whole after timing each twice: steps 0 and 1 split (their times arrive kLag = 2 steps late),
-// then whole, but for the re-try at the 32nd decision. With the first slot slow per token (a
-// whole step's 8 tokens wait twice as long as a half's 4), auto keeps splitting: steps 0 and 1
-// split, 2 to 4 whole (until two whole times have arrived), then split but for the re-try.
+// then whole, but for the re-try at the 32nd and 33rd decisions. With the first slot slow per
+// token (a whole step's 8 tokens wait twice as long as a half's 4), auto keeps splitting: steps 0
+// and 1 split, 2 to 4 whole (until two whole times have arrived), then split but for the re-try.
 TEST(SplitTimesTest, AStepRunnerLearnsWhichRunsFaster) {
   for (OverlapMode mode : {OverlapMode::kTbo, OverlapMode::kDbo}) {
     const std::vector<int64_t> slow_split = split_steps(mode, {{0, 20000}, {0, 0}});
-    EXPECT_EQ(slow_split[0], 3) << overlap_mode_name(mode);
+    EXPECT_EQ(slow_split[0], 4) << overlap_mode_name(mode);
     EXPECT_EQ(slow_split[1], slow_split[0]);
     const std::vector<int64_t> slow_whole = split_steps(mode, {{0, 0}, {2500, 0}});
-    EXPECT_EQ(slow_whole[0], 40 - 4) << overlap_mode_name(mode);
+    EXPECT_EQ(slow_whole[0], 40 - 5) << overlap_mode_name(mode);
     EXPECT_EQ(slow_whole[1], slow_whole[0]);
   }
 }
