@@ -36,6 +36,7 @@ struct ServeOptions {
   std::string api_key;  // --api-key, else $DUET_API_KEY
   int threads = 0;
   int http_threads = 0;
+  double header_timeout = 30;  // --header-timeout
   DistOptions dist;
 };
 
@@ -79,6 +80,7 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
   so.add_bos = tokenizer && tokenizer->add_bos_token();
   so.bos_id = model->config().bos_token_id;
   so.api_key = o.api_key;
+  so.header_timeout_seconds = o.header_timeout;
   if (so.api_key.empty()) {
     const char* env = std::getenv("DUET_API_KEY");
     if (env) so.api_key = env;
@@ -164,10 +166,22 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
   cmd->add_option("--http-threads", o->http_threads,
                   "Connections served at once (default max(128, 4 x max-num-seqs))");
+  cmd->add_option("--header-timeout", o->header_timeout,
+                  "Seconds a connection has to send a whole request, headers and body (else HTTP "
+                  "408 and closed); 0: no limit but httplib's 5 s per read; at least 5 (an idle "
+                  "keep-alive connection is closed quietly after 5 s); default 30")
+      ->check(CLI::Range(0.0, 86400.0));
   add_dist_options(cmd, o->dist);
   cmd->callback([o, kv_gib, kv_dtype] {
     o->engine.kv_cache_gib = *kv_gib;
     o->engine.kv_cache_dtype = parse_kv_cache_dtype(*kv_dtype);
+    if (o->header_timeout > 0 && o->header_timeout < 5) {
+      char got[32];
+      std::snprintf(got, sizeof got, "%g", o->header_timeout);
+      throw std::invalid_argument(std::string("--header-timeout ") + got +
+                                  " is neither 0 nor at least 5 seconds (an idle keep-alive "
+                                  "connection is closed after 5 s)");
+    }
     run_serve(*o);
   });
 }

@@ -169,6 +169,7 @@ int ApiServer::bind(const std::string& host, int port) {
   // client per request, as load generators open them) overflows it and clients see their
   // connection fail. Listening again on the bound socket raises the backlog.
   if (listen_sock_ >= 0) ::listen(listen_sock_, SOMAXCONN);
+  if (header_deadline_) header_deadline_->start(got);
   return got;
 }
 
@@ -216,6 +217,8 @@ EngineRequest ApiServer::to_engine_request(const ApiRequest& a) const {
 }
 
 void ApiServer::handle_generate(const httplib::Request& req, bool chat, httplib::Response& res) {
+  // Headers and body are in: however long the generation runs, the deadline waits for its end.
+  if (header_deadline_) header_deadline_->request_started(req.remote_addr, req.remote_port);
   try {
     const ApiRequest a = parse_api_request(req.body, chat);
     if (!a.model.empty() && a.model != opt_.model_name) {
@@ -252,22 +255,34 @@ void ApiServer::handle_generate(const httplib::Request& req, bool chat, httplib:
 void ApiServer::routes() {
   using httplib::Request;
   using httplib::Response;
-  if (!opt_.api_key.empty()) {
-    http_->set_pre_routing_handler([this](const Request& req, Response& res) {
-      if (req.path.rfind("/v1", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-      const std::string auth = req.get_header_value("Authorization");
-      const std::string bearer = "Bearer ";
-      if (auth.rfind(bearer, 0) == 0 && same_secret(auth.substr(bearer.size()), opt_.api_key))
-        return httplib::Server::HandlerResponse::Unhandled;
-      reply_json(res, 401,
-                 error_reply(ApiError(401,
-                                      "Incorrect or missing API key: send the header "
-                                      "'Authorization: Bearer <key>' with the server's --api-key",
-                                      "invalid_request_error", "", "invalid_api_key"))
-                     .body);
-      return httplib::Server::HandlerResponse::Handled;
+  if (opt_.header_timeout_seconds > 0) {
+    header_deadline_ = std::make_unique<HeaderDeadline>(
+        std::chrono::milliseconds(static_cast<int64_t>(opt_.header_timeout_seconds * 1000)));
+    // After the response went out (httplib calls its logger then): the next request's headers
+    // are due within the deadline again.
+    http_->set_logger([this](const Request& req, const Response&) {
+      header_deadline_->request_finished(req.remote_addr, req.remote_port);
     });
   }
+  // Runs once a request's headers are in, before its body is read and before routing. A POST's
+  // body is still to come: its deadline ends when its handler starts (handle_generate).
+  http_->set_pre_routing_handler([this](const Request& req, Response& res) {
+    if (header_deadline_ && req.method != "POST")
+      header_deadline_->request_started(req.remote_addr, req.remote_port);
+    if (opt_.api_key.empty() || req.path.rfind("/v1", 0) != 0)
+      return httplib::Server::HandlerResponse::Unhandled;
+    const std::string auth = req.get_header_value("Authorization");
+    const std::string bearer = "Bearer ";
+    if (auth.rfind(bearer, 0) == 0 && same_secret(auth.substr(bearer.size()), opt_.api_key))
+      return httplib::Server::HandlerResponse::Unhandled;
+    reply_json(res, 401,
+               error_reply(ApiError(401,
+                                    "Incorrect or missing API key: send the header "
+                                    "'Authorization: Bearer <key>' with the server's --api-key",
+                                    "invalid_request_error", "", "invalid_api_key"))
+                   .body);
+    return httplib::Server::HandlerResponse::Handled;
+  });
   http_->Post("/v1/completions", [this](const Request& req, Response& res) {
     handle_generate(req, /*chat=*/false, res);
   });

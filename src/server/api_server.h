@@ -10,9 +10,10 @@
 #include <string>
 
 #include "engine/llm_engine.h"
+#include "server/header_deadline.h"
+#include "server/protocol.h"
 #include "text/chat_template.h"
 #include "text/tokenizer.h"
-#include "server/protocol.h"
 
 namespace httplib {
 class Server;
@@ -30,6 +31,9 @@ struct ApiServerOptions {
   // Non-empty: every /v1 route needs `Authorization: Bearer <api_key>` (else 401, as vLLM's
   // --api-key); /health and /metrics stay open.
   std::string api_key;
+  // A connection must send a request's headers within this time (HeaderDeadline), else 408 and
+  // closed; 0: no deadline (only httplib's per-read timeout).
+  double header_timeout_seconds = 30;
 };
 
 class ApiServer {
@@ -58,6 +62,7 @@ class ApiServer {
   ApiServerOptions opt_;
   std::unique_ptr<httplib::Server> http_;
   int listen_sock_ = -1;  // the listening socket httplib made (set in its socket-options hook)
+  std::unique_ptr<HeaderDeadline> header_deadline_;  // null: none
   std::atomic<uint64_t> n_requests_{0};
 };
 

@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 namespace duet {
 
@@ -63,6 +64,35 @@ int find_connection_socket(const std::string& local_addr, int local_port,
   }
   ::closedir(dir);
   return found;
+}
+
+std::vector<ServedConnection> served_connections(int local_port) {
+  std::vector<ServedConnection> out;
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return out;
+  while (const dirent* e = ::readdir(dir)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == ::dirfd(dir)) continue;
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    std::string addr;
+    int port = -1;
+    if (::getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&ss), &len) != 0 ||
+        !endpoint(ss, len, &addr, &port) || port != local_port) {
+      continue;
+    }
+    ServedConnection c;
+    c.fd = static_cast<int>(fd);
+    len = sizeof ss;
+    if (::getpeername(c.fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0 ||
+        !endpoint(ss, len, &c.remote_addr, &c.remote_port)) {
+      continue;  // the listening socket, or not connected
+    }
+    out.push_back(std::move(c));
+  }
+  ::closedir(dir);
+  return out;
 }
 
 bool peer_hung_up(int fd) {

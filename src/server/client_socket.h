@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace duet {
 
@@ -14,6 +15,15 @@ namespace duet {
 // there is none. Scans /proc/self/fd: call it once per request, not per poll.
 int find_connection_socket(const std::string& local_addr, int local_port,
                            const std::string& remote_addr, int remote_port);
+
+// This process's connected TCP sockets whose local port is local_port (a server's accepted
+// connections), with their peers. Scans /proc/self/fd.
+struct ServedConnection {
+  int fd = -1;
+  std::string remote_addr;
+  int remote_port = 0;
+};
+std::vector<ServedConnection> served_connections(int local_port);
 
 // Whether the peer of socket fd has closed the connection (or it failed). Never blocks, never
 // reads: bytes the client sent ahead (a pipelined request) stay for the HTTP library.

@@ -86,6 +86,8 @@ TEST_F(CliTest, BadInputIsOneLineErrors) {
   expect_error(run_duet("generate " + dir_ + " --prompt-ids 1 --max-tokens 99999"), "context");
   expect_error(run_duet("generate " + dir_ + " --prompt-ids 1 --top-p 2"), "top_p");
   expect_error(run_duet("generate " + dir_), "--prompt");
+  expect_error(run_duet("serve " + dir_ + " --port 0 --header-timeout 2"),
+               "is neither 0 nor at least 5 seconds");
   expect_error(run_duet("make-model /tmp/x --arch qwen3_moe --hf-overrides '[1]'"),
                "--hf-overrides");
 }

@@ -1,8 +1,11 @@
 # The OpenAI-compatible server driven by the official openai npm client (tests/npm/serve/).
 # Needs node and npm, and the npm registry on the first run (the packages are cached outside
 # the repo); without them the test fails rather than skips.
+# This one with a short --header-timeout, which the slow-client test (a byte every 0.5 s in the
+# headers, in the body) runs against.
 add_test(NAME serve_openai_client
-         COMMAND bash ${CMAKE_SOURCE_DIR}/tests/npm/serve/run_serve_test.sh $<TARGET_FILE:duet>)
+         COMMAND bash ${CMAKE_SOURCE_DIR}/tests/npm/serve/run_serve_test.sh $<TARGET_FILE:duet>
+                 --header-timeout 6)
 set_tests_properties(serve_openai_client PROPERTIES TIMEOUT 600 LABELS "npm")
 
 # The same client with the scheduler's other modes: steps one after another (no overlapped

@@ -48,8 +48,15 @@ if [ -z "$backlog" ] || [ "$backlog" -lt 128 ]; then
   exit 1
 fi
 
+# --header-timeout among the flags: the test of slow clients runs against it.
+header_timeout=0
+args=("$@")
+for ((i = 0; i + 1 < ${#args[@]}; i++)); do
+  if [ "${args[i]}" = --header-timeout ]; then header_timeout=${args[i + 1]}; fi
+done
+
 status=0
-(cd "$cache" && DUET_BASE_URL="http://127.0.0.1:$port" DUET_MODEL=tiny DUET_TEST_API_KEY="$api_key" \
+(cd "$cache" && DUET_TEST_HEADER_TIMEOUT="$header_timeout" DUET_BASE_URL="http://127.0.0.1:$port" DUET_MODEL=tiny DUET_TEST_API_KEY="$api_key" \
   node --test --test-timeout=120000 serve.test.mjs) || status=$?
 # A second server on the same port must fail loudly, not share the port.
 if "$duet" serve "$work/model" --host 127.0.0.1 --port "$port" >"$work/second.out" 2>&1; then

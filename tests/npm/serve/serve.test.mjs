@@ -243,6 +243,48 @@ test('a client that stalls in its request headers gets a 400 after the read time
   assert.ok(s < 8, `the stalled request was answered after ${s} s`);
 });
 
+// Run when the server was started with --header-timeout (DUET_TEST_HEADER_TIMEOUT, in seconds).
+const headerTimeout = Number(process.env.DUET_TEST_HEADER_TIMEOUT || 0);
+
+// A client that sends a byte every 0.5 s never trips the 5 s per-read timeout: only the whole
+// request's deadline ends it (slowloris). Headers trickled, then a body trickled after whole
+// headers: each gets a 408 with an OpenAI error, and a request meanwhile is served.
+async function trickle(head, bytes) {
+  const net = await import('node:net');
+  const url = new URL(base);
+  const sock = net.connect(Number(url.port), url.hostname);
+  await new Promise((r) => sock.once('connect', r));
+  sock.write(head);
+  const t0 = Date.now();
+  let got = '';
+  let closed = false;
+  sock.on('data', (d) => { got += d; });
+  sock.once('close', () => { closed = true; });
+  sock.on('error', () => { closed = true; });
+  for (let i = 0; !closed && Date.now() - t0 < 3 * headerTimeout * 1000; i++) {
+    if (!sock.destroyed) sock.write(bytes[i % bytes.length]);
+    await new Promise((r) => setTimeout(r, 500));
+  }
+  sock.destroy();
+  return { got, seconds: (Date.now() - t0) / 1000 };
+}
+
+test('a client that trickles its headers or body past --header-timeout gets a 408; others are served meanwhile',
+  { skip: headerTimeout ? false : 'the server has no --header-timeout to test' }, async () => {
+    const headers = trickle('POST /v1/completions HTTP/1.1\r\nHost: x\r\n', 'X-Slow: abcdefgh\r\n');
+    const body = trickle('POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n' +
+      `Authorization: Bearer ${apiKey}\r\nContent-Length: 100000\r\n\r\n`, '{"prompt":"abcdefgh",');
+    const r = await client.completions.create({ ...greedy, prompt: 'Meanwhile', max_tokens: 3 });
+    assert.equal(r.usage.completion_tokens, 3);
+    for (const [what, t] of [['headers', await headers], ['body', await body]]) {
+      assert.match(t.got, /^HTTP\/1\.1 408 /, `${what}: ${t.got}`);
+      const json = JSON.parse(t.got.slice(t.got.indexOf('\r\n\r\n') + 4));
+      assert.equal(json.error.code, 408, what);
+      assert.ok(t.seconds >= headerTimeout - 1 && t.seconds < 2 * headerTimeout + 2,
+        `${what}: answered after ${t.seconds} s with --header-timeout ${headerTimeout}`);
+    }
+  });
+
 // Raw requests, so that the body is exactly what is under test.
 async function post(path, body) {
   const res = await fetch(`${base}${path}`, { method: 'POST',
