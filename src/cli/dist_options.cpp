@@ -9,6 +9,7 @@
 #include "dist/inproc_backend.h"
 #include "dist/launcher.h"
 #include "dist/mpi_backend.h"
+#include "kernels/matmul.h"
 #include "model/config.h"
 #include "moe/wire_rows.h"
 
@@ -104,6 +105,10 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
   cmd->add_flag("--no-repack{false}", o.repack,
                 "Multiply attention, dense MLP and output weights as stored, without the copy "
                 "re-laid as panels at load (slower from a few sequences on; saves that memory)");
+  cmd->add_flag("--batch-invariant", o.batch_invariant,
+                "Batch-invariant products (as vLLM's batch-invariant mode): a sequence's logits, "
+                "and a greedy request's text, are the same alone and in any batch; prefill is "
+                "slower (implies --no-repack)");
   cmd->add_option("--distributed-backend", o.backend,
                   "mpi (processes under mpirun, the default) | inproc (threads)")
       ->check(CLI::IsMember({"mpi", "inproc"}));
@@ -248,7 +253,10 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
   const int rank = ctx ? ctx->rank() : 0;
   const ModelConfig c = load_config(model_dir);
   rm.placement = place_experts(c.n_expert, world);
-  LoadOptions lo{rm.placement.begin(rank), rm.placement.end(rank), o.repack};
+  // Process-wide, before any product; the panels batch-invariant products never read are not
+  // packed.
+  if (o.batch_invariant) set_matmul_batch_invariant(true);
+  LoadOptions lo{rm.placement.begin(rank), rm.placement.end(rank), o.repack && !o.batch_invariant};
   rm.group = rank_step_group(o, ctx, rm.placement);
   if (!o.trace_file.empty()) {
     rm.trace = std::make_unique<Trace>(rank);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -167,16 +168,29 @@ RowsFn rows_fn_for(simd::Isa isa) {
   return &scalar_matmul_rows;
 }
 
+std::atomic<bool> g_batch_invariant{false};  // set_matmul_batch_invariant
+
 // Whether the kernels of isa read w from its panels for n_tokens tokens (the AVX-512 and AVX2
-// ones, for f32 weights on an AVX-512 BF16 CPU too; vdpbf16ps and scalar read the rows).
+// ones, for f32 weights on an AVX-512 BF16 CPU too; vdpbf16ps and scalar read the rows). Never
+// while batch-invariant.
 bool reads_panels(simd::Isa isa, const Matrix& w, int64_t n_tokens) {
   return w.panels && n_tokens >= matmul_impl::kPanelMinTokens && isa != simd::Isa::kScalar &&
-         !matmul_impl::rounds_x(isa, w.dtype);
+         !matmul_impl::rounds_x(isa, w.dtype) && !g_batch_invariant.load(std::memory_order_relaxed);
 }
 
 bool use_tiled(matmul_impl::Path path, const Matrix& w, int64_t n_tokens) {
   return path == matmul_impl::Path::kTiled ||
-         (path == matmul_impl::Path::kAuto && n_tokens >= matmul_impl::tiled_min_tokens(w.dtype));
+         (path == matmul_impl::Path::kAuto && n_tokens >= matmul_impl::tiled_min_tokens(w.dtype) &&
+          !g_batch_invariant.load(std::memory_order_relaxed));
+}
+
+// w as the kernels should see it: without its panels while batch-invariant (the kernels read
+// panels wherever a matrix has them and there are enough tokens).
+Matrix as_read(const Matrix& w) {
+  if (!w.panels || !g_batch_invariant.load(std::memory_order_relaxed)) return w;
+  Matrix rows = w;
+  rows.panels = nullptr;
+  return rows;
 }
 
 }  // namespace
@@ -199,15 +213,16 @@ XRows direct_x(simd::Isa isa, const Matrix& w, XRows x, int64_t n_tokens, XBuffe
   return XRows(packed, ld);
 }
 
-void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w, const float* x,
+void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w_in, const float* x,
                  int64_t n_tokens, float* y) {
-  check_args("matmul", w, x, n_tokens, y);
+  check_args("matmul", w_in, x, n_tokens, y);
   check_isa(isa);
-  if (n_tokens == 0 || w.rows == 0) return;
-  if (w.cols == 0) {
-    std::fill(y, y + n_tokens * w.rows, 0.0f);
+  if (n_tokens == 0 || w_in.rows == 0) return;
+  if (w_in.cols == 0) {
+    std::fill(y, y + n_tokens * w_in.rows, 0.0f);
     return;
   }
+  const Matrix w = as_read(w_in);
   const bool tiled = use_tiled(path, w, n_tokens);
   const RowsFn rows_fn = rows_fn_for(isa);
   if (w.rows * w.cols * n_tokens < kMinParallelMacs) {
@@ -241,7 +256,7 @@ void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, XRows x, int64_
     for (int64_t t = 0; t < n_tokens; ++t) std::fill_n(y + t * ldy, r_end - r_begin, 0.0f);
     return;
   }
-  rows_fn_for(isa)(w, x, n_tokens, y, ldy, r_begin, r_end, use_tiled(path, w, n_tokens));
+  rows_fn_for(isa)(as_read(w), x, n_tokens, y, ldy, r_begin, r_end, use_tiled(path, w, n_tokens));
 }
 
 void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const float* x,
@@ -321,6 +336,14 @@ void matmul_xw_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* 
   check_args("matmul_xw_scalar", w, x, n_tokens, y);
   if (n_tokens == 0) return;
   scalar_matmul_xw_range(w, x, n_tokens, y, 0, w.cols);
+}
+
+void set_matmul_batch_invariant(bool on) {
+  g_batch_invariant.store(on);
+}
+
+bool matmul_batch_invariant() {
+  return g_batch_invariant.load();
 }
 
 const char* matmul_isa() {
