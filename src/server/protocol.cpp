@@ -283,6 +283,132 @@ json chunk_json(const ResponseMeta& m, const std::string& text, const std::strin
   return out;
 }
 
+namespace {
+
+// Whether s is valid UTF-8 (what nlohmann::json's dump() accepts): no stray continuation bytes,
+// no overlong forms, no surrogates, nothing past U+10FFFF.
+bool valid_utf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len = 0;
+    unsigned lo = 0x80, hi = 0xbf;  // bounds of the second byte
+    if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else {
+      return false;
+    }
+    if (i + len > n || p[i + 1] < lo || p[i + 1] > hi) return false;
+    for (int k = 2; k < len; ++k) {
+      if (p[i + k] < 0x80 || p[i + k] > 0xbf) return false;
+    }
+    i += len;
+  }
+  return true;
+}
+
+// s as a JSON string, escaped as nlohmann::json's dump() escapes it (valid UTF-8 passes through;
+// quote, backslash and control characters escaped, short forms where JSON has them).
+void append_json_string(std::string& out, const std::string& s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += '"';
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out += kHex[c >> 4];
+          out += kHex[c & 15];
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += '"';
+}
+
+}  // namespace
+
+std::string chunk_event(const ResponseMeta& m, const std::string& text,
+                        const std::string& finish_reason, bool first_chat_chunk,
+                        bool include_usage) {
+  if (!valid_utf8(text) || !valid_utf8(m.id) || !valid_utf8(m.model)) {
+    return "data: " + chunk_json(m, text, finish_reason, first_chat_chunk, include_usage).dump() +
+           "\n\n";
+  }
+  // nlohmann::json objects keep their keys sorted: the same order here.
+  std::string out;
+  out.reserve(160 + m.id.size() + m.model.size() + text.size() + text.size() / 8);
+  out += "data: {\"choices\":[{";
+  if (m.chat) {
+    out += "\"delta\":{";
+    const bool content = !text.empty() || first_chat_chunk;
+    if (content) {
+      out += "\"content\":";
+      append_json_string(out, text);
+    }
+    if (first_chat_chunk) out += content ? ",\"role\":\"assistant\"" : "\"role\":\"assistant\"";
+    out += "},";
+  }
+  out += "\"finish_reason\":";
+  if (finish_reason.empty()) {
+    out += "null";
+  } else {
+    append_json_string(out, finish_reason);
+  }
+  out += ",\"index\":0,\"logprobs\":null";
+  if (!m.chat) {
+    out += ",\"text\":";
+    append_json_string(out, text);
+  }
+  out += "}],\"created\":";
+  out += std::to_string(m.created);
+  out += ",\"id\":";
+  append_json_string(out, m.id);
+  out += ",\"model\":";
+  append_json_string(out, m.model);
+  out += ",\"object\":";
+  out += m.chat ? "\"chat.completion.chunk\"" : "\"text_completion\"";
+  if (include_usage) out += ",\"usage\":null";
+  out += "}\n\n";
+  return out;
+}
+
 json usage_chunk_json(const ResponseMeta& m, const Usage& u) {
   json out = envelope(m, m.chat ? "chat.completion.chunk" : "text_completion");
   out["choices"] = json::array();
