@@ -1,5 +1,5 @@
 // `duet bench all2all`: the latency and bandwidth of one MoE layer's dispatch + combine for both
-// all-to-all algorithms, each with f32 and bf16 rows (--dtypes; "vs f32" is the f32 row's time
+// all-to-all algorithms, each with f32, bf16 or fp8 rows (--dtypes; "vs f32" is the f32 row's time
 // over this row's, taken in the same run), and a raw all-to-all of the same bytes in the same run
 // (what the transport alone gives). Ranks are in-process threads (`--distributed-backend inproc`,
 // the default) or the processes of an mpirun job (`--distributed-backend mpi`: the command
@@ -129,13 +129,13 @@ void bench_rank(DistContext& ctx, const All2AllOptions& o) {
   }
   const RoutedTokens rt{x.data(), ids.data(), w.data(), o.tokens, o.hidden, o.topk, out.data()};
   std::vector<Timing> rows;
-  std::vector<DType> dtypes;
+  std::vector<RowDtype> dtypes;
   std::stringstream list(o.dtypes);
   for (std::string d; std::getline(list, d, ',');) dtypes.push_back(parse_all2all_dtype(d));
   if (dtypes.empty()) DUET_ERROR("--dtypes: none given");
   for (All2AllBackend b : {All2AllBackend::kHighThroughput, All2AllBackend::kLowLatency}) {
     const size_t first = rows.size();
-    for (DType dt : dtypes) {
+    for (RowDtype dt : dtypes) {
       EpDispatcherOptions eo{b, o.tokens};
       eo.row_dtype = dt;
       EpDispatcher ep(ctx.comm(), place, eo);
