@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/ops_impl.h"
 #include "kernels/simd_impl.h"
 
 namespace duet {
@@ -161,27 +162,18 @@ DUET_TARGET_AVX512 void axpy_fp8(float alpha, const float* scales, const uint8_t
 
 #pragma GCC diagnostic pop
 
-namespace {
-
-bool use_avx512() {
-  static const bool yes = simd::isa_supported(simd::Isa::kAvx512);
-  return yes;
-}
-
-}  // namespace
-
 void f32_to_fp8_row(const float* x, int64_t n, float* scales, uint8_t* codes) {
-  if (use_avx512()) return fp8_impl::avx512::f32_to_fp8_row(x, n, scales, codes);
+  if (ops_impl::use_avx512()) return fp8_impl::avx512::f32_to_fp8_row(x, n, scales, codes);
   fp8_impl::f32_to_fp8_row_scalar(x, n, scales, codes);
 }
 
 void fp8_to_f32_row(const float* scales, const uint8_t* codes, int64_t n, float* y) {
-  if (use_avx512()) return fp8_impl::avx512::fp8_to_f32_row(scales, codes, n, y);
+  if (ops_impl::use_avx512()) return fp8_impl::avx512::fp8_to_f32_row(scales, codes, n, y);
   fp8_impl::fp8_to_f32_row_scalar(scales, codes, n, y);
 }
 
 void axpy_fp8(float alpha, const float* scales, const uint8_t* codes, int64_t n, float* y) {
-  if (use_avx512()) return fp8_impl::avx512::axpy_fp8(alpha, scales, codes, n, y);
+  if (ops_impl::use_avx512()) return fp8_impl::avx512::axpy_fp8(alpha, scales, codes, n, y);
   fp8_impl::axpy_fp8_scalar(alpha, scales, codes, n, y);
 }
 

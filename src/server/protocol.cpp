@@ -4,6 +4,7 @@
 #include <set>
 
 #include "server/api_error.h"
+#include "text/tokenizer_utf8.h"
 
 namespace duet {
 
@@ -285,41 +286,6 @@ json chunk_json(const ResponseMeta& m, const std::string& text, const std::strin
 
 namespace {
 
-// Whether s is valid UTF-8 (what nlohmann::json's dump() accepts): no stray continuation bytes,
-// no overlong forms, no surrogates, nothing past U+10FFFF.
-bool valid_utf8(const std::string& s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned c = p[i];
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    int len = 0;
-    unsigned lo = 0x80, hi = 0xbf;  // bounds of the second byte
-    if (c >= 0xc2 && c <= 0xdf) {
-      len = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      len = 3;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      len = 4;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;
-    } else {
-      return false;
-    }
-    if (i + len > n || p[i + 1] < lo || p[i + 1] > hi) return false;
-    for (int k = 2; k < len; ++k) {
-      if (p[i + k] < 0x80 || p[i + k] > 0xbf) return false;
-    }
-    i += len;
-  }
-  return true;
-}
-
 // s as a JSON string, escaped as nlohmann::json's dump() escapes it (valid UTF-8 passes through;
 // quote, backslash and control characters escaped, short forms where JSON has them).
 void append_json_string(std::string& out, const std::string& s) {
@@ -367,7 +333,7 @@ void append_json_string(std::string& out, const std::string& s) {
 std::string chunk_event(const ResponseMeta& m, const std::string& text,
                         const std::string& finish_reason, bool first_chat_chunk,
                         bool include_usage) {
-  if (!valid_utf8(text) || !valid_utf8(m.id) || !valid_utf8(m.model)) {
+  if (!utf8::is_valid(text) || !utf8::is_valid(m.id) || !utf8::is_valid(m.model)) {
     return "data: " + chunk_json(m, text, finish_reason, first_chat_chunk, include_usage).dump() +
            "\n\n";
   }
