@@ -41,7 +41,7 @@ struct All2AllOptions {
   int64_t experts = 64;
   int iters = 20;
   std::string backend = "inproc";
-  std::string dtypes = "f32,bf16";
+  std::string dtypes = "f32,bf16,fp8";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -214,7 +214,7 @@ void add_bench_all2all(CLI::App& bench) {
   cmd->add_option("--distributed-backend", o->backend, "inproc | mpi");
   cmd->add_option("--dtypes", o->dtypes,
                   "Row types to time, each algorithm with each "
-                  "(default f32,bf16; the first is the 'vs' baseline)");
+                  "(default f32,bf16,fp8; the first is the 'vs' baseline)");
   cmd->callback([o] { run_all2all(*o); });
 }
 
