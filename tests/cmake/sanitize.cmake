@@ -9,5 +9,5 @@ add_test(NAME sanitize_asan_ubsan
 set_tests_properties(sanitize_asan_ubsan PROPERTIES TIMEOUT 2400 LABELS "sanitize")
 add_test(NAME sanitize_tsan
          COMMAND ${CMAKE_SOURCE_DIR}/scripts/sanitize.sh thread
-                 "*ThreadPool*:*HeaderDeadline*:*SplitTimes*:*CommThread*:*Inproc*:*StepRunner*:*OverlapGenerate*:*LlmEngine*:*EpGenerate*:*Affinity*:*FutureMap*:*OverlapSchedule*")
+                 "*ThreadPool*:*HeaderDeadline*:*ClientSocket*:*SplitTimes*:*CommThread*:*Inproc*:*StepRunner*:*OverlapGenerate*:*LlmEngine*:*EpGenerate*:*Affinity*:*FutureMap*:*OverlapSchedule*")
 set_tests_properties(sanitize_tsan PROPERTIES TIMEOUT 2400 LABELS "sanitize")
