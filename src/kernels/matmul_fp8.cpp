@@ -1,0 +1,220 @@
+#include "kernels/matmul_fp8.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/fp8_rows.h"
+#include "kernels/matmul_impl.h"
+
+namespace duet {
+
+namespace {
+
+int64_t scale_cols(const Matrix& w) {
+  return (w.cols + w.f8.block_cols - 1) / w.f8.block_cols;
+}
+
+// The scales of row r's blocks: [scale_cols(w)] f32.
+const float* scale_row(const Matrix& w, int64_t r) {
+  return w.f8.scale_inv + (w.f8.row0 + r) / w.f8.block_rows * scale_cols(w);
+}
+
+const uint8_t* code_row(const Matrix& w, int64_t r) {
+  return static_cast<const uint8_t*>(w.data) + r * w.cols;
+}
+
+}  // namespace
+
+float fp8_weight(const Matrix& w, int64_t r, int64_t c) {
+  return e4m3_to_f32(code_row(w, r)[c]) * scale_row(w, r)[c / w.f8.block_cols];
+}
+
+void dequantize_fp8(const Matrix& w, float* out) {
+  DUET_CHECK(w.dtype == DType::kF8E4M3, "dequantize_fp8: dtype " << dtype_name(w.dtype));
+  for (int64_t r = 0; r < w.rows; ++r)
+    for (int64_t c = 0; c < w.cols; ++c) out[r * w.cols + c] = fp8_weight(w, r, c);
+}
+
+namespace fp8_impl {
+
+void matmul_rows_scalar(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
+                        int64_t r_begin, int64_t r_end, bool /*tiled*/) {
+  const int64_t bc = w.f8.block_cols;
+  for (int64_t r = r_begin; r < r_end; ++r) {
+    const uint8_t* wr = code_row(w, r);
+    const float* sr = scale_row(w, r);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float* xt = x.row(t, w.cols);
+      double acc = 0;
+      for (int64_t c0 = 0; c0 < w.cols; c0 += bc) {
+        double block = 0;
+        for (int64_t c = c0; c < std::min(w.cols, c0 + bc); ++c)
+          block += double(e4m3_to_f32(wr[c])) * double(xt[c]);
+        acc += block * double(sr[c0 / bc]);
+      }
+      y[t * ldy + (r - r_begin)] = static_cast<float>(acc);
+    }
+  }
+}
+
+void matmul_xw_cols_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y,
+                           int64_t c_begin, int64_t c_end) {
+  std::vector<double> acc(static_cast<size_t>(c_end - c_begin));
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t r = 0; r < w.rows; ++r) {
+      const double xv = x[t * w.rows + r];
+      for (int64_t c = c_begin; c < c_end; ++c)
+        acc[c - c_begin] += xv * double(fp8_weight(w, r, c));
+    }
+    for (int64_t c = c_begin; c < c_end; ++c)
+      y[t * w.cols + c] = static_cast<float>(acc[c - c_begin]);
+  }
+}
+
+// GCC 12 warns about its own AVX-512 intrinsics; see simd_impl.h.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace {
+
+constexpr int64_t kW = 16;
+constexpr int kRows = 4;        // weight rows per register tile
+constexpr int kTokens = 3;      // tokens per register tile: 2 × 12 accumulators, 3 x, 4 w
+constexpr int64_t kChunk = 32;  // tokens whose x rows stay in L2 while a row range streams by
+
+DUET_TARGET_AVX512 inline __mmask16 first(int64_t n) {
+  return static_cast<__mmask16>(n >= kW ? 0xffffu : (1u << n) - 1u);
+}
+
+// 16 codes' values × 2^-8: the sign-extended code shifted left by 7 puts E4M3's sign at bit 15
+// (and a copy at bit 14, cleared), its exponent at bits 10-13 and its mantissa at bits 7-9 of an
+// f16, whose exponent bias (15) is E4M3's (7) plus 8; subnormal codes land on f16 subnormals, so
+// every code, 0x7f and 0xff included, converts exactly (4 instructions, not e4m3_values' 10).
+DUET_TARGET_AVX512 inline __m512 widen(__m128i codes) {
+  const __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(codes), 7);
+  return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16(static_cast<int16_t>(0xbfff))));
+}
+
+// y[t * ldy + i] = x[t] · w[r + i] for i < R, t < T: per block, R × T vector partial sums,
+// multiplied by the block's scale into R × T totals.
+template <int R, int T>
+DUET_TARGET_AVX512 void tile(const Matrix& w, int64_t r, const float* const* xt, float* y,
+                             int64_t ldy) {
+  const int64_t cols = w.cols, bc = w.f8.block_cols;
+  const uint8_t* wr[R];
+  const float* sr[R];
+  for (int i = 0; i < R; ++i) {
+    wr[i] = code_row(w, r + i);
+    sr[i] = scale_row(w, r + i);
+  }
+  __m512 tot[R][T];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < T; ++j) tot[i][j] = _mm512_setzero_ps();
+  for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+    const int64_t c1 = std::min(cols, c0 + bc);
+    __m512 blk[R][T];
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < T; ++j) blk[i][j] = _mm512_setzero_ps();
+    for (int64_t c = c0; c < c1; c += kW) {
+      const __mmask16 k = first(c1 - c);
+      __m512 xv[T];
+      for (int j = 0; j < T; ++j) xv[j] = _mm512_maskz_loadu_ps(k, xt[j] + c);
+      for (int i = 0; i < R; ++i) {
+        const __m512 wv = widen(_mm_maskz_loadu_epi8(k, wr[i] + c));
+        for (int j = 0; j < T; ++j) blk[i][j] = _mm512_fmadd_ps(wv, xv[j], blk[i][j]);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m512 s = _mm512_set1_ps(sr[i][c0 / bc]);
+      for (int j = 0; j < T; ++j) tot[i][j] = _mm512_fmadd_ps(blk[i][j], s, tot[i][j]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < T; ++j) y[j * ldy + i] = _mm512_reduce_add_ps(tot[i][j]) * 256.0f;
+}
+
+template <int R>
+DUET_TARGET_AVX512 void tile_tokens(const Matrix& w, int64_t r, const float* const* xt, int n,
+                                    float* y, int64_t ldy) {
+  switch (n) {
+    case 1:
+      return tile<R, 1>(w, r, xt, y, ldy);
+    case 2:
+      return tile<R, 2>(w, r, xt, y, ldy);
+    default:
+      return tile<R, 3>(w, r, xt, y, ldy);
+  }
+}
+
+}  // namespace
+
+DUET_TARGET_AVX512 void matmul_rows_avx512(const Matrix& w, XRows x, int64_t n_tokens, float* y,
+                                           int64_t ldy, int64_t r_begin, int64_t r_end,
+                                           bool /*tiled*/) {
+  DUET_CHECK(w.f8.block_cols % kW == 0, "fp8 matmul: block_cols " << w.f8.block_cols);
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kChunk) {
+    const matmul_impl::EvenBlocks tb(std::min(kChunk, n_tokens - t0), kTokens);
+    for (int64_t r = r_begin; r < r_end;) {
+      const bool full = r_end - r >= kRows;
+      for (int64_t b = 0; b < tb.n; ++b) {
+        const int64_t t = t0 + tb.begin(b);
+        const int n = static_cast<int>(tb.size(b));
+        const float* xt[kTokens];
+        for (int j = 0; j < n; ++j) xt[j] = x.row(t + j, w.cols);
+        float* yt = y + t * ldy + (r - r_begin);
+        if (full) {
+          tile_tokens<kRows>(w, r, xt, n, yt, ldy);
+        } else {
+          tile_tokens<1>(w, r, xt, n, yt, ldy);
+        }
+      }
+      r += full ? kRows : 1;
+    }
+  }
+}
+
+DUET_TARGET_AVX512 void matmul_xw_cols_avx512(const Matrix& w, const float* x, int64_t n_tokens,
+                                              float* y, int64_t c_begin, int64_t c_end) {
+  DUET_CHECK(w.f8.block_cols % kW == 0 && c_begin % kW == 0,
+             "fp8 matmul_xw: block_cols " << w.f8.block_cols << " c_begin " << c_begin);
+  const int64_t bc = w.f8.block_cols;
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    float* yt = y + t * w.cols;
+    for (int64_t c = c_begin; c < c_end; c += kW)
+      _mm512_mask_storeu_ps(yt + c, first(c_end - c), _mm512_setzero_ps());
+    for (int64_t r = 0; r < w.rows; ++r) {
+      const float xv = x[t * w.rows + r] * 256.0f;
+      const uint8_t* wr = code_row(w, r);
+      const float* sr = scale_row(w, r);
+      for (int64_t c = c_begin; c < c_end; c += kW) {
+        const __mmask16 k = first(c_end - c);
+        const __m512 a = _mm512_set1_ps(xv * sr[c / bc]);
+        const __m512 v = widen(_mm_maskz_loadu_epi8(k, wr + c));
+        _mm512_mask_storeu_ps(yt + c, k, _mm512_fmadd_ps(a, v, _mm512_maskz_loadu_ps(k, yt + c)));
+      }
+    }
+  }
+}
+
+DUET_TARGET_AVX512 void e4m3_values_over_256(const uint8_t codes[16], float out[16]) {
+  _mm512_storeu_ps(out, widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
+}
+
+#pragma GCC diagnostic pop
+
+RowsFn rows_fn(simd::Isa isa) {
+  return isa == simd::Isa::kScalar || isa == simd::Isa::kAvx2 ? &matmul_rows_scalar
+                                                              : &matmul_rows_avx512;
+}
+
+XwColsFn xw_cols_fn(simd::Isa isa) {
+  return isa == simd::Isa::kScalar || isa == simd::Isa::kAvx2 ? &matmul_xw_cols_scalar
+                                                              : &matmul_xw_cols_avx512;
+}
+
+}  // namespace fp8_impl
+
+}  // namespace duet
