@@ -203,11 +203,120 @@ DUET_TARGET_AVX512 void e4m3_values_over_256(const uint8_t codes[16], float out[
   _mm512_storeu_ps(out, widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
 }
 
+// AVX2 (with F16C, which every AVX2 CPU has): the same kernel on 8 lanes. Sixteen ymm registers
+// hold 2 rows × 2 tokens of block and total sums; a block's ragged end (only the matrix's last
+// block has one) goes through zero-padded copies, AVX2 having no masked byte loads.
+#define DUET_TARGET_AVX2_F16C __attribute__((target("avx2,fma,f16c")))
+
+namespace {
+
+constexpr int kRows2 = 2;
+constexpr int kTokens2 = 2;
+
+DUET_TARGET_AVX2_F16C inline __m256 widen8(const uint8_t* codes) {
+  const __m128i c = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes));
+  const __m128i h = _mm_slli_epi16(_mm_cvtepi8_epi16(c), 7);
+  return _mm256_cvtph_ps(_mm_and_si128(h, _mm_set1_epi16(static_cast<int16_t>(0xbfff))));
+}
+
+template <int R, int T>
+DUET_TARGET_AVX2_F16C void tile8(const Matrix& w, int64_t r, const float* const* xt, float* y,
+                                 int64_t ldy) {
+  const int64_t cols = w.cols, bc = w.f8.block_cols;
+  const uint8_t* wr[R];
+  const float* sr[R];
+  for (int i = 0; i < R; ++i) {
+    wr[i] = code_row(w, r + i);
+    sr[i] = scale_row(w, r + i);
+  }
+  __m256 tot[R][T];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < T; ++j) tot[i][j] = _mm256_setzero_ps();
+  for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+    const int64_t c1 = std::min(cols, c0 + bc);
+    __m256 blk[R][T];
+    for (int i = 0; i < R; ++i)
+      for (int j = 0; j < T; ++j) blk[i][j] = _mm256_setzero_ps();
+    for (int64_t c = c0; c < c1; c += 8) {
+      const int64_t n = std::min<int64_t>(8, c1 - c);
+      alignas(32) float xpad[T][8] = {};
+      alignas(16) uint8_t wpad[R][8] = {};
+      __m256 xv[T];
+      for (int j = 0; j < T; ++j) {
+        if (n < 8) std::copy(xt[j] + c, xt[j] + c + n, xpad[j]);
+        xv[j] = n < 8 ? _mm256_load_ps(xpad[j]) : _mm256_loadu_ps(xt[j] + c);
+      }
+      for (int i = 0; i < R; ++i) {
+        if (n < 8) std::copy(wr[i] + c, wr[i] + c + n, wpad[i]);
+        const __m256 wv = widen8(n < 8 ? wpad[i] : wr[i] + c);
+        for (int j = 0; j < T; ++j) blk[i][j] = _mm256_fmadd_ps(wv, xv[j], blk[i][j]);
+      }
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m256 sv = _mm256_set1_ps(sr[i][c0 / bc]);
+      for (int j = 0; j < T; ++j) tot[i][j] = _mm256_fmadd_ps(blk[i][j], sv, tot[i][j]);
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    for (int j = 0; j < T; ++j) {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, tot[i][j]);
+      float sum = 0;
+      for (float v : lanes) sum += v;
+      y[j * ldy + i] = sum * 256.0f;
+    }
+  }
+}
+
+template <int R>
+DUET_TARGET_AVX2_F16C void tile8_tokens(const Matrix& w, int64_t r, const float* const* xt, int n,
+                                        float* y, int64_t ldy) {
+  if (n == 1) return tile8<R, 1>(w, r, xt, y, ldy);
+  tile8<R, 2>(w, r, xt, y, ldy);
+}
+
+}  // namespace
+
+DUET_TARGET_AVX2_F16C void matmul_rows_avx2(const Matrix& w, XRows x, int64_t n_tokens, float* y,
+                                            int64_t ldy, int64_t r_begin, int64_t r_end,
+                                            bool /*tiled*/) {
+  DUET_CHECK(w.f8.block_cols % 8 == 0, "fp8 matmul: block_cols " << w.f8.block_cols);
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kChunk) {
+    const matmul_impl::EvenBlocks tb(std::min(kChunk, n_tokens - t0), kTokens2);
+    for (int64_t r = r_begin; r < r_end;) {
+      const bool full = r_end - r >= kRows2;
+      for (int64_t b = 0; b < tb.n; ++b) {
+        const int64_t t = t0 + tb.begin(b);
+        const int n = static_cast<int>(tb.size(b));
+        const float* xt[kTokens2];
+        for (int j = 0; j < n; ++j) xt[j] = x.row(t + j, w.cols);
+        float* yt = y + t * ldy + (r - r_begin);
+        if (full) {
+          tile8_tokens<kRows2>(w, r, xt, n, yt, ldy);
+        } else {
+          tile8_tokens<1>(w, r, xt, n, yt, ldy);
+        }
+      }
+      r += full ? kRows2 : 1;
+    }
+  }
+}
+
 #pragma GCC diagnostic pop
 
+namespace {
+
+bool has_f16c() {
+  static const bool yes = __builtin_cpu_supports("f16c");
+  return yes;
+}
+
+}  // namespace
+
 RowsFn rows_fn(simd::Isa isa) {
-  return isa == simd::Isa::kScalar || isa == simd::Isa::kAvx2 ? &matmul_rows_scalar
-                                                              : &matmul_rows_avx512;
+  if (isa == simd::Isa::kScalar) return &matmul_rows_scalar;
+  if (isa == simd::Isa::kAvx2) return has_f16c() ? &matmul_rows_avx2 : &matmul_rows_scalar;
+  return &matmul_rows_avx512;
 }
 
 XwColsFn xw_cols_fn(simd::Isa isa) {

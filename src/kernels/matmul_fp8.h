@@ -25,9 +25,11 @@ namespace fp8_impl {
 // y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), t < n_tokens, with x's rows
 // contiguous or gathered (not rounded), w fp8 with f8.block_cols a multiple of 16. The shape
 // of matmul_impl's row kernels (`tiled` is ignored: one path serves every token count).
-// avx512 needs simd::Isa::kAvx512; the scalar one sums each block in double.
+// avx512 needs simd::Isa::kAvx512, avx2 AVX2 and F16C; the scalar one sums each block in double.
 void matmul_rows_avx512(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
                         int64_t r_begin, int64_t r_end, bool tiled);
+void matmul_rows_avx2(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
+                      int64_t r_begin, int64_t r_end, bool tiled);
 void matmul_rows_scalar(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
                         int64_t r_begin, int64_t r_end, bool tiled);
 
@@ -38,7 +40,8 @@ void matmul_xw_cols_avx512(const Matrix& w, const float* x, int64_t n_tokens, fl
 void matmul_xw_cols_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y,
                            int64_t c_begin, int64_t c_end);
 
-// The row kernel for products on isa: AVX-512 on the AVX-512 instruction sets, else scalar.
+// The row kernel for products on isa: AVX-512 on the AVX-512 instruction sets, AVX2 on AVX2
+// (scalar without F16C), scalar on scalar. matmul_xw's is AVX-512 or scalar.
 using RowsFn = void (*)(const Matrix&, XRows, int64_t, float*, int64_t, int64_t, int64_t, bool);
 RowsFn rows_fn(simd::Isa isa);
 using XwColsFn = void (*)(const Matrix&, const float*, int64_t, float*, int64_t, int64_t);
