@@ -24,6 +24,21 @@ const uint8_t* code_row(const Matrix& w, int64_t r) {
   return static_cast<const uint8_t*>(w.data) + r * w.cols;
 }
 
+// The code and scale rows of rows [r, r + R), with one division (a tile's rows may cross a block).
+template <int R>
+inline void tile_rows(const Matrix& w, int64_t r, const uint8_t** wr, const float** sr) {
+  const int64_t n_cb = scale_cols(w), br = w.f8.block_rows;
+  int64_t q = (w.f8.row0 + r) / br, rem = (w.f8.row0 + r) % br;
+  for (int i = 0; i < R; ++i) {
+    wr[i] = code_row(w, r + i);
+    sr[i] = w.f8.scale_inv + q * n_cb;
+    if (++rem == br) {
+      rem = 0;
+      ++q;
+    }
+  }
+}
+
 }  // namespace
 
 float fp8_weight(const Matrix& w, int64_t r, int64_t c) {
@@ -85,6 +100,13 @@ constexpr int kRows = 4;        // weight rows per register tile
 constexpr int kTokens = 3;      // tokens per register tile: 2 × 12 accumulators, 3 x, 4 w
 constexpr int64_t kChunk = 32;  // tokens whose x rows stay in L2 while a row range streams by
 
+// The cache line at column c of R rows of codes from pf, ld bytes apart, into L2.
+template <int R>
+inline void prefetch_lines(const uint8_t* pf, int64_t ld, int64_t c) {
+  for (int i = 0; i < R; ++i)
+    _mm_prefetch(reinterpret_cast<const char*>(pf + i * ld + c), _MM_HINT_T1);
+}
+
 DUET_TARGET_AVX512 inline __mmask16 first(int64_t n) {
   return static_cast<__mmask16>(n >= kW ? 0xffffu : (1u << n) - 1u);
 }
@@ -100,24 +122,22 @@ DUET_TARGET_AVX512 inline __m512 widen(__m128i codes) {
 
 // y[t * ldy + i] = x[t] · w[r + i] for i < R, t < T: per block, R × T vector partial sums,
 // multiplied by the block's scale into R × T totals. The loops over R and T are unrolled so the
-// sums stay in registers (-O2 leaves them in memory otherwise: 6x slower).
+// sums stay in registers (-O2 leaves them in memory otherwise: 6x slower). Unless pf is null,
+// the R rows of codes at pf (the next tile's, cols bytes apart) are prefetched along the way: a
+// row of a few KB is too short for the hardware prefetcher.
 template <int R, int T>
 DUET_TARGET_AVX512 void tile(const Matrix& w, int64_t r, const float* const* xt, float* y,
-                             int64_t ldy) {
+                             int64_t ldy, const uint8_t* pf) {
   const int64_t cols = w.cols, bc = w.f8.block_cols;
   const uint8_t* wr[R];
   const float* sr[R];
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i) {
-    wr[i] = code_row(w, r + i);
-    sr[i] = scale_row(w, r + i);
-  }
+  tile_rows<R>(w, r, wr, sr);
   __m512 tot[R][T];
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < T; ++j) tot[i][j] = _mm512_setzero_ps();
-  for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+  for (int64_t b = 0, c0 = 0; c0 < cols; ++b, c0 += bc) {  // block b: no division per block
     const int64_t c1 = std::min(cols, c0 + bc);
     __m512 blk[R][T];
 #pragma GCC unroll 8
@@ -129,6 +149,7 @@ DUET_TARGET_AVX512 void tile(const Matrix& w, int64_t r, const float* const* xt,
     for (int64_t c = c0; c < c1; c += kW) {
       const bool whole = c < c_full;
       const __mmask16 k = first(c1 - c);
+      if (pf && c % 64 == 0) prefetch_lines<R>(pf, cols, c);
       __m512 xv[T];
 #pragma GCC unroll 8
       for (int j = 0; j < T; ++j)
@@ -144,7 +165,7 @@ DUET_TARGET_AVX512 void tile(const Matrix& w, int64_t r, const float* const* xt,
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
-      const __m512 s = _mm512_set1_ps(sr[i][c0 / bc]);
+      const __m512 s = _mm512_set1_ps(sr[i][b]);
 #pragma GCC unroll 8
       for (int j = 0; j < T; ++j) tot[i][j] = _mm512_fmadd_ps(blk[i][j], s, tot[i][j]);
     }
@@ -157,14 +178,14 @@ DUET_TARGET_AVX512 void tile(const Matrix& w, int64_t r, const float* const* xt,
 
 template <int R>
 DUET_TARGET_AVX512 void tile_tokens(const Matrix& w, int64_t r, const float* const* xt, int n,
-                                    float* y, int64_t ldy) {
+                                    float* y, int64_t ldy, const uint8_t* pf) {
   switch (n) {
     case 1:
-      return tile<R, 1>(w, r, xt, y, ldy);
+      return tile<R, 1>(w, r, xt, y, ldy, pf);
     case 2:
-      return tile<R, 2>(w, r, xt, y, ldy);
+      return tile<R, 2>(w, r, xt, y, ldy, pf);
     default:
-      return tile<R, 3>(w, r, xt, y, ldy);
+      return tile<R, 3>(w, r, xt, y, ldy, pf);
   }
 }
 
@@ -178,16 +199,20 @@ DUET_TARGET_AVX512 void matmul_rows_avx512(const Matrix& w, XRows x, int64_t n_t
     const matmul_impl::EvenBlocks tb(std::min(kChunk, n_tokens - t0), kTokens);
     for (int64_t r = r_begin; r < r_end;) {
       const bool full = r_end - r >= kRows;
+      // The next tile's rows, while the first token block reads these (past r_end they are
+      // another thread's or past the matrix: prefetches never fault).
+      const uint8_t* next = code_row(w, r + (full ? kRows : 1));
       for (int64_t b = 0; b < tb.n; ++b) {
+        const uint8_t* pf = b == 0 ? next : nullptr;
         const int64_t t = t0 + tb.begin(b);
         const int n = static_cast<int>(tb.size(b));
         const float* xt[kTokens];
         for (int j = 0; j < n; ++j) xt[j] = x.row(t + j, w.cols);
         float* yt = y + t * ldy + (r - r_begin);
         if (full) {
-          tile_tokens<kRows>(w, r, xt, n, yt, ldy);
+          tile_tokens<kRows>(w, r, xt, n, yt, ldy, pf);
         } else {
-          tile_tokens<1>(w, r, xt, n, yt, ldy);
+          tile_tokens<1>(w, r, xt, n, yt, ldy, pf);
         }
       }
       r += full ? kRows : 1;
@@ -208,11 +233,14 @@ DUET_TARGET_AVX512 void matmul_xw_cols_avx512(const Matrix& w, const float* x, i
       const float xv = x[t * w.rows + r] * 256.0f;
       const uint8_t* wr = code_row(w, r);
       const float* sr = scale_row(w, r);
-      for (int64_t c = c_begin; c < c_end; c += kW) {
-        const __mmask16 k = first(c_end - c);
-        const __m512 a = _mm512_set1_ps(xv * sr[c / bc]);
-        const __m512 v = widen(_mm_maskz_loadu_epi8(k, wr + c));
-        _mm512_mask_storeu_ps(yt + c, k, _mm512_fmadd_ps(a, v, _mm512_maskz_loadu_ps(k, yt + c)));
+      for (int64_t c = c_begin; c < c_end;) {  // block by block: one scale each
+        const int64_t b = c / bc, c_stop = std::min(c_end, (b + 1) * bc);
+        const __m512 a = _mm512_set1_ps(xv * sr[b]);
+        for (; c < c_stop; c += kW) {
+          const __mmask16 k = first(c_stop - c);
+          const __m512 v = widen(_mm_maskz_loadu_epi8(k, wr + c));
+          _mm512_mask_storeu_ps(yt + c, k, _mm512_fmadd_ps(a, v, _mm512_maskz_loadu_ps(k, yt + c)));
+        }
       }
     }
   }
@@ -240,21 +268,17 @@ DUET_TARGET_AVX2_F16C inline __m256 widen8(const uint8_t* codes) {
 
 template <int R, int T>
 DUET_TARGET_AVX2_F16C void tile8(const Matrix& w, int64_t r, const float* const* xt, float* y,
-                                 int64_t ldy) {
+                                 int64_t ldy, const uint8_t* pf) {
   const int64_t cols = w.cols, bc = w.f8.block_cols;
   const uint8_t* wr[R];
   const float* sr[R];
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i) {
-    wr[i] = code_row(w, r + i);
-    sr[i] = scale_row(w, r + i);
-  }
+  tile_rows<R>(w, r, wr, sr);
   __m256 tot[R][T];
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < T; ++j) tot[i][j] = _mm256_setzero_ps();
-  for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+  for (int64_t b = 0, c0 = 0; c0 < cols; ++b, c0 += bc) {  // block b: no division per block
     const int64_t c1 = std::min(cols, c0 + bc);
     __m256 blk[R][T];
 #pragma GCC unroll 8
@@ -263,6 +287,7 @@ DUET_TARGET_AVX2_F16C void tile8(const Matrix& w, int64_t r, const float* const*
       for (int j = 0; j < T; ++j) blk[i][j] = _mm256_setzero_ps();
     for (int64_t c = c0; c < c1; c += 8) {
       const int64_t n = std::min<int64_t>(8, c1 - c);
+      if (pf && c % 64 == 0) prefetch_lines<R>(pf, cols, c);
       alignas(32) float xpad[T][8] = {};
       alignas(16) uint8_t wpad[R][8] = {};
       __m256 xv[T];
@@ -281,7 +306,7 @@ DUET_TARGET_AVX2_F16C void tile8(const Matrix& w, int64_t r, const float* const*
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
-      const __m256 sv = _mm256_set1_ps(sr[i][c0 / bc]);
+      const __m256 sv = _mm256_set1_ps(sr[i][b]);
 #pragma GCC unroll 8
       for (int j = 0; j < T; ++j) tot[i][j] = _mm256_fmadd_ps(blk[i][j], sv, tot[i][j]);
     }
@@ -301,9 +326,9 @@ DUET_TARGET_AVX2_F16C void tile8(const Matrix& w, int64_t r, const float* const*
 
 template <int R>
 DUET_TARGET_AVX2_F16C void tile8_tokens(const Matrix& w, int64_t r, const float* const* xt, int n,
-                                        float* y, int64_t ldy) {
-  if (n == 1) return tile8<R, 1>(w, r, xt, y, ldy);
-  tile8<R, 2>(w, r, xt, y, ldy);
+                                        float* y, int64_t ldy, const uint8_t* pf) {
+  if (n == 1) return tile8<R, 1>(w, r, xt, y, ldy, pf);
+  tile8<R, 2>(w, r, xt, y, ldy, pf);
 }
 
 }  // namespace
@@ -316,16 +341,18 @@ DUET_TARGET_AVX2_F16C void matmul_rows_avx2(const Matrix& w, XRows x, int64_t n_
     const matmul_impl::EvenBlocks tb(std::min(kChunk, n_tokens - t0), kTokens2);
     for (int64_t r = r_begin; r < r_end;) {
       const bool full = r_end - r >= kRows2;
+      const uint8_t* next = code_row(w, r + (full ? kRows2 : 1));  // prefetched, as above
       for (int64_t b = 0; b < tb.n; ++b) {
+        const uint8_t* pf = b == 0 ? next : nullptr;
         const int64_t t = t0 + tb.begin(b);
         const int n = static_cast<int>(tb.size(b));
         const float* xt[kTokens2];
         for (int j = 0; j < n; ++j) xt[j] = x.row(t + j, w.cols);
         float* yt = y + t * ldy + (r - r_begin);
         if (full) {
-          tile8_tokens<kRows2>(w, r, xt, n, yt, ldy);
+          tile8_tokens<kRows2>(w, r, xt, n, yt, ldy, pf);
         } else {
-          tile8_tokens<1>(w, r, xt, n, yt, ldy);
+          tile8_tokens<1>(w, r, xt, n, yt, ldy, pf);
         }
       }
       r += full ? kRows2 : 1;
