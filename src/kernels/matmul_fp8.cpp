@@ -191,10 +191,53 @@ DUET_TARGET_AVX512 void tile_tokens(const Matrix& w, int64_t r, const float* con
 
 }  // namespace
 
+namespace {
+
+// From this many tokens on (batched decode, prefill) rows are widened once into f32 and
+// multiplied by the f32 kernels, rather than widened again for every block of kTokens tokens.
+constexpr int64_t kWidenOnceTokens = 4;
+constexpr int64_t kWidenRows = 32;  // rows widened at a time: 32 × cols f32 stay in L2
+
+// out[nr, cols] f32 = rows [r, r + nr) of w, each weight its code's value × its block's scale.
+DUET_TARGET_AVX512 void dequantize_rows(const Matrix& w, int64_t r, int64_t nr, float* out) {
+  const int64_t cols = w.cols, bc = w.f8.block_cols;
+  for (int64_t i = 0; i < nr; ++i) {
+    const uint8_t* wr[1];
+    const float* sr[1];
+    tile_rows<1>(w, r + i, wr, sr);
+    float* o = out + i * cols;
+    for (int64_t b = 0, c0 = 0; c0 < cols; ++b, c0 += bc) {
+      const __m512 s = _mm512_set1_ps(sr[0][b]);
+      const int64_t c1 = std::min(cols, c0 + bc);
+      for (int64_t c = c0; c < c1; c += kW) {
+        const __mmask16 k = first(c1 - c);
+        const __m512 v = _mm512_mul_ps(widen(_mm_maskz_loadu_epi8(k, wr[0] + c)), s);
+        _mm512_mask_storeu_ps(o + c, k, _mm512_mul_ps(v, _mm512_set1_ps(256.0f)));
+      }
+    }
+  }
+}
+
+}  // namespace
+
 DUET_TARGET_AVX512 void matmul_rows_avx512(const Matrix& w, XRows x, int64_t n_tokens, float* y,
                                            int64_t ldy, int64_t r_begin, int64_t r_end,
                                            bool /*tiled*/) {
   DUET_CHECK(w.f8.block_cols % kW == 0, "fp8 matmul: block_cols " << w.f8.block_cols);
+  // Batch-invariant products sum every row in one order whatever the token count: never widen
+  // once for some counts only.
+  if (n_tokens >= kWidenOnceTokens && !matmul_batch_invariant()) {
+    thread_local std::vector<float> buf;
+    float* wf = matmul_impl::aligned_floats(buf, kWidenRows * w.cols);  // [kWidenRows, cols]
+    for (int64_t r = r_begin; r < r_end; r += kWidenRows) {
+      const int64_t nr = std::min(kWidenRows, r_end - r);
+      dequantize_rows(w, r, nr, wf);
+      matmul_impl::matmul_rows_with(simd::Isa::kAvx512, matmul_impl::Path::kAuto,
+                                    Matrix{DType::kF32, nr, w.cols, wf}, x, n_tokens,
+                                    y + (r - r_begin), ldy, 0, nr);
+    }
+    return;
+  }
   for (int64_t t0 = 0; t0 < n_tokens; t0 += kChunk) {
     const matmul_impl::EvenBlocks tb(std::min(kChunk, n_tokens - t0), kTokens);
     for (int64_t r = r_begin; r < r_end;) {

@@ -148,6 +148,24 @@ TEST(MatmulFp8Test, MatchesTheDequantizedProduct) {
   }
 }
 
+// From kWidenOnceTokens tokens on rows are widened once and multiplied in f32; batch-invariant
+// products never take that turn, so a row's result is the same bit for bit alone and in a batch.
+TEST(MatmulFp8Test, BatchInvariantProductsDoNotDependOnTheTokenCount) {
+  std::mt19937 rng(16);
+  ThreadPool pool(2);
+  const Fp8Weights w = random_fp8(rng, {200, 300, 128, 128});
+  const std::vector<float> x = random_x(rng, 40 * 300);
+  std::vector<float> one(200), many(40 * 200);
+  set_matmul_batch_invariant(true);
+  for (Isa isa : isas()) {
+    matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), 1, one.data());
+    matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), 40, many.data());
+    for (int64_t r = 0; r < 200; ++r)
+      ASSERT_EQ(one[r], many[r]) << simd::isa_name(isa) << " row " << r;
+  }
+  set_matmul_batch_invariant(false);
+}
+
 // A row slice starting inside a block (MLA's per-head slices of kv_b_proj) reads its rows' scales.
 TEST(MatmulFp8Test, RowSliceInsideABlockKeepsItsScales) {
   std::mt19937 rng(12);
