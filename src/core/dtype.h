@@ -7,16 +7,23 @@
 
 namespace duet {
 
-enum class DType { kF32, kF16, kBF16 };
+// kF8E4M3: OCP FP8 E4M3 codes (kernels/fp8_rows.h), stored as fp8 checkpoints publish them,
+// with one f32 scale per block of weights beside them (Matrix::f8).
+enum class DType { kF32, kF16, kBF16, kF8E4M3 };
 
-inline size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+inline size_t dtype_size(DType t) {
+  if (t == DType::kF8E4M3) return 1;  // fp8
+  return t == DType::kF32 ? 4 : 2;
+}
 
-// The safetensors spelling: "F32", "F16", "BF16".
+// The safetensors spelling: "F32", "F16", "BF16", "F8_E4M3".
 inline const char* dtype_name(DType t) {
   switch (t) {
     case DType::kF32: return "F32";
     case DType::kF16: return "F16";
     case DType::kBF16: return "BF16";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }

@@ -29,7 +29,7 @@ struct Matrix {
   // Weight rows per panel of the optional packed copy below.
   static constexpr int64_t kPanelRows = 64;
 
-  DType dtype = DType::kF32;  // kF32 or kBF16 (f16 files are converted to f32 when loaded)
+  DType dtype = DType::kF32;  // kF32, kBF16 or kF8E4M3 (f16 files are widened to f32 at load)
   int64_t rows = 0;
   int64_t cols = 0;
   const void* data = nullptr;
@@ -40,11 +40,27 @@ struct Matrix {
   // last panel are zero. [ceil(rows / kPanelRows), cols, kPanelRows] dtype, or null.
   const void* panels = nullptr;
 
+  // --- fp8 (dtype kF8E4M3 only) ---
+  // The block scales of an fp8 checkpoint's weight (its `weight_scale_inv`): weight (r, c) is
+  // e4m3_to_f32(code) × scale_inv[((row0 + r) / block_rows) * ceil(cols / block_cols) +
+  // c / block_cols]. row0 is where this matrix starts in the blocks (a row_slice moves it, not
+  // scale_inv). Never panels: the codes are read as stored.
+  struct BlockScales {
+    // [ceil((row0 + rows) / block_rows), ceil(cols / block_cols)] f32
+    const float* scale_inv = nullptr;
+    int64_t block_rows = 0;
+    int64_t block_cols = 0;
+    int64_t row0 = 0;
+  };
+  BlockScales f8 = {};
+  // --- end fp8 ---
+
   // Rows [r0, r0 + n) as a matrix of their own (e.g. one expert's slice or one head). Keeps the
   // panels when r0 starts one.
   Matrix row_slice(int64_t r0, int64_t n) const {
     Matrix m = *this;
     m.rows = n;
+    m.f8.row0 += r0;  // fp8
     m.data = static_cast<const char*>(data) + static_cast<size_t>(r0 * cols) * dtype_size(dtype);
     m.panels =
         panels && r0 % kPanelRows == 0

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/matmul_fp8.h"
 #include "kernels/matmul_impl.h"
 #include "kernels/simd_impl.h"
 
@@ -99,6 +100,9 @@ void scalar_xw_cols(const W* w, int64_t rows, int64_t cols, const float* x, int6
 
 void scalar_matmul_rows(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
                         int64_t r_begin, int64_t r_end, bool /*tiled*/) {
+  if (w.dtype == DType::kF8E4M3) {  // fp8
+    return fp8_impl::matmul_rows_scalar(w, x, n_tokens, y, ldy, r_begin, r_end, false);
+  }
   if (w.dtype == DType::kBF16) {
     scalar_rows(static_cast<const uint16_t*>(w.data), w.cols, x, n_tokens, y, ldy, r_begin, r_end);
   } else {
@@ -108,6 +112,9 @@ void scalar_matmul_rows(const Matrix& w, XRows x, int64_t n_tokens, float* y, in
 
 void scalar_matmul_xw_range(const Matrix& w, const float* x, int64_t n_tokens, float* y,
                             int64_t c_begin, int64_t c_end) {
+  if (w.dtype == DType::kF8E4M3) {  // fp8
+    return fp8_impl::matmul_xw_cols_scalar(w, x, n_tokens, y, c_begin, c_end);
+  }
   if (w.dtype == DType::kBF16) {
     scalar_xw_cols(static_cast<const uint16_t*>(w.data), w.rows, w.cols, x, n_tokens, y, c_begin,
                    c_end);
@@ -118,8 +125,12 @@ void scalar_matmul_xw_range(const Matrix& w, const float* x, int64_t n_tokens, f
 }
 
 void check_args(const char* op, const Matrix& w, const void* x, int64_t n_tokens, const float* y) {
-  DUET_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kBF16,
+  DUET_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kBF16 || w.dtype == DType::kF8E4M3,
              op << ": weight dtype " << dtype_name(w.dtype) << " is not supported");
+  DUET_CHECK(w.dtype != DType::kF8E4M3 ||
+                 (w.f8.scale_inv && w.f8.block_rows > 0 && w.f8.block_cols > 0 && !w.panels),
+             op << ": fp8 weights without block scales (block " << w.f8.block_rows << " x "
+                << w.f8.block_cols << ")");
   DUET_CHECK(w.rows >= 0 && w.cols >= 0 && n_tokens >= 0,
              op << ": rows " << w.rows << " cols " << w.cols << " n_tokens " << n_tokens);
   DUET_CHECK(n_tokens == 0 || w.rows * w.cols == 0 || (w.data && x && y),
@@ -152,7 +163,8 @@ void dpbf16_matmul_rows(const Matrix& w, XRows x, int64_t n_tokens, float* y, in
   }
 }
 
-RowsFn rows_fn_for(simd::Isa isa) {
+RowsFn rows_fn_for(simd::Isa isa, DType dtype) {
+  if (dtype == DType::kF8E4M3) return fp8_impl::rows_fn(isa);  // fp8
   switch (isa) {
     case simd::Isa::kAvx512Bf16:
       return &dpbf16_matmul_rows<simd::Isa::kAvx512Bf16>;
@@ -224,7 +236,7 @@ void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w_in,
   }
   const Matrix w = as_read(w_in);
   const bool tiled = use_tiled(path, w, n_tokens);
-  const RowsFn rows_fn = rows_fn_for(isa);
+  const RowsFn rows_fn = rows_fn_for(isa, w.dtype);
   if (w.rows * w.cols * n_tokens < kMinParallelMacs) {
     rows_fn(w, x, n_tokens, y, w.rows, 0, w.rows, tiled);
     return;
@@ -256,7 +268,8 @@ void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, XRows x, int64_
     for (int64_t t = 0; t < n_tokens; ++t) std::fill_n(y + t * ldy, r_end - r_begin, 0.0f);
     return;
   }
-  rows_fn_for(isa)(as_read(w), x, n_tokens, y, ldy, r_begin, r_end, use_tiled(path, w, n_tokens));
+  rows_fn_for(isa, w.dtype)(as_read(w), x, n_tokens, y, ldy, r_begin, r_end,
+                            use_tiled(path, w, n_tokens));
 }
 
 void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const float* x,
@@ -268,7 +281,8 @@ void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const floa
     std::fill(y, y + n_tokens * w.cols, 0.0f);
     return;
   }
-  auto cols_fn = isa == simd::Isa::kAvx2     ? &avx2::matmul_xw_range
+  auto cols_fn = w.dtype == DType::kF8E4M3   ? fp8_impl::xw_cols_fn(isa)  // fp8
+                 : isa == simd::Isa::kAvx2   ? &avx2::matmul_xw_range
                  : isa == simd::Isa::kScalar ? &scalar_matmul_xw_range
                                              : &avx512::matmul_xw_range;
   pool.parallel_for(
@@ -312,6 +326,7 @@ void pack_panels(const Matrix& w, void* dst) {
 }
 
 bool matmul_reads_panels(DType dtype) {
+  if (dtype == DType::kF8E4M3) return false;  // fp8: the codes are read as stored
   Matrix probe;
   probe.dtype = dtype;
   probe.panels = &probe;

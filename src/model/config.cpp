@@ -174,6 +174,44 @@ RopeScaling parse_rope_scaling(const Fields& f, const json& j, const std::string
   return rs;
 }
 
+// quantization_config: fp8 with block scales (DeepSeek-V3, Qwen3-FP8), or refused.
+Fp8Quant parse_quantization_config(const Fields& f, const json& config, const std::string& source) {
+  Fp8Quant q;
+  if (!f.has("quantization_config")) return q;
+  const json& j = config.at("quantization_config");
+  f.require(j.is_object(), "quantization_config", "must be an object, found " + j.dump());
+  const std::string at = source + ": 'quantization_config'";  // qf keeps a reference
+  const Fields qf(j, at);
+  const std::string method = qf.string("quant_method", "");
+  qf.require(method == "fp8", "quant_method",
+             "is '" + method +
+                 "'; duet reads fp8 checkpoints (quant_method 'fp8') and "
+                 "unquantized bf16/f16/f32 ones");
+  const std::string fmt = qf.string("fmt", "e4m3");
+  qf.require(fmt == "e4m3", "fmt", "is '" + fmt + "'; duet reads fp8 weights in 'e4m3'");
+  const std::string act = qf.string("activation_scheme", "dynamic");
+  qf.require(act == "dynamic", "activation_scheme",
+             "is '" + act + "'; duet computes with f32 activations ('dynamic')");
+  const std::vector<int64_t> block = qf.int_list("weight_block_size");
+  qf.require(block.size() == 2, "weight_block_size",
+             "must be [rows, cols] (per-tensor fp8 scales are not supported)");
+  qf.require(block[0] > 0 && block[1] > 0 && block[1] % 16 == 0, "weight_block_size",
+             "must be positive, the columns a multiple of 16, found [" + std::to_string(block[0]) +
+                 ", " + std::to_string(block[1]) + "]");
+  q.enabled = true;
+  q.block_rows = block[0];
+  q.block_cols = block[1];
+  if (qf.has("modules_to_not_convert")) {
+    const json& m = j.at("modules_to_not_convert");
+    qf.require(m.is_array(), "modules_to_not_convert", "must be a list of module names");
+    for (const json& e : m) {
+      qf.require(e.is_string(), "modules_to_not_convert", "must be a list of module names");
+      q.modules_to_not_convert.push_back(e.get<std::string>());
+    }
+  }
+  return q;
+}
+
 void parse_common(const Fields& f, ModelConfig& c) {
   c.n_vocab = f.integer("vocab_size");
   c.n_embd = f.integer("hidden_size");
@@ -196,8 +234,6 @@ void parse_common(const Fields& f, ModelConfig& c) {
   f.require(!f.boolean("attention_bias", false), "attention_bias",
             "is true; duet does not support attention biases");
   f.require(f.integer("pretraining_tp", 1) == 1, "pretraining_tp", "must be 1");
-  f.require(!f.has("quantization_config"), "quantization_config",
-            "is set; duet reads only unquantized bf16/f16/f32 checkpoints");
 }
 
 void parse_qwen3_moe(const Fields& f, ModelConfig& c) {
@@ -315,6 +351,7 @@ ModelConfig parse_config(const json& j, const std::string& source) {
   }
   parse_common(f, c);
   c.rope_scaling = parse_rope_scaling(f, j, source);
+  c.fp8 = parse_quantization_config(f, j, source);
   switch (c.arch) {
     case Arch::kQwen3Moe: parse_qwen3_moe(f, c); break;
     case Arch::kDeepseekV2:

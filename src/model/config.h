@@ -37,6 +37,18 @@ enum class TopkMethod {
                         // groups by the sum of their top 2
 };
 
+// quantization_config of an fp8 checkpoint as DeepSeek-V3 and Qwen3's FP8 releases publish it
+// ({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
+// "activation_scheme": "dynamic"}): the weights stored as F8_E4M3 carry a `<name>_scale_inv`
+// of one f32 per block. Absent: no tensor may be fp8.
+struct Fp8Quant {
+  bool enabled = false;
+  int64_t block_rows = 128;  // weight_block_size[0]: output rows per scale
+  int64_t block_cols = 128;  // weight_block_size[1]: input columns per scale
+  // modules_to_not_convert (Qwen3-FP8 lists them): modules whose weights must not be fp8.
+  std::vector<std::string> modules_to_not_convert;
+};
+
 struct ModelConfig {
   Arch arch = Arch::kQwen3Moe;
   int64_t n_vocab = 0;          // vocab_size
@@ -74,6 +86,8 @@ struct ModelConfig {
   int64_t n_group = 1;
   int64_t topk_group = 1;
   int64_t n_nextn_layers = 0;  // deepseek_v3 num_nextn_predict_layers: MTP layers, never loaded
+
+  Fp8Quant fp8;  // quantization_config
 
   int32_t bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;

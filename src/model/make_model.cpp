@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "model/config.h"
+#include "model/fp8_checkpoint.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "text/tokenizer.h"
@@ -239,8 +240,9 @@ void make_model(const MakeModelOptions& opt) {
   if (sp.bos >= 0) cfg["bos_token_id"] = first_special + sp.bos;
   cfg["eos_token_id"] = first_special + sp.eos;
   cfg["torch_dtype"] = opt.dtype == DType::kF32 ? "float32" : "bfloat16";
+  if (opt.dtype == DType::kF8E4M3) cfg["quantization_config"] = fp8_quantization_config();  // fp8
   const ModelConfig config = parse_config(cfg, "make-model config");
-  if (opt.dtype == DType::kF16) throw Error("make-model writes f32 or bf16 weights, not f16");
+  if (opt.dtype == DType::kF16) throw Error("make-model writes f32, bf16 or fp8 weights, not f16");
 
   std::filesystem::create_directories(opt.dir);
   std::vector<TensorData> tensors;
@@ -265,8 +267,15 @@ void make_model(const MakeModelOptions& opt) {
                        : is_norm ? 0.1
                        : is_embed ? 1.0
                                   : 1.0 / std::sqrt(double(r.shape[1]));
-    tensors.push_back(random_tensor(r.name, r.shape, opt.dtype, opt.seed,
-                                    is_norm && !is_bias ? 1.0 : 0.0, std));
+    const double mean = is_norm && !is_bias ? 1.0 : 0.0;
+    if (opt.dtype == DType::kF8E4M3) {  // fp8: the f32 weights quantized, as published
+      for (TensorData& t : fp8_checkpoint_tensors(
+               random_tensor(r.name, r.shape, DType::kF32, opt.seed, mean, std))) {
+        tensors.push_back(std::move(t));
+      }
+      continue;
+    }
+    tensors.push_back(random_tensor(r.name, r.shape, opt.dtype, opt.seed, mean, std));
   }
   write_safetensors_dir(opt.dir, tensors, opt.max_shard_bytes);
   write_json(opt.dir + "/config.json", cfg);

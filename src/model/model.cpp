@@ -26,7 +26,7 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   }
   model->expert_begin_ = opt.expert_begin;
   model->expert_end_ = end;
-  auto src = std::make_unique<CheckpointSource>(model_dir, opt.repack);
+  auto src = std::make_unique<CheckpointSource>(model_dir, opt.repack, config.fp8);
   model->load_weights(*src);
   for (FfnWeights& f : model->ffn_) f.first_expert = opt.expert_begin;
   model->weight_bytes_ = src->bytes_used();
@@ -52,6 +52,9 @@ void Model::account_bytes(const std::map<std::string, uint64_t>& bytes_by_name) 
 
 void Model::load_embeddings(WeightSource& src) {
   tok_embd_ = src.matrix("model.embed_tokens.weight", config_.n_vocab, config_.n_embd);
+  if (tok_embd_.dtype == DType::kF8E4M3) {  // fp8 checkpoints keep them in bf16, as published
+    throw Error("model.embed_tokens.weight: F8_E4M3 embeddings are not supported");
+  }
   ffn_.resize(static_cast<size_t>(config_.n_layer));
 }
 

@@ -11,8 +11,8 @@
 
 namespace duet {
 
-CheckpointSource::CheckpointSource(const std::string& dir, bool repack)
-    : set_(SafetensorsSet::open_dir(dir)), repack_(repack) {}
+CheckpointSource::CheckpointSource(const std::string& dir, bool repack, const Fp8Quant& fp8)
+    : set_(SafetensorsSet::open_dir(dir)), repack_(repack), fp8_(fp8) {}
 
 void CheckpointSource::FreeAligned::operator()(void* p) const {
   std::free(p);
@@ -62,6 +62,8 @@ Matrix CheckpointSource::view(const std::string& name, int64_t rows, int64_t col
       converted_[name] = m;
       return m;
     }
+    case DType::kF8E4M3:
+      return fp8_view(name, t, rows, cols);
   }
   throw Error(set_.file_of(name) + ": tensor '" + name + "': unsupported dtype");
 }
@@ -105,6 +107,9 @@ const float* CheckpointSource::vector(const std::string& name, int64_t n) {
       case DType::kF32: std::memcpy(&buf[i], src + 4 * i, 4); break;
       case DType::kBF16: std::memcpy(&h, src + 2 * i, 2); buf[i] = bf16_to_f32(h); break;
       case DType::kF16: std::memcpy(&h, src + 2 * i, 2); buf[i] = f16_to_f32(h); break;
+      case DType::kF8E4M3:
+        throw Error(set_.file_of(name) + ": tensor '" + name +
+                    "': is F8_E4M3; fp8 checkpoints keep vectors (norms, biases) in bf16 or f32");
     }
   }
   bytes_by_name_[name] = static_cast<uint64_t>(n) * 4;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "model/config.h"
 #include "model/safetensors.h"
 
 namespace duet {
@@ -41,7 +42,9 @@ class WeightSource {
 // (matmul_reads_panels); the packed copies are owned here.
 class CheckpointSource final : public WeightSource {
  public:
-  explicit CheckpointSource(const std::string& dir, bool repack = true);
+  // fp8: the checkpoint's quantization_config (ModelConfig::fp8); F8_E4M3 tensors are refused
+  // unless it is enabled.
+  explicit CheckpointSource(const std::string& dir, bool repack = true, const Fp8Quant& fp8 = {});
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols,
                 Layout layout = Layout::kAsStored) override;
   const float* vector(const std::string& name, int64_t n) override;
@@ -56,6 +59,8 @@ class CheckpointSource final : public WeightSource {
  private:
   const TensorView& expect(const std::string& name, const std::vector<int64_t>& shape);
   Matrix view(const std::string& name, int64_t rows, int64_t cols);
+  // An F8_E4M3 tensor with its block scales (weight_source_fp8.cpp).
+  Matrix fp8_view(const std::string& name, const TensorView& t, int64_t rows, int64_t cols);
   // m with panels: packed once per name, into owned 64-byte aligned memory.
   Matrix with_panels(const std::string& name, Matrix m);
 
@@ -65,6 +70,7 @@ class CheckpointSource final : public WeightSource {
 
   SafetensorsSet set_;
   bool repack_;
+  Fp8Quant fp8_;
   std::deque<std::vector<float>> owned_;     // f32 conversions of f16 matrices and of vectors
   std::map<std::string, Matrix> converted_;  // f16 matrices, by name, once converted
   std::map<std::string, std::unique_ptr<void, FreeAligned>> panels_;  // packed copies, by name

@@ -1,0 +1,56 @@
+// Products of f32 activations with fp8 weights as DeepSeek-V3 and Qwen3-FP8 publish them
+// (DType::kF8E4M3: one E4M3 code per weight and an f32 scale per block, Matrix::f8), computed from
+// the codes in place: each weight is read as its one byte and widened in registers, each block's
+// partial dot product is multiplied by the block's scale. matmul(), matmul_xw() and the grouped
+// products (grouped_matmul.h) come here for fp8 matrices; this header is for them and for tests.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "kernels/matmul.h"
+#include "kernels/simd_impl.h"
+
+namespace duet {
+
+// Weight (r, c) of an fp8 matrix as f32: e4m3_to_f32(code) × its block's scale.
+float fp8_weight(const Matrix& w, int64_t r, int64_t c);
+
+// out[w.rows, w.cols] f32 = every weight of the fp8 matrix w (for tests and reference products;
+// the kernels never expand a matrix).
+void dequantize_fp8(const Matrix& w, float* out);
+
+namespace fp8_impl {
+
+// y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), t < n_tokens, with x's rows
+// contiguous or gathered (not rounded), w fp8 with f8.block_cols a multiple of 16. The shape
+// of matmul_impl's row kernels (`tiled` is ignored: one path serves every token count).
+// avx512 needs simd::Isa::kAvx512, avx2 AVX2 and F16C; the scalar one sums each block in double.
+void matmul_rows_avx512(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
+                        int64_t r_begin, int64_t r_end, bool tiled);
+void matmul_rows_avx2(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
+                      int64_t r_begin, int64_t r_end, bool tiled);
+void matmul_rows_scalar(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
+                        int64_t r_begin, int64_t r_end, bool tiled);
+
+// y[t * w.cols + c] = Σ_r x[t * w.rows + r] · w(r, c) for c in [c_begin, c_end), the product
+// matmul_xw() makes; c_begin a multiple of 16 for avx512.
+void matmul_xw_cols_avx512(const Matrix& w, const float* x, int64_t n_tokens, float* y,
+                           int64_t c_begin, int64_t c_end);
+void matmul_xw_cols_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y,
+                           int64_t c_begin, int64_t c_end);
+
+// The row kernel for products on isa: AVX-512 on the AVX-512 instruction sets, AVX2 on AVX2
+// (scalar without F16C), scalar on scalar. matmul_xw's is AVX-512 or scalar.
+using RowsFn = void (*)(const Matrix&, XRows, int64_t, float*, int64_t, int64_t, int64_t, bool);
+RowsFn rows_fn(simd::Isa isa);
+using XwColsFn = void (*)(const Matrix&, const float*, int64_t, float*, int64_t, int64_t);
+XwColsFn xw_cols_fn(simd::Isa isa);
+
+// The 16 codes' values × 2^-8, as the AVX-512 kernels widen them (exposed for tests; needs
+// AVX-512): each code's bits placed in an f16 and converted, exact for all 256 codes.
+void e4m3_values_over_256(const uint8_t codes[16], float out[16]);
+
+}  // namespace fp8_impl
+
+}  // namespace duet

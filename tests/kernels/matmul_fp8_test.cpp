@@ -1,0 +1,265 @@
+#include "kernels/matmul_fp8.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "kernels/fp8_rows.h"
+#include "kernels/grouped_matmul.h"
+#include "kernels/grouped_matmul_impl.h"
+#include "kernels/matmul.h"
+#include "kernels/matmul_impl.h"
+#include "kernels/simd_impl.h"
+
+namespace duet {
+namespace {
+
+using simd::Isa;
+
+// Relative to Σ|w||x| of an output: f32 sums of a few hundred terms in any order stay well inside.
+constexpr double kRelTol = 1e-5;
+
+// fp8 weights and their block scales, with their storage.
+struct Fp8Weights {
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  Matrix m;
+};
+
+struct Shape {
+  int64_t rows, cols, block_rows, block_cols;
+};
+
+// Random codes (E4M3's NaN codes 0x7f and 0xff apart) and scales of magnitudes 10^±scale_decades.
+Fp8Weights random_fp8(std::mt19937& rng, const Shape& s, double scale_decades = 1.0) {
+  Fp8Weights w;
+  w.codes.resize(static_cast<size_t>(s.rows * s.cols));
+  std::uniform_int_distribution<int> code(0, 255);
+  for (uint8_t& c : w.codes) {
+    do c = static_cast<uint8_t>(code(rng));
+    while ((c & 0x7f) == 0x7f);
+  }
+  const int64_t sr = (s.rows + s.block_rows - 1) / s.block_rows;
+  const int64_t sc = (s.cols + s.block_cols - 1) / s.block_cols;
+  std::uniform_real_distribution<double> decade(-scale_decades, scale_decades);
+  w.scales.resize(static_cast<size_t>(sr * sc));
+  for (float& v : w.scales) v = static_cast<float>(std::pow(10.0, decade(rng)) / 448.0);
+  w.m = Matrix{DType::kF8E4M3, s.rows, s.cols, w.codes.data()};
+  w.m.f8 = {w.scales.data(), s.block_rows, s.block_cols, 0};
+  return w;
+}
+
+std::vector<float> random_x(std::mt19937& rng, int64_t n) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& f : v) f = normal(rng);
+  return v;
+}
+
+std::vector<float> dequantized(const Matrix& w) {
+  std::vector<float> out(static_cast<size_t>(w.rows * w.cols));
+  dequantize_fp8(w, out.data());
+  return out;
+}
+
+// Σ|w||x| per output [n_tokens, w.rows], in double.
+std::vector<double> abs_product(const Matrix& w, const std::vector<float>& x, int64_t n_tokens) {
+  const std::vector<float> wd = dequantized(w);
+  std::vector<double> out(static_cast<size_t>(n_tokens * w.rows));
+  for (int64_t t = 0; t < n_tokens; ++t)
+    for (int64_t r = 0; r < w.rows; ++r) {
+      double a = 0;
+      for (int64_t c = 0; c < w.cols; ++c)
+        a += std::fabs(double(wd[r * w.cols + c]) * x[t * w.cols + c]);
+      out[t * w.rows + r] = a;
+    }
+  return out;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want,
+                  const std::vector<double>& bound, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << " at " << i;
+    ASSERT_LE(std::fabs(double(got[i]) - want[i]), kRelTol * bound[i] + 1e-30)
+        << what << " at " << i << ": " << got[i] << " vs " << want[i];
+  }
+}
+
+std::vector<Isa> isas() {
+  std::vector<Isa> out;
+  for (Isa isa :
+       {Isa::kAvx512Bf16, Isa::kAvx512Bf16Emulated, Isa::kAvx512, Isa::kAvx2, Isa::kScalar}) {
+    if (simd::isa_supported(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+// The AVX-512 kernels widen each code through an f16: exact for all 256 codes, signed zero and
+// subnormals included.
+TEST(MatmulFp8Test, WideningIsExactForEveryCode) {
+  if (!simd::isa_supported(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512";
+  for (int c0 = 0; c0 < 256; c0 += 16) {
+    uint8_t codes[16];
+    float got[16];
+    for (int i = 0; i < 16; ++i) codes[i] = static_cast<uint8_t>(c0 + i);
+    fp8_impl::e4m3_values_over_256(codes, got);
+    for (int i = 0; i < 16; ++i) {
+      const float want = e4m3_to_f32(codes[i]);
+      const float g = got[i] * 256.0f;
+      EXPECT_EQ(std::memcmp(&g, &want, 4), 0) << "code " << c0 + i << ": " << g << " vs " << want;
+    }
+  }
+}
+
+// matmul() on every instruction set, the AVX-512 row kernel and the scalar one against the plain
+// product with the dequantized f32 matrix: ragged rows and columns, blocks of several sizes, 1 to
+// 100 tokens.
+TEST(MatmulFp8Test, MatchesTheDequantizedProduct) {
+  std::mt19937 rng(11);
+  ThreadPool pool(2);
+  const Shape shapes[] = {{1, 16, 128, 128},    {5, 130, 128, 128}, {37, 300, 128, 128},
+                          {130, 257, 128, 128}, {64, 96, 16, 32},   {9, 50, 1, 16}};
+  for (const Shape& s : shapes) {
+    const Fp8Weights w = random_fp8(rng, s);
+    const std::vector<float> wd = dequantized(w.m);
+    const Matrix wf{DType::kF32, s.rows, s.cols, wd.data()};
+    for (int64_t n : {1, 2, 3, 4, 7, 33, 100}) {
+      const std::vector<float> x = random_x(rng, n * s.cols);
+      std::vector<float> want(static_cast<size_t>(n * s.rows));
+      matmul_scalar(wf, x.data(), n, want.data());
+      const std::vector<double> bound = abs_product(w.m, x, n);
+      const std::string at = "[" + std::to_string(s.rows) + ", " + std::to_string(s.cols) +
+                             "] blocks " + std::to_string(s.block_rows) + "x" +
+                             std::to_string(s.block_cols) + ", " + std::to_string(n) + " tokens";
+      std::vector<float> got(want.size());
+      matmul_scalar(w.m, x.data(), n, got.data());
+      expect_close(got, want, bound, "scalar " + at);
+      for (Isa isa : isas()) {
+        std::fill(got.begin(), got.end(), -1.0f);
+        matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), n, got.data());
+        expect_close(got, want, bound, std::string(simd::isa_name(isa)) + " " + at);
+      }
+    }
+  }
+}
+
+// From kWidenOnceTokens tokens on rows are widened once and multiplied in f32; batch-invariant
+// products never take that turn, so a row's result is the same bit for bit alone and in a batch.
+TEST(MatmulFp8Test, BatchInvariantProductsDoNotDependOnTheTokenCount) {
+  std::mt19937 rng(16);
+  ThreadPool pool(2);
+  const Fp8Weights w = random_fp8(rng, {200, 300, 128, 128});
+  const std::vector<float> x = random_x(rng, 40 * 300);
+  std::vector<float> one(200), many(40 * 200);
+  set_matmul_batch_invariant(true);
+  for (Isa isa : isas()) {
+    matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), 1, one.data());
+    matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), 40, many.data());
+    for (int64_t r = 0; r < 200; ++r)
+      ASSERT_EQ(one[r], many[r]) << simd::isa_name(isa) << " row " << r;
+  }
+  set_matmul_batch_invariant(false);
+}
+
+// A row slice starting inside a block (MLA's per-head slices of kv_b_proj) reads its rows' scales.
+TEST(MatmulFp8Test, RowSliceInsideABlockKeepsItsScales) {
+  std::mt19937 rng(12);
+  ThreadPool pool(2);
+  const Fp8Weights w = random_fp8(rng, {100, 64, 32, 32});
+  const std::vector<float> x = random_x(rng, 3 * 64);
+  std::vector<float> full(3 * 100);
+  matmul_scalar(w.m, x.data(), 3, full.data());
+  const Matrix slice = w.m.row_slice(21, 40);
+  for (Isa isa : isas()) {
+    std::vector<float> got(3 * 40);
+    matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, slice, x.data(), 3, got.data());
+    for (int64_t t = 0; t < 3; ++t)
+      for (int64_t r = 0; r < 40; ++r)
+        EXPECT_NEAR(got[t * 40 + r], full[t * 100 + 21 + r],
+                    1e-5 * (1 + std::fabs(full[t * 100 + 21 + r])))
+            << simd::isa_name(isa) << " token " << t << " row " << r;
+  }
+}
+
+// All-zero blocks (zero codes, or a zero scale over codes), the largest codes (±448), and scales
+// from 1e-30 to 1e30 in one matrix: finite, and as the dequantized product.
+TEST(MatmulFp8Test, EdgeBlocksAndExtremeScales) {
+  std::mt19937 rng(13);
+  ThreadPool pool(2);
+  Fp8Weights w = random_fp8(rng, {70, 200, 16, 32});
+  const int64_t sc = 7;  // ceil(200 / 32)
+  for (int64_t c = 0; c < 32; ++c)
+    for (int64_t r = 0; r < 16; ++r) w.codes[r * 200 + c] = 0;  // block (0, 0): zero codes
+  w.scales[1] = 0.0f;                                           // block (0, 1): zero scale
+  for (int64_t c = 64; c < 96; ++c)
+    for (int64_t r = 0; r < 16; ++r) w.codes[r * 200 + c] = (r + c) % 2 ? 0x7e : 0xfe;
+  for (int64_t b = 0; b < sc; ++b) {
+    w.scales[1 * sc + b] = 1e-30f;
+    w.scales[2 * sc + b] = 1e30f / 448.0f;
+  }
+  const std::vector<float> wd = dequantized(w.m);
+  const Matrix wf{DType::kF32, w.m.rows, w.m.cols, wd.data()};
+  for (int64_t n : {1, 5}) {
+    const std::vector<float> x = random_x(rng, n * 200);
+    std::vector<float> want(static_cast<size_t>(n * 70)), got(want.size());
+    matmul_scalar(wf, x.data(), n, want.data());
+    const std::vector<double> bound = abs_product(w.m, x, n);
+    for (Isa isa : isas()) {
+      matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), n, got.data());
+      expect_close(got, want, bound, simd::isa_name(isa));
+    }
+  }
+}
+
+// x · W (MLA's absorbed attention multiplies by W_UK so) from the codes in place.
+TEST(MatmulFp8Test, XwMatchesTheDequantizedProduct) {
+  std::mt19937 rng(14);
+  ThreadPool pool(2);
+  for (const Shape& s : {Shape{48, 130, 16, 32}, Shape{7, 300, 128, 128}}) {
+    const Fp8Weights w = random_fp8(rng, s);
+    const std::vector<float> wd = dequantized(w.m);
+    const Matrix wf{DType::kF32, s.rows, s.cols, wd.data()};
+    for (int64_t n : {1, 4}) {
+      const std::vector<float> x = random_x(rng, n * s.rows);
+      std::vector<float> want(static_cast<size_t>(n * s.cols)), got(want.size());
+      matmul_xw_scalar(wf, x.data(), n, want.data());
+      for (Isa isa : isas()) {
+        matmul_impl::matmul_xw_with(isa, pool, w.m, x.data(), n, got.data());
+        for (size_t i = 0; i < got.size(); ++i)
+          ASSERT_NEAR(got[i], want[i], 1e-5 * (1 + std::fabs(want[i])))
+              << simd::isa_name(isa) << " at " << i;
+      }
+    }
+  }
+}
+
+// The routed experts' grouped products take fp8 experts as matmul() does.
+TEST(MatmulFp8Test, GroupedProductsTakeFp8Experts) {
+  std::mt19937 rng(15);
+  ThreadPool pool(2);
+  const Fp8Weights gate = random_fp8(rng, {96, 144, 128, 128});
+  const Fp8Weights up = random_fp8(rng, {96, 144, 128, 128});
+  const std::vector<float> x = random_x(rng, 5 * 144);
+  std::vector<float> g(5 * 96), u(5 * 96);
+  matmul_scalar(gate.m, x.data(), 5, g.data());
+  matmul_scalar(up.m, x.data(), 5, u.data());
+  for (Isa isa : isas()) {
+    std::vector<float> y(5 * 96), yg(5 * 96);
+    grouped_impl::matmul_grouped_with(isa, pool, {MatmulGroup{gate.m, x.data(), 5, y.data()}});
+    grouped_impl::gated_matmul_grouped_with(isa, pool,
+                                            {GatedGroup{gate.m, up.m, x.data(), 5, yg.data()}});
+    for (size_t i = 0; i < y.size(); ++i) {
+      ASSERT_NEAR(y[i], g[i], 1e-5 * (1 + std::fabs(g[i]))) << simd::isa_name(isa);
+      const float want = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+      ASSERT_NEAR(yg[i], want, 1e-4 * (1 + std::fabs(want))) << simd::isa_name(isa);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace duet
