@@ -7,9 +7,22 @@
 
 namespace duet {
 
-enum class DType { kF32, kF16, kBF16 };
+// kQ8 is a weight layout of its own (--quantization int8, kernels/quantize.h), never a file's:
+// int8 values in groups of kQ8Group columns, each group with one f32 scale.
+enum class DType { kF32, kF16, kBF16, kQ8 };
 
-inline size_t dtype_size(DType t) { return t == DType::kF32 ? 4 : 2; }
+// Bytes per element; for kQ8 those of the int8 values, the scales apart (Matrix::nbytes).
+inline size_t dtype_size(DType t) {
+  return t == DType::kF32 ? 4 : t == DType::kQ8 ? 1 : 2;
+}
+
+// kQ8: columns per group (one scale each), as llama.cpp's Q8_0; rows are padded with zeros to a
+// multiple of kQ8Align columns (q8_ld), so the kernels read whole 64-byte vectors.
+constexpr int64_t kQ8Group = 32;
+constexpr int64_t kQ8Align = 64;
+inline int64_t q8_ld(int64_t cols) {
+  return (cols + kQ8Align - 1) / kQ8Align * kQ8Align;
+}
 
 // The safetensors spelling: "F32", "F16", "BF16".
 inline const char* dtype_name(DType t) {
@@ -17,6 +30,8 @@ inline const char* dtype_name(DType t) {
     case DType::kF32: return "F32";
     case DType::kF16: return "F16";
     case DType::kBF16: return "BF16";
+    case DType::kQ8:
+      return "Q8";
   }
   return "?";
 }

@@ -29,22 +29,36 @@ struct Matrix {
   // Weight rows per panel of the optional packed copy below.
   static constexpr int64_t kPanelRows = 64;
 
-  DType dtype = DType::kF32;  // kF32 or kBF16 (f16 files are converted to f32 when loaded)
+  DType dtype = DType::kF32;  // kF32 or kBF16 (f16 files are converted to f32 when loaded), or
+                              // kQ8 (quantized at load)
   int64_t rows = 0;
   int64_t cols = 0;
-  const void* data = nullptr;
+  const void* data = nullptr;  // kQ8: [rows, q8_ld(cols)] int8, zero past cols
   // Optional: the same weights, in the same dtype, re-laid once at load time as panels of
   // kPanelRows rows each stored column by column, for the matmul kernels that multiply many
   // tokens by a panel at once (kernels/matmul.h, pack_panels). Element (r, k) sits at
   // panels[((r / kPanelRows) * cols + k) * kPanelRows + r % kPanelRows]; rows past `rows` in the
   // last panel are zero. [ceil(rows / kPanelRows), cols, kPanelRows] dtype, or null.
   const void* panels = nullptr;
+  // kQ8 only: [rows, q8_ld(cols) / kQ8Group] f32, the scale of each group (0 past cols).
+  const float* scales = nullptr;
+
+  // Bytes of the weights as stored (int8 values and scales for kQ8), panels apart.
+  uint64_t nbytes() const {
+    if (dtype != DType::kQ8) return static_cast<uint64_t>(rows * cols) * dtype_size(dtype);
+    return static_cast<uint64_t>(rows * (q8_ld(cols) / kQ8Group)) * (kQ8Group + sizeof(float));
+  }
 
   // Rows [r0, r0 + n) as a matrix of their own (e.g. one expert's slice or one head). Keeps the
   // panels when r0 starts one.
   Matrix row_slice(int64_t r0, int64_t n) const {
     Matrix m = *this;
     m.rows = n;
+    if (dtype == DType::kQ8) {
+      m.data = static_cast<const int8_t*>(data) + r0 * q8_ld(cols);
+      m.scales = scales + r0 * (q8_ld(cols) / kQ8Group);
+      return m;
+    }
     m.data = static_cast<const char*>(data) + static_cast<size_t>(r0 * cols) * dtype_size(dtype);
     m.panels =
         panels && r0 % kPanelRows == 0

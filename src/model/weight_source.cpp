@@ -62,6 +62,8 @@ Matrix CheckpointSource::view(const std::string& name, int64_t rows, int64_t col
       converted_[name] = m;
       return m;
     }
+    case DType::kQ8:
+      break;  // never a file's dtype
   }
   throw Error(set_.file_of(name) + ": tensor '" + name + "': unsupported dtype");
 }
@@ -105,6 +107,8 @@ const float* CheckpointSource::vector(const std::string& name, int64_t n) {
       case DType::kF32: std::memcpy(&buf[i], src + 4 * i, 4); break;
       case DType::kBF16: std::memcpy(&h, src + 2 * i, 2); buf[i] = bf16_to_f32(h); break;
       case DType::kF16: std::memcpy(&h, src + 2 * i, 2); buf[i] = f16_to_f32(h); break;
+      case DType::kQ8:
+        break;  // never a file's dtype
     }
   }
   bytes_by_name_[name] = static_cast<uint64_t>(n) * 4;
