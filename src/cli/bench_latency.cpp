@@ -171,6 +171,9 @@ void run_latency_single(const LatencyOptions& o) {
       "model %s (%s), batch %lld, prompt %lld, gen %lld, %d threads, matmul %s, KV cache %s\n",
       o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
       (long long)o.gen_len, pool.n_threads(), matmul_isa(), kv_dtype_name(gen.kv_cache().dtype()));
+  if (model->quantization().quantization != Quantization::kNone) {
+    std::printf("weights: quantization %s\n", describe(model->quantization()).c_str());
+  }
   if (model->panel_bytes() > 0) {
     std::printf(
         "weights: attention, dense MLP and output matrices also as panels (%.1f MB packed "
