@@ -17,9 +17,12 @@ inline size_t dtype_size(DType t) {
 }
 
 // kQ8: columns per group (one scale each), as llama.cpp's Q8_0; rows are padded with zeros to a
-// multiple of kQ8Align columns (q8_ld), so the kernels read whole 64-byte vectors.
+// multiple of kQ8Align columns (q8_ld) and, in blocks of kQ8BlockRows rows, interleaved so that
+// one 64-byte vector holds 4 bytes of each of 4 groups of each of the block's rows
+// (kernels/quantize.h).
 constexpr int64_t kQ8Group = 32;
-constexpr int64_t kQ8Align = 64;
+constexpr int64_t kQ8Align = 128;
+constexpr int64_t kQ8BlockRows = 4;
 inline int64_t q8_ld(int64_t cols) {
   return (cols + kQ8Align - 1) / kQ8Align * kQ8Align;
 }

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "kernels/matmul_q8_impl.h"
+#include "kernels/quantize.h"
 
 #define DUET_TARGET_AVX512VNNI \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx512vnni")))
@@ -17,125 +18,151 @@ namespace duet::matmul_q8 {
 
 namespace {
 
-constexpr int64_t kScaleRepeat = 8;  // Q8Rows::scales holds each group's scale 8 times
+constexpr int64_t kSuper = kQ8Align;  // columns per superblock: 4 groups
+constexpr int64_t kSuperBytes = 512;  // bytes of a block's superblock: 8 steps of 64
+constexpr int kSteps = 8;             // vectors per superblock
+constexpr int kLanes = 16;            // (row, group) pairs per block's superblock
 
 // Rows per pool task in matmul_with: few enough to spread one expert's rows over the threads.
 constexpr int64_t kTaskRows = 16;
 // Below this many multiply-adds a product runs on the calling thread.
 constexpr int64_t kMinParallelMacs = int64_t{1} << 17;
 
-// ---- The vector kernels. Each K steps through a row kChunk weights (kChunk / kQ8Group groups)
-// at a time: load_w reads a chunk of weights and their scales once for every token of a block,
-// dot gives the chunk's integer products with a token's x as f32 lanes (8 lanes per group, each
-// the exact sum of 4 products), scale the product of each lane's weight and x scales.
-
-// The scales of groups g, g + 1 as lanes [d_g × 8, d_{g+1} × 8].
-DUET_TARGET_AVX512 DUET_ALWAYS_INLINE __m512 pair_scales(const float* s) {
-  double two;
-  std::memcpy(&two, s, sizeof two);
-  const __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  return _mm512_permutexvar_ps(idx, _mm512_castpd_ps(_mm512_set1_pd(two)));
-}
+// ---- The vector kernels. Each K has, for one block of 4 rows and one superblock:
+//   VI init(corr)             the int32 accumulator's start (VNNI: -128 · Σ q_x per group)
+//   W prep(w)                 one step's 64 weight bytes, loaded once for all tokens
+//   VI dot(acc, w, x)         acc + the step's byte products, 4 per lane (x: 16 bytes)
+//   VF finish(acc, ws, xs, f) f + acc · d_w · d_x, per lane
+//   reduce(f, out)            out[r] = the sum of row r's 4 lanes
 
 struct Avx512Vnni {
+  using VI = __m512i;
   using VF = __m512;
-  static constexpr int64_t kChunk = 64;
-  struct W {
-    __m512i q;
-    __m512i minus_128_sum;  // per lane, -128 · the sum of its 4 weights
-    VF d;
-  };
-  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static W load_w(const int8_t* q, const float* s) {
-    W w;
-    w.q = _mm512_loadu_si512(q);
-    const __m512i neg = _mm512_sub_epi8(_mm512_setzero_si512(), w.q);  // |q| ≤ 127: no overflow
-    w.minus_128_sum =
-        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(char(0x80)), neg);
-    w.d = pair_scales(s);
-    return w;
+  using W = __m512i;
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI init(const int32_t* corr) {
+    return _mm512_loadu_si512(corr);
   }
-  // x comes as q_x + 128 (uint8): Σ (q_x + 128) q_w - 128 Σ q_w, exact.
-  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VF dot(const W& w, const int8_t* x) {
-    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(w.minus_128_sum, _mm512_loadu_si512(x), w.q));
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static W prep(const uint8_t* w) {
+    return _mm512_loadu_si512(w);
   }
-  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VF scale(const W& w, const float* xs) {
-    return _mm512_mul_ps(w.d, _mm512_loadu_ps(xs));
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI dot(VI acc, W w, const int8_t* x) {
+    const __m512i xb = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+    return _mm512_dpbusd_epi32(acc, w, xb);
   }
   DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VF zero() { return _mm512_setzero_ps(); }
-  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VF fmadd(VF a, VF b, VF c) {
-    return _mm512_fmadd_ps(a, b, c);
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VF finish(VI acc, const float* ws,
+                                                             const float* xs, VF f) {
+    const __m512 d = _mm512_mul_ps(_mm512_loadu_ps(ws), _mm512_loadu_ps(xs));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), d, f);
   }
-  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static float hsum(VF v) {
-    return _mm512_reduce_add_ps(v);
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static void reduce(VF f, float* out) {
+    f = _mm512_add_ps(f, _mm512_shuffle_ps(f, f, 0xb1));
+    f = _mm512_add_ps(f, _mm512_shuffle_ps(f, f, 0x4e));  // each 128-bit lane: its row's sum
+    alignas(64) float tmp[16];
+    _mm512_store_ps(tmp, f);
+    for (int r = 0; r < 4; ++r) out[r] = tmp[4 * r];
   }
 };
 
+// Without VNNI: |x| · (w with x's signs) by vpmaddubsw, whose pairs reach at most 2 · 127² < 2^15
+// (never saturating), then vpmaddwd by ones.
 struct Avx512 {
+  using VI = __m512i;
   using VF = __m512;
-  static constexpr int64_t kChunk = 64;
-  struct W {
-    __m512i q;
-    VF d;
-  };
-  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static W load_w(const int8_t* q, const float* s) {
-    return {_mm512_loadu_si512(q), pair_scales(s)};
+  using W = __m512i;
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VI init(const int32_t*) {
+    return _mm512_setzero_si512();
   }
-  // |x| · (w with x's signs): vpmaddubsw's pairs reach at most 2 · 127² < 2^15, never saturating.
-  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VF dot(const W& w, const int8_t* x) {
-    const __m512i xq = _mm512_loadu_si512(x);
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static W prep(const uint8_t* w) {
+    return _mm512_xor_si512(_mm512_loadu_si512(w), _mm512_set1_epi8(char(0x80)));  // q
+  }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VI dot(VI acc, W w, const int8_t* x) {
+    const __m512i xb = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
     const __m512i signed_w =
-        _mm512_mask_sub_epi8(w.q, _mm512_movepi8_mask(xq), _mm512_setzero_si512(), w.q);
-    const __m512i pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(xq), signed_w);
-    return _mm512_cvtepi32_ps(_mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
-  }
-  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VF scale(const W& w, const float* xs) {
-    return _mm512_mul_ps(w.d, _mm512_loadu_ps(xs));
+        _mm512_mask_sub_epi8(w, _mm512_movepi8_mask(xb), _mm512_setzero_si512(), w);
+    const __m512i pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(xb), signed_w);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
   }
   DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VF zero() { return _mm512_setzero_ps(); }
-  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VF fmadd(VF a, VF b, VF c) {
-    return _mm512_fmadd_ps(a, b, c);
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VF finish(VI acc, const float* ws, const float* xs,
+                                                         VF f) {
+    const __m512 d = _mm512_mul_ps(_mm512_loadu_ps(ws), _mm512_loadu_ps(xs));
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), d, f);
   }
-  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static float hsum(VF v) { return _mm512_reduce_add_ps(v); }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static void reduce(VF f, float* out) {
+    f = _mm512_add_ps(f, _mm512_shuffle_ps(f, f, 0xb1));
+    f = _mm512_add_ps(f, _mm512_shuffle_ps(f, f, 0x4e));
+    alignas(64) float tmp[16];
+    _mm512_store_ps(tmp, f);
+    for (int r = 0; r < 4; ++r) out[r] = tmp[4 * r];
+  }
 };
 
+// The same in two 32-byte halves (rows 0-1, rows 2-3).
 struct Avx2 {
-  using VF = __m256;
-  static constexpr int64_t kChunk = 32;
-  struct W {
-    __m256i q;
-    VF d;
+  struct VI {
+    __m256i h[2];
   };
-  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static W load_w(const int8_t* q, const float* s) {
-    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)), _mm256_broadcast_ss(s)};
+  struct VF {
+    __m256 h[2];
+  };
+  using W = VI;
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VI init(const int32_t*) {
+    return {{_mm256_setzero_si256(), _mm256_setzero_si256()}};
   }
-  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VF dot(const W& w, const int8_t* x) {
-    const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
-    const __m256i pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(xq, xq), _mm256_sign_epi8(w.q, xq));
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static W prep(const uint8_t* w) {
+    const __m256i bias = _mm256_set1_epi8(char(0x80));
+    const auto* p = reinterpret_cast<const __m256i*>(w);
+    return {{_mm256_xor_si256(_mm256_loadu_si256(p), bias),
+             _mm256_xor_si256(_mm256_loadu_si256(p + 1), bias)}};
   }
-  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VF scale(const W& w, const float* xs) {
-    return _mm256_mul_ps(w.d, _mm256_loadu_ps(xs));
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VI dot(VI acc, const W& w, const int8_t* x) {
+    const __m256i xb =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+    const __m256i ax = _mm256_sign_epi8(xb, xb);
+    for (int i = 0; i < 2; ++i) {
+      const __m256i pairs = _mm256_maddubs_epi16(ax, _mm256_sign_epi8(w.h[i], xb));
+      acc.h[i] = _mm256_add_epi32(acc.h[i], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    }
+    return acc;
   }
-  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VF zero() { return _mm256_setzero_ps(); }
-  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VF fmadd(VF a, VF b, VF c) {
-    return _mm256_fmadd_ps(a, b, c);
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VF zero() {
+    return {{_mm256_setzero_ps(), _mm256_setzero_ps()}};
   }
-  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static float hsum(VF v) { return simd::Avx2::hsum(v); }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VF finish(const VI& acc, const float* ws,
+                                                       const float* xs, VF f) {
+    for (int i = 0; i < 2; ++i) {
+      const __m256 d = _mm256_mul_ps(_mm256_loadu_ps(ws + 8 * i), _mm256_loadu_ps(xs + 8 * i));
+      f.h[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc.h[i]), d, f.h[i]);
+    }
+    return f;
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static void reduce(VF f, float* out) {
+    for (int i = 0; i < 2; ++i) {
+      __m256 v = _mm256_add_ps(f.h[i], _mm256_shuffle_ps(f.h[i], f.h[i], 0xb1));
+      v = _mm256_add_ps(v, _mm256_shuffle_ps(v, v, 0x4e));
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, v);
+      out[2 * i] = tmp[0];
+      out[2 * i + 1] = tmp[4];
+    }
+  }
 };
 
-// A register block's operands.
+// A register block's operands: one block of 4 weight rows, up to kTokens tokens.
 struct Block {
-  const int8_t* w;  // row r0's values
-  const float* ws;  // row r0's scales
-  const int8_t* x;  // token t0's values
-  const float* xs;  // token t0's scales
-  float* y;         // y of (t0, r0)
-  int64_t ld, ldy;  // of the rows of w and x (q8_ld(cols)); of y
+  const uint8_t* w;      // the block's values
+  const float* ws;       // the block's scales
+  const int8_t* x;       // token t0's values
+  const float* xs;       // token t0's scales
+  const int32_t* corr;   // token t0's corrections
+  float* y;              // y of (t0, first row stored)
+  int64_t ld, ldy;       // of the rows of x (q8_ld(cols)); of y
+  int r_first, r_count;  // the block's rows stored: [r_first, r_first + r_count)
 };
 
 using BlockFn = void (*)(const Block&);
-constexpr int kRows = 4;    // rows per register block
-constexpr int kTokens = 4;  // tokens per register block (16 accumulators)
+constexpr int kTokens = 4;  // tokens per register block
 
 namespace avx512vnni {
 using K = Avx512Vnni;
@@ -158,14 +185,14 @@ using K = Avx2;
 #undef DUET_SIMD_TARGET
 }  // namespace avx2
 
-BlockFn block_fn(Kernel k, int n_rows, int n_tokens) {
+BlockFn block_fn(Kernel k, int n_tokens) {
   switch (k) {
     case Kernel::kAvx512Vnni:
-      return avx512vnni::block_fn(n_rows, n_tokens);
+      return avx512vnni::block_fn(n_tokens);
     case Kernel::kAvx512:
-      return avx512::block_fn(n_rows, n_tokens);
+      return avx512::block_fn(n_tokens);
     case Kernel::kAvx2:
-      return avx2::block_fn(n_rows, n_tokens);
+      return avx2::block_fn(n_tokens);
     case Kernel::kScalar:
       break;
   }
@@ -174,47 +201,50 @@ BlockFn block_fn(Kernel k, int n_rows, int n_tokens) {
 
 void simd_rows(Kernel k, const Matrix& w, const Q8Rows& x, int64_t n_tokens, float* y, int64_t ldy,
                int64_t r_begin, int64_t r_end) {
-  const int64_t ld = x.ld, n_groups = ld / kQ8Group, ld_xs = n_groups * kScaleRepeat;
-  const auto* wq = static_cast<const int8_t*>(w.data);
-  for (int64_t r = r_begin; r < r_end;) {
-    const int n_rows = r_end - r >= kRows ? kRows : 1;
+  const int64_t ld = x.ld, n_super = ld / kSuper;
+  const auto* wq = static_cast<const uint8_t*>(w.data);
+  for (int64_t rb = r_begin / kQ8BlockRows; rb * kQ8BlockRows < r_end; ++rb) {
+    const int64_t r0 = rb * kQ8BlockRows;
+    const int r_first = static_cast<int>(std::max(r0, r_begin) - r0);
+    const int r_count = static_cast<int>(std::min(r0 + kQ8BlockRows, r_end) - r0) - r_first;
     for (int64_t t = 0; t < n_tokens;) {
       const int n_tok = static_cast<int>(std::min<int64_t>(kTokens, n_tokens - t));
-      const Block b{wq + r * ld,
-                    w.scales + r * n_groups,
+      const Block b{wq + r0 * ld,
+                    w.scales + rb * n_super * kLanes,
                     x.q + t * ld,
-                    x.scales + t * ld_xs,
-                    y + t * ldy + (r - r_begin),
+                    x.scales + t * n_super * kLanes,
+                    x.corr + t * n_super * kLanes,
+                    y + t * ldy + (r0 + r_first - r_begin),
                     ld,
-                    ldy};
-      block_fn(k, n_rows, n_tok)(b);
+                    ldy,
+                    r_first,
+                    r_count};
+      block_fn(k, n_tok)(b);
       t += n_tok;
     }
-    r += n_rows;
   }
 }
 
 void scalar_rows(const Matrix& w, const Q8Rows& x, int64_t n_tokens, float* y, int64_t ldy,
                  int64_t r_begin, int64_t r_end) {
-  const int64_t ld = x.ld, n_groups = ld / kQ8Group;
-  const int32_t x_offset = x.offset ? 128 : 0;
-  const auto* wq = static_cast<const int8_t*>(w.data);
+  const int64_t n_groups = x.ld / kQ8Group;
   for (int64_t r = r_begin; r < r_end; ++r) {
     for (int64_t t = 0; t < n_tokens; ++t) {
       double acc = 0;
       for (int64_t g = 0; g < n_groups; ++g) {
         int32_t sum = 0;
-        for (int64_t k = g * kQ8Group; k < (g + 1) * kQ8Group; ++k) {
-          const int32_t xq =
-              x.offset ? int32_t(uint8_t(x.q[t * ld + k])) - x_offset : int32_t(x.q[t * ld + k]);
-          sum += int32_t(wq[r * ld + k]) * xq;
-        }
-        acc += double(w.scales[r * n_groups + g]) *
-               double(x.scales[t * n_groups * kScaleRepeat + g * kScaleRepeat]) * sum;
+        for (int64_t k = g * kQ8Group; k < (g + 1) * kQ8Group; ++k)
+          sum += q8_value(w, r, k) * x_value(x, t, k);
+        acc += double(q8_scale(w, r, g * kQ8Group)) * double(x_scale(x, t, g * kQ8Group)) * sum;
       }
       y[t * ldy + (r - r_begin)] = static_cast<float>(acc);
     }
   }
+}
+
+// Where element k of a row of x sits in Q8Rows::q.
+int64_t x_offset(int64_t k) {
+  return k / kSuper * kSuper + (k % kQ8Group) / 4 * 16 + (k % kSuper) / kQ8Group * 4 + k % 4;
 }
 
 void check_q8(const char* op, const Matrix& w) {
@@ -275,30 +305,44 @@ std::vector<Kernel> simd_kernels() {
   return ks;
 }
 
-const Q8Rows& quantize_x(Kernel k, XRows x, int64_t cols, int64_t n_tokens, Buffer& buf) {
+int x_value(const Q8Rows& x, int64_t t, int64_t k) {
+  return x.q[t * x.ld + x_offset(k)];
+}
+
+float x_scale(const Q8Rows& x, int64_t t, int64_t k) {
+  return x.scales[(t * (x.ld / kSuper) + k / kSuper) * kLanes + (k % kSuper) / kQ8Group];
+}
+
+const Q8Rows& quantize_x(XRows x, int64_t cols, int64_t n_tokens, Buffer& buf) {
   DUET_CHECK(!x.bf16 && !x.q8, "quantize_x: x must be f32 rows");
-  const int64_t ld = q8_ld(cols), n_groups = ld / kQ8Group;
-  buf.q.resize(static_cast<size_t>(n_tokens * ld + 64));
-  buf.scales.resize(static_cast<size_t>(n_tokens * n_groups * kScaleRepeat));
-  const bool offset = k == Kernel::kAvx512Vnni;
+  const int64_t ld = q8_ld(cols), n_super = ld / kSuper;
+  buf.q.resize(static_cast<size_t>(n_tokens * ld));
+  buf.scales.resize(static_cast<size_t>(n_tokens * n_super * kLanes));
+  buf.corr.resize(buf.scales.size());
   for (int64_t t = 0; t < n_tokens; ++t) {
     const float* row = x.row(t, cols);
     int8_t* q = buf.q.data() + t * ld;
-    float* s = buf.scales.data() + t * n_groups * kScaleRepeat;
-    for (int64_t g = 0; g < n_groups; ++g) {
+    float* s = buf.scales.data() + t * n_super * kLanes;
+    int32_t* corr = buf.corr.data() + t * n_super * kLanes;
+    for (int64_t g = 0; g < ld / kQ8Group; ++g) {
       const int64_t k0 = g * kQ8Group, n = std::clamp<int64_t>(cols - k0, 0, kQ8Group);
       float amax = 0.0f;
       for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(row[k0 + i]));
       const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-      std::fill_n(s + g * kScaleRepeat, kScaleRepeat, d);
+      int32_t sum = 0;
       for (int64_t i = 0; i < kQ8Group; ++i) {
         const float v = i < n ? std::clamp(std::nearbyint(row[k0 + i] * inv), -127.0f, 127.0f) : 0;
-        const int32_t qi = static_cast<int32_t>(v) + (offset ? 128 : 0);
-        q[k0 + i] = static_cast<int8_t>(static_cast<uint8_t>(qi));
+        q[x_offset(k0 + i)] = static_cast<int8_t>(v);
+        sum += static_cast<int32_t>(v);
+      }
+      const int64_t lane0 = (g / 4) * kLanes + g % 4;  // lane 4r + j of the superblock g / 4
+      for (int64_t r = 0; r < kQ8BlockRows; ++r) {
+        s[lane0 + 4 * r] = d;
+        corr[lane0 + 4 * r] = -128 * sum;
       }
     }
   }
-  buf.rows = Q8Rows{buf.q.data(), buf.scales.data(), ld, offset};
+  buf.rows = Q8Rows{buf.q.data(), buf.scales.data(), buf.corr.data(), ld};
   return buf.rows;
 }
 
@@ -306,11 +350,8 @@ void rows_with(Kernel k, const Matrix& w, const Q8Rows& x, int64_t n_tokens, flo
                int64_t r_begin, int64_t r_end) {
   check_q8("q8 rows", w);
   DUET_CHECK(kernel_supported(k), "q8 kernel " << kernel_name(k) << " not supported by this CPU");
-  // The scalar kernel reads x either way.
-  DUET_CHECK(
-      x.ld == q8_ld(w.cols) && (k == Kernel::kScalar || x.offset == (k == Kernel::kAvx512Vnni)),
-      "q8 rows: x quantized for ld " << x.ld << (x.offset ? " offset" : "") << ", weights "
-                                     << w.cols << " cols on " << kernel_name(k));
+  DUET_CHECK(x.ld == q8_ld(w.cols),
+             "q8 rows: x quantized for ld " << x.ld << ", weights of " << w.cols << " cols");
   if (n_tokens == 0 || r_begin == r_end) return;
   if (k == Kernel::kScalar) {
     scalar_rows(w, x, n_tokens, y, ldy, r_begin, r_end);
@@ -326,7 +367,7 @@ void rows_from_f32(Kernel k, const Matrix& w, XRows x, int64_t n_tokens, float* 
     return;
   }
   thread_local Buffer buf;
-  rows_with(k, w, quantize_x(k, x, w.cols, n_tokens, buf), n_tokens, y, ldy, r_begin, r_end);
+  rows_with(k, w, quantize_x(x, w.cols, n_tokens, buf), n_tokens, y, ldy, r_begin, r_end);
 }
 
 void matmul_with(Kernel k, ThreadPool& pool, const Matrix& w, const float* x, int64_t n_tokens,
@@ -334,7 +375,7 @@ void matmul_with(Kernel k, ThreadPool& pool, const Matrix& w, const float* x, in
   check_q8("matmul", w);
   if (n_tokens == 0 || w.rows == 0) return;
   thread_local Buffer buf;
-  const Q8Rows& xq = quantize_x(k, x, w.cols, n_tokens, buf);
+  const Q8Rows& xq = quantize_x(x, w.cols, n_tokens, buf);
   if (w.rows * w.cols * n_tokens < kMinParallelMacs) {
     rows_with(k, w, xq, n_tokens, y, w.rows, 0, w.rows);
     return;

@@ -2,44 +2,45 @@
 // K (the vector operations of one kernel) and DUET_SIMD_TARGET (its target attribute): the
 // register block of the int8 products.
 
-// kR weight rows × kT tokens, one f32 accumulator vector each; every chunk of weights (and its
-// scales) is loaded once for the kT tokens.
-template <int kR, int kT>
+// One block of 4 weight rows × kT tokens. Per superblock, the int32 sums of its 16 (row, group)
+// pairs build up over 8 steps for each token, each step's weights loaded once for the kT tokens;
+// then they are scaled into the token's f32 accumulator.
+template <int kT>
 DUET_SIMD_TARGET void block(const Block& b) {
   using VF = typename K::VF;
-  constexpr int64_t kGroups = K::kChunk / kQ8Group;  // groups per chunk
-  const int64_t n_groups = b.ld / kQ8Group, ld_xs = n_groups * kScaleRepeat;
-  VF acc[kR][kT];
+  using VI = typename K::VI;
+  const int64_t n_super = b.ld / kSuper;
+  VF accf[kT];
 #pragma GCC unroll 8
-  for (int r = 0; r < kR; ++r) {
+  for (int t = 0; t < kT; ++t) accf[t] = K::zero();
+  for (int64_t s = 0; s < n_super; ++s) {
+    VI acc[kT];
 #pragma GCC unroll 8
-    for (int t = 0; t < kT; ++t) acc[r][t] = K::zero();
-  }
-  for (int64_t c = 0; c < b.ld / K::kChunk; ++c) {
+    for (int t = 0; t < kT; ++t) acc[t] = K::init(b.corr + (t * n_super + s) * kLanes);
+    const uint8_t* w = b.w + s * kSuperBytes;
+    const int8_t* x = b.x + s * kSuper;
 #pragma GCC unroll 8
-    for (int r = 0; r < kR; ++r) {
-      const typename K::W w =
-          K::load_w(b.w + r * b.ld + c * K::kChunk, b.ws + r * n_groups + c * kGroups);
+    for (int k = 0; k < kSteps; ++k) {
+      const typename K::W wk = K::prep(w + k * 64);
 #pragma GCC unroll 8
-      for (int t = 0; t < kT; ++t) {
-        const int8_t* x = b.x + t * b.ld + c * K::kChunk;
-        const float* xs = b.xs + t * ld_xs + c * kGroups * kScaleRepeat;
-        acc[r][t] = K::fmadd(K::dot(w, x), K::scale(w, xs), acc[r][t]);
-      }
+      for (int t = 0; t < kT; ++t) acc[t] = K::dot(acc[t], wk, x + t * b.ld + k * 16);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < kT; ++t) {
+      accf[t] = K::finish(acc[t], b.ws + s * kLanes, b.xs + (t * n_super + s) * kLanes, accf[t]);
     }
   }
 #pragma GCC unroll 8
-  for (int r = 0; r < kR; ++r) {
-#pragma GCC unroll 8
-    for (int t = 0; t < kT; ++t) b.y[t * b.ldy + r] = K::hsum(acc[r][t]);
+  for (int t = 0; t < kT; ++t) {
+    float out[4];
+    K::reduce(accf[t], out);
+    for (int r = 0; r < b.r_count; ++r) b.y[t * b.ldy + r] = out[b.r_first + r];
   }
 }
 
-// block<n_rows, n_tokens> for n_rows in {1, kRows} and n_tokens in [1, kTokens].
-inline BlockFn block_fn(int n_rows, int n_tokens) {
+// block<n_tokens> for n_tokens in [1, kTokens].
+inline BlockFn block_fn(int n_tokens) {
   static_assert(kTokens == 4);
-  static constexpr BlockFn kTable[2][kTokens] = {
-      {&block<1, 1>, &block<1, 2>, &block<1, 3>, &block<1, 4>},
-      {&block<kRows, 1>, &block<kRows, 2>, &block<kRows, 3>, &block<kRows, 4>}};
-  return kTable[n_rows == kRows][n_tokens - 1];
+  static constexpr BlockFn kTable[kTokens] = {&block<1>, &block<2>, &block<3>, &block<4>};
+  return kTable[n_tokens - 1];
 }

@@ -3,6 +3,16 @@
 // that w ≈ d · q with q = round(w / d) in [-127, 127] (to nearest even). llama.cpp's Q8_0 has the
 // same groups with an f16 scale; an f32 one costs 1/32 byte more per weight and keeps every
 // bf16 weight's range (an f16 scale underflows below 6e-8 · 127).
+//
+// Layout, for the integer dot products (vpdpbusd sums 4 byte products per 32-bit lane): rows in
+// blocks of kQ8BlockRows = 4 (the last padded with zero rows), columns in superblocks of
+// kQ8Align = 128 (4 groups; padded with zeros). A block's superblock is 8 vectors of 64 bytes;
+// lane L = 4 · r + j (row r of the block, group j of the superblock) of vector k holds bytes
+// [4k, 4k + 4) of that row's group, as q + 128 (uint8, the unsigned operand of vpdpbusd). So 8
+// vpdpbusd accumulate the exact dot products of 16 (row, group) pairs, one per lane, with
+// no shuffles; the 16 scales of a block's superblock are stored together in the same order:
+//   data   [rows / 4, ld / 128, 8, 16, 4] uint8, ld = q8_ld(cols)
+//   scales [rows / 4, ld / 128, 16] f32
 #pragma once
 
 #include <cstdint>
@@ -17,6 +27,10 @@ namespace duet {
 // scales [q8_ld(cols) / kQ8Group] f32; the padding past cols is zero, with scale 0.
 void quantize_row_q8(DType dtype, const void* row, int64_t cols, int8_t* q, float* scales);
 
+// Value q (in [-127, 127]) and scale d of weight (r, k) of a kQ8 matrix: w ≈ d · q.
+int q8_value(const Matrix& w, int64_t r, int64_t k);
+float q8_scale(const Matrix& w, int64_t r, int64_t k);
+
 // A quantized copy of a weight matrix, owning its memory (64-byte aligned).
 class Q8Matrix {
  public:
@@ -29,7 +43,7 @@ class Q8Matrix {
   struct FreeAligned {
     void operator()(void* p) const;
   };
-  std::unique_ptr<void, FreeAligned> mem_;  // values, then scales
+  std::unique_ptr<void, FreeAligned> mem_;  // values, then scales (the layout above)
   Matrix view_;
 };
 

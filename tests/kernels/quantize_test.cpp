@@ -61,21 +61,15 @@ std::vector<Isa> all_isas() {
 
 // x's value k of token t as quantized: d_x · q_x.
 double x_value(const Q8Rows& x, int64_t t, int64_t k) {
-  const int64_t n_groups = x.ld / kQ8Group;
-  const int q = x.offset ? int(uint8_t(x.q[t * x.ld + k])) - 128 : int(x.q[t * x.ld + k]);
-  return double(x.scales[(t * n_groups + k / kQ8Group) * 8]) * q;
+  return double(matmul_q8::x_scale(x, t, k)) * matmul_q8::x_value(x, t, k);
 }
 
 // Σ_k |w[r, k] · x[t, k]| of the quantized operands: what the f32 rounding errors of the kernels
 // scale with.
 double abs_products(const Matrix& w, const Q8Rows& x, int64_t t, int64_t r) {
-  const int64_t ld = q8_ld(w.cols);
-  const auto* q = static_cast<const int8_t*>(w.data);
   double sum = 0;
-  for (int64_t k = 0; k < w.cols; ++k) {
-    sum += std::fabs(double(w.scales[r * (ld / kQ8Group) + k / kQ8Group]) * q[r * ld + k] *
-                     x_value(x, t, k));
-  }
+  for (int64_t k = 0; k < w.cols; ++k)
+    sum += std::fabs(double(q8_scale(w, r, k)) * q8_value(w, r, k) * x_value(x, t, k));
   return sum;
 }
 
@@ -89,7 +83,7 @@ double kernel_tolerance(const Matrix& w, const Q8Rows& x, int64_t t, int64_t r) 
 }
 
 TEST(QuantizeTest, RowIsScaledByItsGroupMaximumAndRoundedToNearest) {
-  // Group 0: max 2.54 → scale 0.02; group 1 all zero; columns 64..127 are padding.
+  // Group 0: max 2.54 → scale 0.02; group 1 all zero; columns 40..127 are padding.
   std::vector<float> row(40, 0.0f);
   row[0] = 2.54f;
   row[1] = -1.27f;
@@ -99,9 +93,9 @@ TEST(QuantizeTest, RowIsScaledByItsGroupMaximumAndRoundedToNearest) {
   std::vector<int8_t> q(q8_ld(40), 99);
   std::vector<float> scales(q8_ld(40) / kQ8Group, 99.0f);
   quantize_row_q8(DType::kF32, row.data(), 40, q.data(), scales.data());
-  ASSERT_EQ(q.size(), 64u);
+  ASSERT_EQ(q.size(), 128u);
   EXPECT_FLOAT_EQ(scales[0], 2.54f / 127.0f);
-  EXPECT_EQ(scales[1], 0.0f);
+  for (size_t g = 1; g < scales.size(); ++g) EXPECT_EQ(scales[g], 0.0f) << g;
   EXPECT_EQ(q[0], 127);
   EXPECT_EQ(q[1], -64);  // -63.5 → -64 (to even)
   EXPECT_EQ(q[2], 0);
@@ -125,12 +119,12 @@ TEST(QuantizeTest, DequantizedIsWithinHalfAStepAndBf16Matches) {
     bf.dtype = DType::kBF16;
     bf.data = w16.data();
     Q8Matrix qb(bf);
-    EXPECT_EQ(q.view().nbytes(), uint64_t(rows * q8_ld(cols) / 32 * 36));
+    EXPECT_EQ(q.view().nbytes(), uint64_t((rows + 3) / 4 * 4 * q8_ld(cols) / 32 * 36));
     const std::vector<float> d = dequantize_q8(q.view()), db = dequantize_q8(qb.view());
     EXPECT_EQ(d, db) << "bf16 and its f32 widening quantize alike";
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t k = 0; k < cols; ++k) {
-        const float scale = q.view().scales[r * (q8_ld(cols) / 32) + k / 32];
+        const float scale = q8_scale(q.view(), r, k);
         EXPECT_LE(std::fabs(d[r * cols + k] - w16_f32[r * cols + k]), 0.5f * scale * 1.0001f)
             << "cols " << cols << " r " << r << " k " << k;
       }
@@ -138,38 +132,32 @@ TEST(QuantizeTest, DequantizedIsWithinHalfAStepAndBf16Matches) {
   }
 }
 
+// Slices start at a block of 4 rows (the layout interleaves a block's rows).
 TEST(QuantizeTest, RowSliceKeepsGroupsAndScales) {
   std::mt19937 rng(8);
-  std::vector<float> w = grouped_values(rng, 9, 70, false);
-  Q8Matrix q(f32_matrix(w, 9, 70));
+  std::vector<float> w = grouped_values(rng, 9, 170, false);
+  Q8Matrix q(f32_matrix(w, 9, 170));
   const std::vector<float> all = dequantize_q8(q.view());
-  const std::vector<float> part = dequantize_q8(q.view().row_slice(3, 4));
-  EXPECT_EQ(part, std::vector<float>(all.begin() + 3 * 70, all.begin() + 7 * 70));
+  const std::vector<float> part = dequantize_q8(q.view().row_slice(4, 5));
+  EXPECT_EQ(part, std::vector<float>(all.begin() + 4 * 170, all.end()));
+  EXPECT_THROW(q.view().row_slice(3, 4), std::logic_error);
 }
 
-TEST(QuantizeTest, XQuantizationIsTheSameForEveryKernel) {
+TEST(QuantizeTest, XIsWithinHalfAStepOfItsGroupAndPaddedWithZeros) {
   std::mt19937 rng(3);
   const int64_t cols = 100, n_tokens = 3;
   std::vector<float> x = grouped_values(rng, n_tokens, cols, false);
-  matmul_q8::Buffer ref_buf;
-  const Q8Rows ref = matmul_q8::quantize_x(Kernel::kScalar, x.data(), cols, n_tokens, ref_buf);
-  EXPECT_FALSE(ref.offset);
-  for (Kernel k : matmul_q8::simd_kernels()) {
-    matmul_q8::Buffer buf;
-    const Q8Rows got = matmul_q8::quantize_x(k, x.data(), cols, n_tokens, buf);
-    EXPECT_EQ(got.offset, k == Kernel::kAvx512Vnni);
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      for (int64_t i = 0; i < got.ld; ++i) {
-        ASSERT_EQ(x_value(got, t, i), x_value(ref, t, i)) << matmul_q8::kernel_name(k);
-      }
-    }
-  }
-  // Each value within half a step of its group's scale; padding zero.
+  matmul_q8::Buffer buf;
+  const Q8Rows q = matmul_q8::quantize_x(x.data(), cols, n_tokens, buf);
+  ASSERT_EQ(q.ld, 128);
   for (int64_t t = 0; t < n_tokens; ++t) {
-    for (int64_t i = 0; i < ref.ld; ++i) {
-      const double step = ref.scales[(t * (ref.ld / 32) + i / 32) * 8];
+    for (int64_t i = 0; i < q.ld; ++i) {
+      const double step = matmul_q8::x_scale(q, t, i);
       const double want = i < cols ? x[t * cols + i] : 0.0;
-      EXPECT_LE(std::fabs(x_value(ref, t, i) - want), 0.5 * step * 1.0001) << t << " " << i;
+      EXPECT_LE(std::fabs(x_value(q, t, i) - want), 0.5 * step * 1.0001) << t << " " << i;
+      if (i >= cols) {
+        EXPECT_EQ(matmul_q8::x_value(q, t, i), 0);
+      }
     }
   }
 }
@@ -186,11 +174,11 @@ TEST(QuantizeTest, SimdKernelsMatchScalar) {
         const Matrix& w = q.view();
         for (int64_t n_tokens : {1, 2, 3, 4, 5, 9, 17}) {
           std::vector<float> x = grouped_values(rng, n_tokens, cols, extreme);
+          matmul_q8::Buffer buf;
+          const Q8Rows xq = matmul_q8::quantize_x(x.data(), cols, n_tokens, buf);
+          std::vector<float> want(static_cast<size_t>(n_tokens * rows));
+          matmul_q8::rows_with(Kernel::kScalar, w, xq, n_tokens, want.data(), rows, 0, rows);
           for (Kernel k : matmul_q8::simd_kernels()) {
-            matmul_q8::Buffer buf;
-            const Q8Rows xq = matmul_q8::quantize_x(k, x.data(), cols, n_tokens, buf);
-            std::vector<float> want(static_cast<size_t>(n_tokens * rows));
-            matmul_q8::rows_with(Kernel::kScalar, w, xq, n_tokens, want.data(), rows, 0, rows);
             std::vector<float> got(want.size(), std::nanf(""));
             matmul_q8::rows_with(k, w, xq, n_tokens, got.data(), rows, 0, rows);
             for (int64_t t = 0; t < n_tokens; ++t) {
@@ -200,6 +188,39 @@ TEST(QuantizeTest, SimdKernelsMatchScalar) {
                     << " n_tokens " << n_tokens << " t " << t << " r " << r
                     << (extreme ? " extreme" : "");
               }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// Row ranges that start and end inside blocks of 4 rows, written at a stride wider than the
+// range: each kernel writes exactly the range's rows, as the scalar one computes them.
+TEST(QuantizeTest, RowRangesWriteOnlyTheirRows) {
+  std::mt19937 rng(9);
+  const int64_t rows = 23, cols = 200, ldy = 24;
+  Q8Matrix q(f32_matrix(grouped_values(rng, rows, cols, false), rows, cols));
+  for (int64_t n_tokens : {1, 5}) {
+    std::vector<float> x = grouped_values(rng, n_tokens, cols, false);
+    matmul_q8::Buffer buf;
+    const Q8Rows xq = matmul_q8::quantize_x(x.data(), cols, n_tokens, buf);
+    std::vector<float> all(n_tokens * rows);
+    matmul_q8::rows_with(Kernel::kScalar, q.view(), xq, n_tokens, all.data(), rows, 0, rows);
+    for (auto [r_begin, r_end] : {std::pair<int64_t, int64_t>{1, 3}, {3, 9}, {5, 23}, {8, 12}}) {
+      for (Kernel k : matmul_q8::simd_kernels()) {
+        std::vector<float> got(n_tokens * ldy, 12345.0f);
+        matmul_q8::rows_with(k, q.view(), xq, n_tokens, got.data(), ldy, r_begin, r_end);
+        for (int64_t t = 0; t < n_tokens; ++t) {
+          for (int64_t i = 0; i < ldy; ++i) {
+            const float v = got[t * ldy + i];
+            if (i < r_end - r_begin) {
+              EXPECT_NEAR(v, all[t * rows + r_begin + i],
+                          kernel_tolerance(q.view(), xq, t, r_begin + i))
+                  << matmul_q8::kernel_name(k) << " [" << r_begin << ", " << r_end << ") t " << t;
+            } else {
+              EXPECT_EQ(v, 12345.0f) << matmul_q8::kernel_name(k) << " wrote past the range";
             }
           }
         }
@@ -224,13 +245,13 @@ TEST(QuantizeTest, ProductIsTheDequantizedProductUpToTheRoundingOfX) {
         std::vector<float> ref(static_cast<size_t>(n_tokens * rows));
         matmul_scalar(f32_matrix(deq, rows, cols), x.data(), n_tokens, ref.data());
         matmul_q8::Buffer buf;
-        const Q8Rows xq = matmul_q8::quantize_x(Kernel::kScalar, x.data(), cols, n_tokens, buf);
+        const Q8Rows xq = matmul_q8::quantize_x(x.data(), cols, n_tokens, buf);
         std::vector<double> bound(ref.size());
         for (int64_t t = 0; t < n_tokens; ++t) {
           for (int64_t r = 0; r < rows; ++r) {
             double b = 0, mag = 0;
             for (int64_t k = 0; k < cols; ++k) {
-              const double step = xq.scales[(t * (xq.ld / 32) + k / 32) * 8];
+              const double step = matmul_q8::x_scale(xq, t, k);
               b += 0.5 * step * std::fabs(deq[r * cols + k]);
               mag += std::fabs(deq[r * cols + k] * x[t * cols + k]);
             }
