@@ -331,7 +331,7 @@ const Q8Rows& quantize_x(XRows x, int64_t cols, int64_t n_tokens, Buffer& buf) {
       const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
       int32_t sum = 0;
       for (int64_t i = 0; i < kQ8Group; ++i) {
-        const float v = i < n ? std::clamp(std::nearbyint(row[k0 + i] * inv), -127.0f, 127.0f) : 0;
+        const float v = i < n ? std::clamp(round_even(row[k0 + i] * inv), -127.0f, 127.0f) : 0;
         q[x_offset(k0 + i)] = static_cast<int8_t>(v);
         sum += static_cast<int32_t>(v);
       }

@@ -62,7 +62,7 @@ void quantize_row_q8(DType dtype, const void* row, int64_t cols, int8_t* q, floa
     const float d = amax / 127.0f;
     scales[g] = d;
     for (int64_t i = 0; i < kQ8Group; ++i) {
-      const float v = d > 0.0f ? std::nearbyint(w[i] / d) : 0.0f;
+      const float v = d > 0.0f ? round_even(w[i] / d) : 0.0f;
       q[k0 + i] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
     }
   }

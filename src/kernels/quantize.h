@@ -27,6 +27,13 @@ namespace duet {
 // scales [q8_ld(cols) / kQ8Group] f32; the padding past cols is zero, with scale 0.
 void quantize_row_q8(DType dtype, const void* row, int64_t cols, int8_t* q, float* scales);
 
+// v rounded to the nearest integer, ties to even, for |v| < 2^22 (as std::nearbyint in the
+// default rounding mode, without its library call): adding 1.5 · 2^23 leaves no fraction bits.
+inline float round_even(float v) {
+  constexpr float kMagic = 12582912.0f;
+  return (v + kMagic) - kMagic;
+}
+
 // Value q (in [-127, 127]) and scale d of weight (r, k) of a kQ8 matrix: w ≈ d · q.
 int q8_value(const Matrix& w, int64_t r, int64_t k);
 float q8_scale(const Matrix& w, int64_t r, int64_t k);

@@ -206,6 +206,17 @@ TEST_F(CliTest, QuantizationIsCheckedAndReported) {
                              "--quantization int8");
   ASSERT_EQ(bench.exit_code, 0) << bench.out;
   EXPECT_NE(bench.out.find("weights: quantization int8: "), std::string::npos) << bench.out;
+  // --quantizations: both loads side by side, a row each, ratios to the first.
+  RunResult both = run_duet("bench latency " + dir_ +
+                            " --batch 1 --prompt-len 4 --gen-len 3 --threads 1 --rounds 2 "
+                            "--quantizations none,int8");
+  ASSERT_EQ(both.exit_code, 0) << both.out;
+  const size_t table = both.out.find("decode/limit\n");
+  ASSERT_NE(table, std::string::npos) << both.out;
+  EXPECT_NE(both.out.find("\n  none  ", table), std::string::npos) << both.out;
+  EXPECT_NE(both.out.find("\n  int8  ", table), std::string::npos) << both.out;
+  expect_error(run_duet("bench latency " + dir_ + " --quantizations none,int9"),
+               "--quantization int9: expected none or int8");
 }
 
 // --profile-ops adds decode time per kind of operation, each layer's summed under one name;
