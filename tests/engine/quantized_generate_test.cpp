@@ -152,6 +152,8 @@ INSTANTIATE_TEST_SUITE_P(Archs, QuantizedEpTest,
                          ::testing::Values(EpCase{"qwen3_moe", 2, All2AllBackend::kHighThroughput},
                                            EpCase{"qwen3_moe", 4, All2AllBackend::kLowLatency},
                                            EpCase{"deepseek_v2", 2, All2AllBackend::kLowLatency},
+                                           EpCase{"deepseek_v3", 2,
+                                                  All2AllBackend::kHighThroughput},
                                            EpCase{"mixtral", 2, All2AllBackend::kHighThroughput}),
                          [](const ::testing::TestParamInfo<EpCase>& info) {
                            return std::string(info.param.arch) + "_ep" +
