@@ -188,7 +188,7 @@ XRows direct_x(simd::Isa isa, const Matrix& w, XRows x, int64_t n_tokens, XBuffe
   const int64_t cols = w.cols;
   if (w.dtype == DType::kQ8) {  // int8 weights (matmul_q8.cpp)
     XRows q(static_cast<const float*>(nullptr));
-    q.q8 = &matmul_q8::quantize_x(x, cols, n_tokens, buf.q8);
+    q.q8 = &matmul_q8::quantize_x(x, cols, n_tokens, buf.q8, matmul_q8::kernel_for(isa));
     return q;
   }
   if (rounds_x(isa, w.dtype)) return n_tokens > 0 ? round_x(x, cols, n_tokens, buf.bf16) : x;

@@ -313,8 +313,55 @@ float x_scale(const Q8Rows& x, int64_t t, int64_t k) {
   return x.scales[(t * (x.ld / kSuper) + k / kSuper) * kLanes + (k % kSuper) / kQ8Group];
 }
 
-const Q8Rows& quantize_x(XRows x, int64_t cols, int64_t n_tokens, Buffer& buf) {
+namespace {
+
+// One group of x: its n ≤ kQ8Group values from src quantized (zero past n), q_x written to dst
+// 4 bytes at a time, 16 bytes apart (x_offset's layout, dst at the group's first 4 bytes); d_x
+// and Σ q_x returned. quantize_group and quantize_group_avx512 give the same bits.
+void quantize_group(const float* src, int64_t n, int8_t* dst, float& d, int32_t& sum) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(src[i]));
+  d = amax / 127.0f;
+  const float inv = d > 0.0f ? 1.0f / d : 0.0f;
+  sum = 0;
+  for (int64_t i = 0; i < kQ8Group; ++i) {
+    const float v = i < n ? std::clamp(round_even(src[i] * inv), -127.0f, 127.0f) : 0;
+    dst[i / 4 * 16 + i % 4] = static_cast<int8_t>(v);
+    sum += static_cast<int32_t>(v);
+  }
+}
+
+// round(v · inv) to nearest even, clamped to ±127, as int32.
+DUET_TARGET_AVX512 DUET_ALWAYS_INLINE __m512i quantize16(__m512 v, __m512 inv) {
+  v = _mm512_roundscale_ps(_mm512_mul_ps(v, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+  return _mm512_cvtps_epi32(v);
+}
+
+DUET_TARGET_AVX512 void quantize_group_avx512(const float* src, int64_t n, int8_t* dst, float& d,
+                                              int32_t& sum) {
+  const auto mask = [](int64_t m) {
+    return m >= 16 ? __mmask16(0xffff) : m <= 0 ? __mmask16(0) : __mmask16((1u << m) - 1);
+  };
+  const __m512 a = _mm512_maskz_loadu_ps(mask(n), src);
+  const __m512 b = _mm512_maskz_loadu_ps(mask(n - 16), src + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  d = amax / 127.0f;
+  const __m512 inv = _mm512_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
+  const __m512i qa = quantize16(a, inv), qb = quantize16(b, inv);
+  sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+  alignas(16) int32_t dw[8];
+  _mm_store_si128(reinterpret_cast<__m128i*>(dw), _mm512_cvtepi32_epi8(qa));
+  _mm_store_si128(reinterpret_cast<__m128i*>(dw + 4), _mm512_cvtepi32_epi8(qb));
+  for (int k = 0; k < 8; ++k) std::memcpy(dst + 16 * k, &dw[k], 4);
+}
+
+}  // namespace
+
+const Q8Rows& quantize_x(XRows x, int64_t cols, int64_t n_tokens, Buffer& buf, Kernel k) {
   DUET_CHECK(!x.bf16 && !x.q8, "quantize_x: x must be f32 rows");
+  DUET_CHECK(kernel_supported(k), "quantize_x: kernel " << kernel_name(k) << " not supported");
+  const bool avx512 = k == Kernel::kAvx512 || k == Kernel::kAvx512Vnni;
   const int64_t ld = q8_ld(cols), n_super = ld / kSuper;
   buf.q.resize(static_cast<size_t>(n_tokens * ld));
   buf.scales.resize(static_cast<size_t>(n_tokens * n_super * kLanes));
@@ -326,14 +373,13 @@ const Q8Rows& quantize_x(XRows x, int64_t cols, int64_t n_tokens, Buffer& buf) {
     int32_t* corr = buf.corr.data() + t * n_super * kLanes;
     for (int64_t g = 0; g < ld / kQ8Group; ++g) {
       const int64_t k0 = g * kQ8Group, n = std::clamp<int64_t>(cols - k0, 0, kQ8Group);
-      float amax = 0.0f;
-      for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(row[k0 + i]));
-      const float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
-      int32_t sum = 0;
-      for (int64_t i = 0; i < kQ8Group; ++i) {
-        const float v = i < n ? std::clamp(round_even(row[k0 + i] * inv), -127.0f, 127.0f) : 0;
-        q[x_offset(k0 + i)] = static_cast<int8_t>(v);
-        sum += static_cast<int32_t>(v);
+      float d;
+      int32_t sum;
+      int8_t* dst = q + x_offset(k0);
+      if (avx512) {
+        quantize_group_avx512(row + k0, n, dst, d, sum);
+      } else {
+        quantize_group(row + k0, n, dst, d, sum);
       }
       const int64_t lane0 = (g / 4) * kLanes + g % 4;  // lane 4r + j of the superblock g / 4
       for (int64_t r = 0; r < kQ8BlockRows; ++r) {
@@ -367,7 +413,7 @@ void rows_from_f32(Kernel k, const Matrix& w, XRows x, int64_t n_tokens, float* 
     return;
   }
   thread_local Buffer buf;
-  rows_with(k, w, quantize_x(x, w.cols, n_tokens, buf), n_tokens, y, ldy, r_begin, r_end);
+  rows_with(k, w, quantize_x(x, w.cols, n_tokens, buf, k), n_tokens, y, ldy, r_begin, r_end);
 }
 
 void matmul_with(Kernel k, ThreadPool& pool, const Matrix& w, const float* x, int64_t n_tokens,
@@ -375,7 +421,7 @@ void matmul_with(Kernel k, ThreadPool& pool, const Matrix& w, const float* x, in
   check_q8("matmul", w);
   if (n_tokens == 0 || w.rows == 0) return;
   thread_local Buffer buf;
-  const Q8Rows& xq = quantize_x(x, w.cols, n_tokens, buf);
+  const Q8Rows& xq = quantize_x(x, w.cols, n_tokens, buf, k);
   if (w.rows * w.cols * n_tokens < kMinParallelMacs) {
     rows_with(k, w, xq, n_tokens, y, w.rows, 0, w.rows);
     return;

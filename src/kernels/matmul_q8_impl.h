@@ -57,9 +57,11 @@ struct Buffer {
   Q8Rows rows;
 };
 
-// x[n_tokens, cols] (contiguous or gathered f32 rows) quantized, into buf (every kernel reads
-// the same); the result points into buf. Per group: d_x = max|x| / 127, q_x = round(x / d_x).
-const Q8Rows& quantize_x(XRows x, int64_t cols, int64_t n_tokens, Buffer& buf);
+// x[n_tokens, cols] (contiguous or gathered f32 rows) quantized, into buf; the result points
+// into buf. Per group: d_x = max|x| / 127, q_x = round(x · (1 / d_x)) to nearest even. The same
+// bits whatever k (which picks the loops: AVX-512 for the AVX-512 kernels, else scalar).
+const Q8Rows& quantize_x(XRows x, int64_t cols, int64_t n_tokens, Buffer& buf,
+                         Kernel k = Kernel::kScalar);
 
 // q_x and d_x of element k of token t.
 int x_value(const Q8Rows& x, int64_t t, int64_t k);

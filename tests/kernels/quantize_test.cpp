@@ -162,6 +162,28 @@ TEST(QuantizeTest, XIsWithinHalfAStepOfItsGroupAndPaddedWithZeros) {
   }
 }
 
+// x quantized by the AVX-512 loops gives the scalar loops' bits: values, scales and the
+// corrections, on ragged widths (part of a group, of 16 values), ties (x · (1 / d) = k + 0.5),
+// zero groups and extreme magnitudes.
+TEST(QuantizeTest, XQuantizationIsTheSameOnEveryKernel) {
+  std::mt19937 rng(13);
+  for (int64_t cols : {1, 15, 16, 17, 32, 40, 100, 300}) {
+    const int64_t n_tokens = 4;
+    std::vector<float> x = grouped_values(rng, n_tokens, cols, true);
+    for (int64_t i = 0; i < cols; i += 3) x[i] = float(i % 7) - 3.5f;  // halves, first token
+    matmul_q8::Buffer ref_buf;
+    const Q8Rows ref = matmul_q8::quantize_x(x.data(), cols, n_tokens, ref_buf);
+    for (Kernel k : matmul_q8::simd_kernels()) {
+      matmul_q8::Buffer buf;
+      const Q8Rows got = matmul_q8::quantize_x(x.data(), cols, n_tokens, buf, k);
+      EXPECT_EQ(buf.q, ref_buf.q) << matmul_q8::kernel_name(k) << " cols " << cols;
+      EXPECT_EQ(buf.scales, ref_buf.scales) << matmul_q8::kernel_name(k) << " cols " << cols;
+      EXPECT_EQ(buf.corr, ref_buf.corr) << matmul_q8::kernel_name(k) << " cols " << cols;
+      EXPECT_EQ(got.ld, ref.ld);
+    }
+  }
+}
+
 // Every SIMD kernel against the scalar one, on the same quantized x, to kernel_tolerance: ragged
 // column counts (part of a group, of a 64-byte chunk), every token block size, row counts that
 // leave a remainder of the 4-row block, groups of extreme and zero scale.
