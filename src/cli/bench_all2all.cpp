@@ -1,5 +1,5 @@
 // `duet bench all2all`: the latency and bandwidth of one MoE layer's dispatch + combine for both
-// all-to-all algorithms, each with f32 and bf16 rows (--dtypes; "vs f32" is the f32 row's time
+// all-to-all algorithms, each with f32, bf16 or fp8 rows (--dtypes; "vs f32" is the f32 row's time
 // over this row's, taken in the same run), and a raw all-to-all of the same bytes in the same run
 // (what the transport alone gives). Ranks are in-process threads (`--distributed-backend inproc`,
 // the default) or the processes of an mpirun job (`--distributed-backend mpi`: the command
@@ -41,7 +41,7 @@ struct All2AllOptions {
   int64_t experts = 64;
   int iters = 20;
   std::string backend = "inproc";
-  std::string dtypes = "f32,bf16";
+  std::string dtypes = "f32,bf16,fp8";
 };
 
 using Clock = std::chrono::steady_clock;
@@ -129,13 +129,13 @@ void bench_rank(DistContext& ctx, const All2AllOptions& o) {
   }
   const RoutedTokens rt{x.data(), ids.data(), w.data(), o.tokens, o.hidden, o.topk, out.data()};
   std::vector<Timing> rows;
-  std::vector<DType> dtypes;
+  std::vector<RowDtype> dtypes;
   std::stringstream list(o.dtypes);
   for (std::string d; std::getline(list, d, ',');) dtypes.push_back(parse_all2all_dtype(d));
   if (dtypes.empty()) DUET_ERROR("--dtypes: none given");
   for (All2AllBackend b : {All2AllBackend::kHighThroughput, All2AllBackend::kLowLatency}) {
     const size_t first = rows.size();
-    for (DType dt : dtypes) {
+    for (RowDtype dt : dtypes) {
       EpDispatcherOptions eo{b, o.tokens};
       eo.row_dtype = dt;
       EpDispatcher ep(ctx.comm(), place, eo);
@@ -214,7 +214,7 @@ void add_bench_all2all(CLI::App& bench) {
   cmd->add_option("--distributed-backend", o->backend, "inproc | mpi");
   cmd->add_option("--dtypes", o->dtypes,
                   "Row types to time, each algorithm with each "
-                  "(default f32,bf16; the first is the 'vs' baseline)");
+                  "(default f32,bf16,fp8; the first is the 'vs' baseline)");
   cmd->callback([o] { run_all2all(*o); });
 }
 

@@ -57,8 +57,8 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
         m.dist.enable_dbo = part == "dbo";
       } else if (part == "sbo") {
         m.dist.enable_single_batch_overlap = true;
-      } else if (part == "bf16") {
-        m.dist.all2all_dtype = "bf16";
+      } else if (part == "bf16" || part == "fp8") {
+        m.dist.all2all_dtype = part;
       } else if (part == "auto" || part == "thresholds") {
         m.dist.dbo_split = part;
       } else {
@@ -67,7 +67,7 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
     }
     if (overlaps > 1) {
       DUET_ERROR("--modes: '" << name << "' is not off, tbo or dbo (default off) with +sbo, "
-                              << "+bf16 and/or +auto or +thresholds");
+                              << "+bf16 or +fp8 and/or +auto or +thresholds");
     }
     if (!m.dist.enable_single_batch_overlap) {  // the SBO flags apply to +sbo modes only
       m.dist.sbo_combine_chunks = 0;

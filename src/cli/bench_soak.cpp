@@ -54,6 +54,7 @@ struct SoakOptions {
   uint64_t seed = 0;
   int server_pid = 0;  // 0: no memory / descriptor report
   double report_every_s = 30;
+  bool exact = false;  // --exact: a diverged request fails the soak (a --batch-invariant server)
 };
 
 // What one streamed request gave.
@@ -329,9 +330,11 @@ void run_soak(const SoakOptions& o) {
   const bool metrics_agree =
       after.empty() || (length + abort + stop == double(total.sent) &&
                         length >= double(total.completed) && abort <= double(total.hung_up));
-  if (total.errors > 0 || total.mixed > 0 || !metrics_agree) {
+  const int64_t inexact = o.exact ? total.diverged + total.diverged_hung_up : 0;
+  if (total.errors > 0 || total.mixed > 0 || inexact > 0 || !metrics_agree) {
     DUET_ERROR("bench soak failed: "
                << total.errors << " errors, " << total.mixed << " mixed"
+               << (inexact > 0 ? ", " + std::to_string(inexact) + " diverged (--exact)" : "")
                << (total.first_mixed.empty() ? "" : " (first: " + total.first_mixed + ")")
                << (metrics_agree ? "" : ", /metrics disagrees with the client"));
   }
@@ -366,6 +369,9 @@ void add_bench_soak(CLI::App& bench) {
   cmd->add_option("--server-pid", o->server_pid,
                   "The server's pid (same host): report its memory and descriptors");
   cmd->add_option("--report-every", o->report_every_s, "Seconds between report rows (default 30)");
+  cmd->add_flag("--exact", o->exact,
+                "Fail on any request whose text diverged from its text alone (for a server run "
+                "with --batch-invariant, where none may)");
   cmd->callback([o] { run_soak(*o); });
 }
 

@@ -9,6 +9,7 @@
 #include "dist/inproc_backend.h"
 #include "dist/launcher.h"
 #include "dist/mpi_backend.h"
+#include "kernels/matmul.h"
 #include "model/config.h"
 #include "moe/wire_rows.h"
 
@@ -108,6 +109,10 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
   cmd->add_option("--quantization", o.quantization,
                   "Quantize the weights at load: none (default) | int8 (groups of 32 columns with "
                   "an f32 scale; every linear layer but the embeddings, routers and MLA's kv_b)");
+  cmd->add_flag("--batch-invariant", o.batch_invariant,
+                "Batch-invariant products (as vLLM's batch-invariant mode): a sequence's logits, "
+                "and a greedy request's text, are the same alone and in any batch; prefill is "
+                "slower (implies --no-repack)");
   cmd->add_option("--distributed-backend", o.backend,
                   "mpi (processes under mpirun, the default) | inproc (threads)")
       ->check(CLI::IsMember({"mpi", "inproc"}));
@@ -145,7 +150,8 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
                   "(auto: the combine when it is chunked; with DBO, the combine)");
   cmd->add_option("--all2all-dtype", o.all2all_dtype,
                   "Element type of the rows dispatch and combine carry: f32 (default) | bf16 "
-                  "(half the bytes; rows rounded to bf16)");
+                  "(half the bytes; rows rounded to bf16) | fp8 (E4M3 with a scale per 128 "
+                  "values, as DeepEP's fp8 dispatch: 0.27 of the bytes)");
   cmd->add_option("--comm-cores", o.comm_cores,
                   "Cores of each rank kept for its communication thread, the compute pool pinned "
                   "to the others (default 0: they share the cores, unpinned)")
@@ -252,7 +258,10 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
   const int rank = ctx ? ctx->rank() : 0;
   const ModelConfig c = load_config(model_dir);
   rm.placement = place_experts(c.n_expert, world);
-  LoadOptions lo{rm.placement.begin(rank), rm.placement.end(rank), o.repack,
+  // Process-wide, before any product; the panels batch-invariant products never read are not
+  // packed.
+  if (o.batch_invariant) set_matmul_batch_invariant(true);
+  LoadOptions lo{rm.placement.begin(rank), rm.placement.end(rank), o.repack && !o.batch_invariant,
                  parse_quantization(o.quantization)};
   rm.group = rank_step_group(o, ctx, rm.placement);
   if (!o.trace_file.empty()) {

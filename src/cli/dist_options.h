@@ -28,8 +28,12 @@ struct DistOptions {
   std::string all2all = "high_throughput";
   int64_t ll_max_tokens = 256;  // low_latency: buffer capacity per expert per source rank
   bool repack = true;           // LoadOptions::repack; --no-repack clears it
-  std::string quantization =
-      "none";  // --quantization: LoadOptions::quantization (parse_quantization)
+  // --quantization: LoadOptions::quantization (parse_quantization)
+  std::string quantization = "none";
+  // --batch-invariant: every product sums in one order whatever the batch
+  // (set_matmul_batch_invariant), so a greedy request's text is the same alone and under load;
+  // implies --no-repack (panels are never read).
+  bool batch_invariant = false;
   // Two-micro-batch overlap (needs --enable-expert-parallel; one of the two at most).
   bool enable_two_batch_overlap = false;   // --enable-two-batch-overlap (SGLang's TBO)
   bool enable_dbo = false;                 // --enable-dbo (vLLM's DBO)

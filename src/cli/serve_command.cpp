@@ -101,12 +101,13 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
           : "";
   std::printf(
       "duet serve: %s on http://%s:%d (%d ranks, %d compute threads each, %lld %s KV "
-      "blocks of %lld, %s scheduler%s%s)\n",
+      "blocks of %lld, %s scheduler%s%s%s)\n",
       so.model_name.c_str(), o.host.c_str(), port, ctx ? ctx->world_size() : 1, pool.n_threads(),
       static_cast<long long>(engine.metrics().snapshot().kv_blocks_total),
       kv_dtype_name(engine.kv_dtype()), static_cast<long long>(o.engine.block_size),
       o.engine.overlap_schedule ? "overlapped" : "plain", multi_step.c_str(),
-      so.api_key.empty() ? "" : ", API key required");
+      so.api_key.empty() ? "" : ", API key required",
+      o.dist.batch_invariant ? ", batch-invariant" : "");
   std::fflush(stdout);
   server.listen();
   // listen() also returns when the socket fails; wake the waiter so it can be joined.

@@ -9,6 +9,7 @@
 #if DUET_HAVE_MPI
 #include <algorithm>
 #include <climits>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -75,17 +76,47 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// MPI for the whole process: initialised once, finalised at exit (aborted if a watchdog gave
-// up on a collective).
+// MPI_Init_thread, ended with a clear error if it has not returned after `deadline`: MPI's
+// start waits for every rank of the job (Open MPI's PMIx fence), so a rank stopped or hung
+// before it would hold the others there for ever, and neither mpirun nor duet's watchdogs
+// (which need MPI started) would notice. The process exits: MPI cannot be used any more.
+int init_mpi_within(std::chrono::milliseconds deadline) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool started = false;
+  std::thread guard([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    if (cv.wait_for(lock, deadline, [&] { return started; })) return;
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    std::fprintf(stderr,
+                 "error: start-up: rank %s: MPI did not start within %.1f s (MPI_Init waits for "
+                 "every rank of the job): a rank died, stopped or hangs before starting MPI, or "
+                 "the hosts cannot reach each other\n",
+                 rank ? rank : "?", deadline.count() / 1000.0);
+    std::fflush(stderr);
+    std::_Exit(1);
+  });
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    started = true;
+  }
+  cv.notify_all();
+  guard.join();
+  return provided;
+}
+
+// MPI for the whole process: initialised once (given up after init_deadline), finalised at exit
+// (aborted if a watchdog gave up on a collective).
 class MpiRuntime {
  public:
-  MpiRuntime() {
+  explicit MpiRuntime(std::chrono::milliseconds init_deadline) {
     int initialised = 0;
     MPI_Initialized(&initialised);
     if (initialised) return;
     apply_mpi_tcp_defaults();
-    int provided = 0;
-    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    const int provided = init_mpi_within(init_deadline);
     owns_ = true;
     if (provided < MPI_THREAD_MULTIPLE) {
       MPI_Finalize();
@@ -139,8 +170,10 @@ class MpiRuntime {
   std::unique_ptr<MpiHeartbeat> heartbeat_;  // GUARDED_BY(mu_) while created
 };
 
-MpiRuntime& runtime() {
-  static MpiRuntime rt;
+// The process's MPI, started by the first call (which waits kStartupWatchdogs × watchdog at most
+// for the other ranks, as the start-up collectives after it do).
+MpiRuntime& runtime(std::chrono::milliseconds watchdog = kMpiWatchdog) {
+  static MpiRuntime rt(kStartupWatchdogs * watchdog);
   return rt;
 }
 
@@ -373,7 +406,7 @@ RankInfo rank_info() {
 }  // namespace
 
 DistContext make_mpi_context(std::chrono::milliseconds watchdog) {
-  runtime();
+  runtime(watchdog);
   DistContext ctx;
   ctx.coordinator = std::make_unique<MpiCoordinator>(rank_info(), watchdog);
   ctx.communicator = std::make_unique<Communicator>(std::make_unique<MpiOps>(watchdog), watchdog);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -168,16 +169,30 @@ RowsFn rows_fn_for(simd::Isa isa) {
   return &scalar_matmul_rows;
 }
 
+std::atomic<bool> g_batch_invariant{false};  // set_matmul_batch_invariant
+
 // Whether the kernels of isa read w from its panels for n_tokens tokens (the AVX-512 and AVX2
-// ones, for f32 weights on an AVX-512 BF16 CPU too; vdpbf16ps and scalar read the rows).
+// ones, for f32 weights on an AVX-512 BF16 CPU too; vdpbf16ps and scalar read the rows). Never
+// while batch-invariant.
 bool reads_panels(simd::Isa isa, const Matrix& w, int64_t n_tokens) {
   return w.dtype != DType::kQ8 && w.panels && n_tokens >= matmul_impl::kPanelMinTokens &&
-         isa != simd::Isa::kScalar && !matmul_impl::rounds_x(isa, w.dtype);
+         isa != simd::Isa::kScalar && !matmul_impl::rounds_x(isa, w.dtype) &&
+         !g_batch_invariant.load(std::memory_order_relaxed);
 }
 
 bool use_tiled(matmul_impl::Path path, const Matrix& w, int64_t n_tokens) {
   return path == matmul_impl::Path::kTiled ||
-         (path == matmul_impl::Path::kAuto && n_tokens >= matmul_impl::tiled_min_tokens(w.dtype));
+         (path == matmul_impl::Path::kAuto && n_tokens >= matmul_impl::tiled_min_tokens(w.dtype) &&
+          !g_batch_invariant.load(std::memory_order_relaxed));
+}
+
+// w as the kernels should see it: without its panels while batch-invariant (the kernels read
+// panels wherever a matrix has them and there are enough tokens).
+Matrix as_read(const Matrix& w) {
+  if (!w.panels || !g_batch_invariant.load(std::memory_order_relaxed)) return w;
+  Matrix rows = w;
+  rows.panels = nullptr;
+  return rows;
 }
 
 }  // namespace
@@ -205,19 +220,20 @@ XRows direct_x(simd::Isa isa, const Matrix& w, XRows x, int64_t n_tokens, XBuffe
   return XRows(packed, ld);
 }
 
-void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w, const float* x,
+void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w_in, const float* x,
                  int64_t n_tokens, float* y) {
-  check_args("matmul", w, x, n_tokens, y);
+  check_args("matmul", w_in, x, n_tokens, y);
   check_isa(isa);
-  if (n_tokens == 0 || w.rows == 0) return;
-  if (w.cols == 0) {
-    std::fill(y, y + n_tokens * w.rows, 0.0f);
+  if (n_tokens == 0 || w_in.rows == 0) return;
+  if (w_in.cols == 0) {
+    std::fill(y, y + n_tokens * w_in.rows, 0.0f);
     return;
   }
-  if (w.dtype == DType::kQ8) {  // int8 weights (matmul_q8.cpp)
-    matmul_q8::matmul_with(matmul_q8::kernel_for(isa), pool, w, x, n_tokens, y);
+  if (w_in.dtype == DType::kQ8) {  // int8 weights (matmul_q8.cpp): batch-invariant as they are
+    matmul_q8::matmul_with(matmul_q8::kernel_for(isa), pool, w_in, x, n_tokens, y);
     return;
   }
+  const Matrix w = as_read(w_in);
   const bool tiled = use_tiled(path, w, n_tokens);
   const RowsFn rows_fn = rows_fn_for(isa);
   if (w.rows * w.cols * n_tokens < kMinParallelMacs) {
@@ -251,12 +267,12 @@ void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, XRows x, int64_
     for (int64_t t = 0; t < n_tokens; ++t) std::fill_n(y + t * ldy, r_end - r_begin, 0.0f);
     return;
   }
-  if (w.dtype == DType::kQ8) {  // int8 weights (matmul_q8.cpp)
+  if (w.dtype == DType::kQ8) {  // int8 weights (matmul_q8.cpp): batch-invariant as they are
     matmul_q8::rows_from_f32(matmul_q8::kernel_for(isa), w, x, n_tokens, y, ldy, r_begin, r_end);
     return;
   }
   DUET_CHECK(!x.q8, "matmul_rows: x quantized for " << dtype_name(w.dtype) << " weights");
-  rows_fn_for(isa)(w, x, n_tokens, y, ldy, r_begin, r_end, use_tiled(path, w, n_tokens));
+  rows_fn_for(isa)(as_read(w), x, n_tokens, y, ldy, r_begin, r_end, use_tiled(path, w, n_tokens));
 }
 
 void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const float* x,
@@ -343,6 +359,14 @@ void matmul_xw_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* 
   DUET_CHECK(w.dtype != DType::kQ8, "matmul_xw_scalar: int8 weights are not supported");
   if (n_tokens == 0) return;
   scalar_matmul_xw_range(w, x, n_tokens, y, 0, w.cols);
+}
+
+void set_matmul_batch_invariant(bool on) {
+  g_batch_invariant.store(on);
+}
+
+bool matmul_batch_invariant() {
+  return g_batch_invariant.load();
 }
 
 const char* matmul_isa() {

@@ -70,6 +70,15 @@ void pack_panels(const Matrix& w, void* dst);
 // an AVX-512 BF16 CPU, whose vdpbf16ps kernels read the rows) the rows are read as stored.
 bool matmul_reads_panels(DType dtype);
 
+// Batch invariance (as vLLM's batch-invariant mode): while on, every product sums each output in
+// one order whatever the number of tokens it runs with (the direct path for every token count,
+// panels never read), so a row's result, and a sequence's logits, are the same bit for bit alone
+// and in any batch. Off by default: from tens of tokens on the tiled and panel kernels are
+// faster. Process-wide; set it before the products it should govern (products already running
+// finish as they started). An explicit Path::kTiled (matmul_impl) is still honoured.
+void set_matmul_batch_invariant(bool on);
+bool matmul_batch_invariant();
+
 // Name of the SIMD path in use ("avx512bf16", "avx512", "avx2" or "scalar"), for logs and
 // benchmarks. The environment variable DUET_MATMUL_ISA, read once, picks another that the CPU
 // runs, to compare (simd::best_isa).

@@ -252,14 +252,16 @@ DUET_TARGET_AVX512 void axpy_bf16(float alpha, const uint16_t* x, int64_t n, flo
 
 #pragma GCC diagnostic pop
 
-namespace {
+namespace ops_impl {
 
 bool use_avx512() {
   static const bool yes = simd::isa_supported(simd::Isa::kAvx512);
   return yes;
 }
 
-}  // namespace
+}  // namespace ops_impl
+
+using ops_impl::use_avx512;
 
 void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y) {
   if (use_avx512()) return ops_impl::avx512::rms_norm(x, w, n_rows, n, eps, y);

@@ -36,4 +36,7 @@ void bf16_to_f32_row(const uint16_t* x, int64_t n, float* y);
 void axpy_bf16(float alpha, const uint16_t* x, int64_t n, float* y);
 }  // namespace avx512
 
+// Whether ops.h's functions (and fp8_rows.h's) take the AVX-512 versions on this CPU.
+bool use_avx512();
+
 }  // namespace duet::ops_impl

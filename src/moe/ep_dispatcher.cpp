@@ -286,7 +286,7 @@ void EpDispatcher::ht_dispatch_recv() {
   const int64_t W = 2 * K + wire.words();
   batch_.chunk_ends.clear();  // one combine transfer (see the header)
   batch_.chunk_done = nullptr;
-  if (wire.bf16()) xin_.resize(static_cast<size_t>(n_rec * D));
+  if (wire.converted()) xin_.resize(static_cast<size_t>(n_rec * D));
   for (int s = 0, pos = 0; s < n_rank_; ++s) {
     if (s == rank_) continue;
     recv_base_[s] = ht_bounded_ ? pos * planned_tokens_ * W
@@ -314,7 +314,7 @@ void EpDispatcher::ht_dispatch_recv() {
       const float* head = ht_head(s, i);
       const float* row = ht_row(s, i);
       const int64_t g = recv_first_[s] + i;
-      if (wire.bf16()) {
+      if (wire.converted()) {
         float* x = xin_.data() + g * D;
         if (s == rank_) wire.round(row, x);
         else wire.get(row, x);
@@ -343,7 +343,7 @@ void EpDispatcher::ht_combine_send() {
   ret_.resize(static_cast<size_t>((send_first_[n_rank_] - send_rows_[rank_]) * RW));
   combine_bytes_ = recv_first_[n_rank_] * RW * 4;
   const float* send = back_.data();
-  if (wire.bf16()) {  // pack the reduced rows
+  if (wire.converted()) {  // pack the reduced rows
     const int64_t n = static_cast<int64_t>(back_.size()) / D;
     back_wire_.resize(static_cast<size_t>(n * RW));
     for (int64_t i = 0; i < n; ++i) wire.put(back_wire_.data() + i * RW, back_.data() + i * D);

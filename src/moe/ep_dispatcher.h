@@ -19,11 +19,12 @@
 //    to the normal kernels for prefill; without plan_step such a batch is refused.
 // Both send nothing through the transport to the rank itself: its rows are read in place.
 //
-// Rows travel as f32 or, with row_dtype bf16 (`--all2all-dtype bf16`), as bf16: half the bytes.
-// Then every row an expert reads is the bf16 rounding of its token's row (the rank's own rows
-// too, so the result does not depend on where an expert lives), and every output row another
-// rank sends back is rounded to bf16 (low_latency rounds the rank's own outputs too;
-// high_throughput adds its own experts' outputs unrounded, as they never leave the rank).
+// Rows travel as f32 or, with row_dtype bf16 or fp8 (`--all2all-dtype`), as bf16 (half the bytes)
+// or as fp8 E4M3 with a scale per 128 values (a little over a quarter; moe/wire_rows.h). Then
+// every row an expert reads is that rounding of its token's row (the rank's own rows too, so the
+// result does not depend on where an expert lives), and every output row another rank sends
+// back is rounded likewise (low_latency rounds the rank's own outputs too; high_throughput adds
+// its own experts' outputs unrounded, as they never leave the rank).
 //
 // Single-batch overlap: with combine_chunks > 1, low_latency's combine leaves in chunks of the
 // local experts, each as soon as its experts have run (ExpertBatch::chunk_done), while the
@@ -39,6 +40,7 @@
 #include "dist/communicator.h"
 #include "moe/dispatcher.h"
 #include "moe/expert_placement.h"
+#include "moe/wire_rows.h"
 
 namespace duet {
 
@@ -56,8 +58,8 @@ struct EpDispatcherOptions {
   // low_latency: the most tokens of one rank a dispatch carries (the buffers' capacity). Every
   // rank must use the same value; a micro-batch with more tokens is refused.
   int64_t max_tokens_per_rank = 256;
-  // The rows' element type on the wire: kF32 or kBF16. Every rank must use the same.
-  DType row_dtype = DType::kF32;
+  // The rows' element type on the wire. Every rank must use the same.
+  RowDtype row_dtype = RowDtype::kF32;
   // low_latency: the combine leaves in this many chunks of local experts (at most one per
   // expert), each as soon as its experts have run; 1 = one transfer. Every rank must use the
   // same value.

@@ -156,7 +156,7 @@ void EpDispatcher::ll_dispatch_recv() {
   batch_.clear.clear();
   back_.resize(recv_.size());
   ret_.resize(recv_.size());
-  if (wire.bf16()) {
+  if (wire.converted()) {
     xin_.resize(static_cast<size_t>(batch_.n_rows() * D));
     xout_.resize(xin_.size());
     row_wire_.resize(static_cast<size_t>(batch_.n_rows()));
@@ -168,7 +168,7 @@ void EpDispatcher::ll_dispatch_recv() {
       const float* in = (s == rank_ ? send_.data() : recv_.data()) + at;
       float* out = (s == rank_ ? ret_.data() : back_.data()) + at;
       for (int64_t j = 0, n = get_count(block(s) + l); j < n; ++j, ++row) {
-        if (wire.bf16()) {
+        if (wire.converted()) {
           wire.get(in + j * RW, xin_.data() + row * D);
           batch_.x[row] = xin_.data() + row * D;
           batch_.out[row] = xout_.data() + row * D;
@@ -210,7 +210,7 @@ void EpDispatcher::ll_combine_chunk(int c) {
       ll_layout(placement_.n_local(), tokens_.n_expert_used, wire.words(), step_tokens_);
   const int64_t L = lay.L, RW = lay.RW;
   const int64_t l0 = c == 0 ? 0 : batch_.chunk_ends[c - 1], l1 = batch_.chunk_ends[c];
-  if (wire.bf16()) {  // pack the chunk's outputs into their slots
+  if (wire.converted()) {  // pack the chunk's outputs into their slots
     for (int64_t r = batch_.offsets[l0]; r < batch_.offsets[l1]; ++r) {
       const int64_t at = row_wire_[r];
       float* dst = (at >= (n_rank_ - 1) * lay.BW ? ret_.data() : back_.data()) + at;
@@ -275,7 +275,7 @@ void EpDispatcher::ll_combine_send() {
   const WireRows wire(opt_.row_dtype, tokens_.n_embd);
   const LlLayout lay =
       ll_layout(placement_.n_local(), tokens_.n_expert_used, wire.words(), step_tokens_);
-  if (wire.bf16()) {
+  if (wire.converted()) {
     for (int64_t r = 0; r < batch_.n_rows(); ++r) {
       const int64_t at = row_wire_[r];
       wire.put((at >= (n_rank_ - 1) * lay.BW ? ret_.data() : back_.data()) + at,

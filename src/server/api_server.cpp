@@ -63,12 +63,12 @@ struct Exchange {
 std::string sse_events(Exchange& x, const StreamDelta& d) {
   std::string out;
   if (!d.tokens.empty() || !d.text.empty() || (x.first && x.meta.chat)) {
-    out += sse(chunk_json(x.meta, d.text, "", x.first && x.meta.chat, x.include_usage));
+    out += chunk_event(x.meta, d.text, "", x.first && x.meta.chat, x.include_usage);
     x.first = false;
   }
   if (!d.finished) return out;
   if (!d.error.empty()) out += sse(error_reply(ApiError(503, d.error, "service_unavailable")).body);
-  out += sse(chunk_json(x.meta, "", d.finish_reason, false, x.include_usage));
+  out += chunk_event(x.meta, "", d.finish_reason, false, x.include_usage);
   if (x.include_usage) out += sse(usage_chunk_json(x.meta, {d.prompt_tokens, d.completion_tokens}));
   out += "data: [DONE]\n\n";
   return out;

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -93,6 +94,25 @@ std::vector<ServedConnection> served_connections(int local_port) {
   }
   ::closedir(dir);
   return out;
+}
+
+int claim_connection(const ServedConnection& c, int local_port) {
+  const int fd = ::dup(c.fd);
+  if (fd < 0) return -1;
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  std::string addr;
+  int port = -1;
+  bool same = ::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0 &&
+              endpoint(ss, len, &addr, &port) && port == local_port;
+  len = sizeof ss;
+  same = same && ::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0 &&
+         endpoint(ss, len, &addr, &port) && addr == c.remote_addr && port == c.remote_port;
+  if (!same) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 bool peer_hung_up(int fd) {

@@ -25,6 +25,11 @@ struct ServedConnection {
 };
 std::vector<ServedConnection> served_connections(int local_port);
 
+// A descriptor of this process's own for connection c of the server on local_port (a dup of
+// c.fd, checked to be that same connection: a listed descriptor may have been closed and its
+// number reused since), or -1 if c is gone. The caller closes it.
+int claim_connection(const ServedConnection& c, int local_port);
+
 // Whether the peer of socket fd has closed the connection (or it failed). Never blocks, never
 // reads: bytes the client sent ahead (a pipelined request) stay for the HTTP library.
 bool peer_hung_up(int fd);

@@ -72,7 +72,7 @@ void HeaderDeadline::loop(int local_port) {
 void HeaderDeadline::scan(int local_port) {
   const std::vector<ServedConnection> now_open = served_connections(local_port);
   const Clock::time_point now = Clock::now();
-  std::vector<int> expire;
+  std::vector<ServedConnection> expire;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const ServedConnection& s : now_open) {
@@ -81,7 +81,7 @@ void HeaderDeadline::scan(int local_port) {
       if (added) c.waiting_since = now;
       c.last_seen = now;
       if (!c.in_request && now - c.waiting_since > deadline_) {
-        expire.push_back(s.fd);
+        expire.push_back(s);
         c.in_request = true;  // once: it is being closed
       }
     }
@@ -95,10 +95,15 @@ void HeaderDeadline::scan(int local_port) {
     }
   }
   const std::string reply = timeout_reply(deadline_);
-  for (int fd : expire) {
-    // httplib's thread is still reading this connection's headers: it writes nothing meanwhile.
+  for (const ServedConnection& c : expire) {
+    // Through a descriptor of our own, checked to be that connection: httplib may have closed
+    // the listed one since, and its number may now be another connection's.
+    const int fd = claim_connection(c, local_port);
+    if (fd < 0) continue;
+    // httplib's thread is still reading this connection's request: it writes nothing meanwhile.
     (void)::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    ::shutdown(fd, SHUT_RDWR);  // its read returns at once; the descriptor stays httplib's
+    ::shutdown(fd, SHUT_RDWR);  // httplib's read returns at once
+    ::close(fd);
     ++expired_;
   }
 }

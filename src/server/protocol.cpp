@@ -4,6 +4,7 @@
 #include <set>
 
 #include "server/api_error.h"
+#include "text/tokenizer_utf8.h"
 
 namespace duet {
 
@@ -280,6 +281,97 @@ json chunk_json(const ResponseMeta& m, const std::string& text, const std::strin
   json out = envelope(m, m.chat ? "chat.completion.chunk" : "text_completion");
   out["choices"] = json::array({choice});
   if (include_usage) out["usage"] = nullptr;
+  return out;
+}
+
+namespace {
+
+// s as a JSON string, escaped as nlohmann::json's dump() escapes it (valid UTF-8 passes through;
+// quote, backslash and control characters escaped, short forms where JSON has them).
+void append_json_string(std::string& out, const std::string& s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += '"';
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out += kHex[c >> 4];
+          out += kHex[c & 15];
+        } else {
+          out += ch;
+        }
+    }
+  }
+  out += '"';
+}
+
+}  // namespace
+
+std::string chunk_event(const ResponseMeta& m, const std::string& text,
+                        const std::string& finish_reason, bool first_chat_chunk,
+                        bool include_usage) {
+  if (!utf8::is_valid(text) || !utf8::is_valid(m.id) || !utf8::is_valid(m.model)) {
+    return "data: " + chunk_json(m, text, finish_reason, first_chat_chunk, include_usage).dump() +
+           "\n\n";
+  }
+  // nlohmann::json objects keep their keys sorted: the same order here.
+  std::string out;
+  out.reserve(160 + m.id.size() + m.model.size() + text.size() + text.size() / 8);
+  out += "data: {\"choices\":[{";
+  if (m.chat) {
+    out += "\"delta\":{";
+    const bool content = !text.empty() || first_chat_chunk;
+    if (content) {
+      out += "\"content\":";
+      append_json_string(out, text);
+    }
+    if (first_chat_chunk) out += content ? ",\"role\":\"assistant\"" : "\"role\":\"assistant\"";
+    out += "},";
+  }
+  out += "\"finish_reason\":";
+  if (finish_reason.empty()) {
+    out += "null";
+  } else {
+    append_json_string(out, finish_reason);
+  }
+  out += ",\"index\":0,\"logprobs\":null";
+  if (!m.chat) {
+    out += ",\"text\":";
+    append_json_string(out, text);
+  }
+  out += "}],\"created\":";
+  out += std::to_string(m.created);
+  out += ",\"id\":";
+  append_json_string(out, m.id);
+  out += ",\"model\":";
+  append_json_string(out, m.model);
+  out += ",\"object\":";
+  out += m.chat ? "\"chat.completion.chunk\"" : "\"text_completion\"";
+  if (include_usage) out += ",\"usage\":null";
+  out += "}\n\n";
   return out;
 }
 

@@ -58,6 +58,12 @@ nlohmann::json response_json(const ResponseMeta& m, const std::string& text,
 nlohmann::json chunk_json(const ResponseMeta& m, const std::string& text,
                           const std::string& finish_reason, bool first_chat_chunk,
                           bool include_usage);
+// chunk_json(...) as the server-sent event it goes out in ("data: " + its dump() + "\n\n"), byte
+// for byte, written straight into a string: a stream sends one per token, and building the JSON
+// tree cost some 60 allocations each. Text that is not valid UTF-8 takes chunk_json's path.
+std::string chunk_event(const ResponseMeta& m, const std::string& text,
+                        const std::string& finish_reason, bool first_chat_chunk,
+                        bool include_usage);
 // The final usage-only chunk (stream_options.include_usage): empty choices.
 nlohmann::json usage_chunk_json(const ResponseMeta& m, const Usage& u);
 

@@ -1,5 +1,5 @@
-// UTF-8 helpers shared by the tokenizer, its decoders and the Jinja interpreter. Private to
-// src/model (implemented in utf8.cpp).
+// UTF-8 helpers shared by the tokenizer, its decoders, the Jinja interpreter and the server's
+// streamed chunks (implemented in utf8.cpp).
 #pragma once
 
 #include <cstddef>

@@ -30,6 +30,15 @@ if(MPI_CXX_FOUND)
       TIMEOUT 60 LABELS "mpi" ENVIRONMENT "${_duet_mpi_env}"
       PASS_REGULAR_EXPRESSION "start-up failed after [5-7]\\.[0-9] s on rank 0: start-up: the heartbeat's communicator: rank 0 of 2 waited [5-6][0-9][0-9][0-9] ms for the other ranks to join; one died or never started")
 
+  # Rank 1 stops before it starts MPI: rank 0's MPI_Init, which waits for every rank, is given
+  # up after 5 watchdog times (5 s here) with a clear error instead of hanging.
+  add_test(NAME mpi_startup_stopped_before_init
+           COMMAND ${_duet_mpirun} -np 2 $<TARGET_FILE:duet_mpi_tests>
+                   --gtest_filter=MpiStartup.RankStoppedBeforeMpiStartsIsReported)
+  set_tests_properties(mpi_startup_stopped_before_init PROPERTIES
+      TIMEOUT 60 LABELS "mpi" ENVIRONMENT "${_duet_mpi_env}"
+      PASS_REGULAR_EXPRESSION "error: start-up: rank 0: MPI did not start within 5\\.0 s")
+
   # Rank 1 stops mid-collective: rank 0 must name the collective and the silent rank within the
   # 1 s watchdog, then the job aborts (non-zero exit), hence a check of the output instead of the
   # status.

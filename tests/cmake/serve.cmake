@@ -45,3 +45,10 @@ endif()
 add_test(NAME serve_soak
          COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/soak_test.sh $<TARGET_FILE:duet> 60 64)
 set_tests_properties(serve_soak PROPERTIES TIMEOUT 300 LABELS "soak" PASS_REGULAR_EXPRESSION "PASS: soak")
+
+# The same soak against a --batch-invariant server, with --exact: every request that runs to its
+# end streams exactly its text alone (the default server flips ~1 % of them at near-ties).
+add_test(NAME serve_soak_exact
+         COMMAND bash ${CMAKE_SOURCE_DIR}/tests/server/soak_test.sh $<TARGET_FILE:duet> 45 64 exact)
+set_tests_properties(serve_soak_exact PROPERTIES TIMEOUT 300 LABELS "soak"
+                     PASS_REGULAR_EXPRESSION "PASS: soak")

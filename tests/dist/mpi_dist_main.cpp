@@ -113,6 +113,18 @@ TEST(MpiStartup, RankDeadBeforeSetUpIsReported) {
   std::_Exit(0);  // MPI cannot finish with a request abandoned to a dead rank
 }
 
+// Rank 1 stops (SIGSTOP) before it starts MPI: rank 0's MPI_Init would wait for it for ever;
+// make_mpi_context ends the process after kStartupWatchdogs watchdog times with a message naming
+// the cause. Run alone; ctest checks the message (the job then ends: rank 0 exits with 1).
+TEST(MpiStartup, RankStoppedBeforeMpiStartsIsReported) {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  ASSERT_NE(rank, nullptr) << "run under mpirun";
+  if (std::string(rank) == "1") raise(SIGSTOP);
+  std::fprintf(stderr, "rank %s starts MPI\n", rank);
+  DistContext ctx = make_mpi_context(std::chrono::milliseconds(1000));
+  std::printf("MPI started on rank %s\n", rank);
+}
+
 // Two contexts at once do not see each other's messages.
 TEST(MpiDist, TwoContexts) {
   DistContext a = make_mpi_context();

@@ -138,7 +138,7 @@ TEST(MpiEpSbo, ChunkedCombineAndBf16RowsEqualSingleRank) {
   for (const bool bf16 : {false, true}) {
     EpDispatcherOptions opt{All2AllBackend::kLowLatency, 64};
     opt.combine_chunks = 4;
-    if (bf16) opt.row_dtype = DType::kBF16;
+    if (bf16) opt.row_dtype = RowDtype::kBF16;
     StepGroup g;
     g.coord = &ctx.coord();
     Communicator* comm = &ctx.comm();

@@ -251,6 +251,28 @@ TEST(QuantizeTest, RowRangesWriteOnlyTheirRows) {
   }
 }
 
+// A token's products are the same bits alone and in a batch of any size, on every kernel and
+// through matmul() on every instruction set: each accumulator sums in the same order whatever the
+// token block, and x is quantized per token (so --batch-invariant needs nothing more of int8).
+TEST(QuantizeTest, ProductsAreBatchInvariant) {
+  ThreadPool pool(2);
+  std::mt19937 rng(21);
+  const int64_t rows = 70, cols = 300, n_tokens = 11;
+  Q8Matrix q(f32_matrix(grouped_values(rng, rows, cols, false), rows, cols));
+  std::vector<float> x = grouped_values(rng, n_tokens, cols, false);
+  for (Isa isa : all_isas()) {
+    std::vector<float> batch(n_tokens * rows), alone(rows);
+    matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, q.view(), x.data(), n_tokens,
+                             batch.data());
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, q.view(), x.data() + t * cols,
+                               1, alone.data());
+      EXPECT_EQ(alone, std::vector<float>(batch.begin() + t * rows, batch.begin() + (t + 1) * rows))
+          << simd::isa_name(isa) << " token " << t;
+    }
+  }
+}
+
 // matmul() with int8 weights against the f32 product with the dequantized matrix: they differ
 // by the rounding of x to int8, at most half of x's step in each group times Σ |w| there, plus
 // f32 rounding. Through matmul_with on every instruction set (pool and calling thread), and

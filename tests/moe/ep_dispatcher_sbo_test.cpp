@@ -4,6 +4,7 @@
 // chunk failed to deliver would leave the previous step's value behind and show.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -70,28 +71,33 @@ std::vector<float> run_step(Dispatcher& d, const Tokens& t,
   return out;
 }
 
-// What a rank's tokens come back as with bf16 rows: each input rounded; each output row that
-// travels rounded — under low_latency every (token, expert) row, under high_throughput the sum
-// of the token's experts on each other rank (its own rank's experts add theirs unrounded).
-std::vector<float> bf16_reference(const Tokens& t, const ExpertPlacement& p, int rank,
-                                  All2AllBackend backend) {
+// What a rank's tokens come back as with bf16 or fp8 rows: each input row rounded; each output
+// row that travels rounded — under low_latency every (token, expert) row, under high_throughput
+// the sum of the token's experts on each other rank (its own rank's experts add theirs
+// unrounded).
+std::vector<float> rounded_reference(const Tokens& t, const ExpertPlacement& p, int rank,
+                                     All2AllBackend backend, RowDtype rows) {
+  const WireRows wire(rows, t.D);
   std::vector<float> out(static_cast<size_t>(t.n * t.D), 0.5f);
+  std::vector<float> x(static_cast<size_t>(t.D)), y(x.size());
   for (int64_t i = 0; i < t.n; ++i) {
-    for (int64_t d = 0; d < t.D; ++d) {
-      const float x = round_bf16(t.x[i * t.D + d]);
-      std::vector<float> per_rank(static_cast<size_t>(p.world_size), 0.0f);
-      for (int64_t k = 0; k < t.K; ++k) {
-        const int32_t e = t.ids[i * t.K + k];
-        const float y = expert_fn(e, x);
-        if (backend == All2AllBackend::kLowLatency) {
-          out[i * t.D + d] += t.w[i * t.K + k] * round_bf16(y);
-        } else {
-          per_rank[p.owner(e)] += t.w[i * t.K + k] * y;
-        }
+    wire.round(t.x.data() + i * t.D, x.data());
+    std::vector<std::vector<float>> per_rank(static_cast<size_t>(p.world_size),
+                                             std::vector<float>(x.size(), 0.0f));
+    for (int64_t k = 0; k < t.K; ++k) {
+      const int32_t e = t.ids[i * t.K + k];
+      for (int64_t d = 0; d < t.D; ++d) y[d] = expert_fn(e, x[d]);
+      if (backend == All2AllBackend::kLowLatency) {
+        wire.round(y.data(), y.data());
+        for (int64_t d = 0; d < t.D; ++d) out[i * t.D + d] += t.w[i * t.K + k] * y[d];
+      } else {
+        for (int64_t d = 0; d < t.D; ++d) per_rank[p.owner(e)][d] += t.w[i * t.K + k] * y[d];
       }
-      if (backend == All2AllBackend::kHighThroughput) {
-        for (int r = 0; r < p.world_size; ++r)
-          out[i * t.D + d] += r == rank ? per_rank[r] : round_bf16(per_rank[r]);
+    }
+    if (backend == All2AllBackend::kHighThroughput) {
+      for (int r = 0; r < p.world_size; ++r) {
+        if (r != rank) wire.round(per_rank[r].data(), per_rank[r].data());
+        for (int64_t d = 0; d < t.D; ++d) out[i * t.D + d] += per_rank[r][d];
       }
     }
   }
@@ -108,7 +114,7 @@ void expect_near(const std::vector<float>& got, const std::vector<float>& want,
 struct SboCase {
   int world;
   int chunks;
-  DType rows;
+  RowDtype rows;
   All2AllBackend backend;
 };
 
@@ -141,13 +147,13 @@ TEST_P(EpDispatcherSboTest, SameAsOneRank) {
         });
         const std::string what = "shape " + std::to_string(static_cast<int>(shape)) + " rank " +
                                  std::to_string(r) + " step " + std::to_string(step);
-        if (c.rows == DType::kBF16) {
-          expect_near(got, bf16_reference(t, p, r, c.backend), what);
+        if (c.rows != RowDtype::kF32) {
+          expect_near(got, rounded_reference(t, p, r, c.backend, c.rows), what);
         } else {
           expect_near(got, run_step(local, t), what);
         }
         if (c.backend == All2AllBackend::kLowLatency && c.chunks > 1) {
-          const int64_t row_bytes = c.rows == DType::kBF16 ? D * 2 : D * 4;
+          const int64_t row_bytes = WireRows(c.rows, D).words() * 4;
           EXPECT_EQ(ep.last_combine_bytes(), rows * row_bytes) << what;
         }
       }
@@ -157,20 +163,23 @@ TEST_P(EpDispatcherSboTest, SameAsOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, EpDispatcherSboTest,
-    ::testing::Values(SboCase{2, 2, DType::kF32, All2AllBackend::kLowLatency},
-                      SboCase{3, 4, DType::kF32, All2AllBackend::kLowLatency},
-                      SboCase{4, 3, DType::kF32, All2AllBackend::kLowLatency},
-                      SboCase{4, 2, DType::kF32, All2AllBackend::kLowLatency},
-                      SboCase{1, 2, DType::kF32, All2AllBackend::kLowLatency},
-                      SboCase{2, 1, DType::kBF16, All2AllBackend::kLowLatency},
-                      SboCase{4, 3, DType::kBF16, All2AllBackend::kLowLatency},
-                      SboCase{2, 1, DType::kBF16, All2AllBackend::kHighThroughput},
-                      SboCase{3, 1, DType::kBF16, All2AllBackend::kHighThroughput},
-                      SboCase{4, 2, DType::kF32, All2AllBackend::kHighThroughput}),
+    ::testing::Values(SboCase{2, 2, RowDtype::kF32, All2AllBackend::kLowLatency},
+                      SboCase{3, 4, RowDtype::kF32, All2AllBackend::kLowLatency},
+                      SboCase{4, 3, RowDtype::kF32, All2AllBackend::kLowLatency},
+                      SboCase{4, 2, RowDtype::kF32, All2AllBackend::kLowLatency},
+                      SboCase{1, 2, RowDtype::kF32, All2AllBackend::kLowLatency},
+                      SboCase{2, 1, RowDtype::kBF16, All2AllBackend::kLowLatency},
+                      SboCase{4, 3, RowDtype::kBF16, All2AllBackend::kLowLatency},
+                      SboCase{2, 1, RowDtype::kBF16, All2AllBackend::kHighThroughput},
+                      SboCase{3, 1, RowDtype::kBF16, All2AllBackend::kHighThroughput},
+                      SboCase{2, 1, RowDtype::kFp8, All2AllBackend::kLowLatency},
+                      SboCase{4, 3, RowDtype::kFp8, All2AllBackend::kLowLatency},
+                      SboCase{3, 1, RowDtype::kFp8, All2AllBackend::kHighThroughput},
+                      SboCase{4, 2, RowDtype::kF32, All2AllBackend::kHighThroughput}),
     [](const ::testing::TestParamInfo<SboCase>& info) {
       return std::string(all2all_backend_name(info.param.backend)) + "_ep" +
              std::to_string(info.param.world) + "_chunks" + std::to_string(info.param.chunks) +
-             "_" + (info.param.rows == DType::kBF16 ? "bf16" : "f32");
+             "_" + all2all_dtype_name(info.param.rows);
     });
 
 // With min_chunk_bytes, the chunks follow the step's size, alike on every rank: a step planned
@@ -201,10 +210,11 @@ TEST(EpDispatcherSboChunks, FewerChunksForSmallSteps) {
 // rows sends half the bytes of f32.
 TEST(EpDispatcherBf16, ExpertsReadTheExactRoundingOfEachRow) {
   for (All2AllBackend backend : {All2AllBackend::kHighThroughput, All2AllBackend::kLowLatency}) {
+    SCOPED_TRACE(all2all_backend_name(backend));
     run_ranks(3, [&](DistContext& ctx) {
       const int64_t n_expert = 6, D = 8, K = 2;
       EpDispatcherOptions opt{backend, 16};
-      opt.row_dtype = DType::kBF16;
+      opt.row_dtype = RowDtype::kBF16;
       EpDispatcher ep(ctx.comm(), place_experts(n_expert, 3), opt);
       std::vector<Tokens> all;  // every rank's tokens, to look a row up by its first value
       for (int s = 0; s < 3; ++s)
@@ -227,6 +237,51 @@ TEST(EpDispatcherBf16, ExpertsReadTheExactRoundingOfEachRow) {
   }
 }
 
+// With fp8 rows, every row an expert reads is exactly the fp8 rounding (a scale per 128 values)
+// of one of the tokens' rows, wherever the expert lives (the rank's own tokens included); and
+// what travels per row is its scales and one byte per value: D = 300 takes 3 scale words and 75
+// code words instead of 300 f32 words.
+TEST(EpDispatcherFp8, ExpertsReadTheExactRoundingOfEachRowAndRowsTakeAQuarter) {
+  for (All2AllBackend backend : {All2AllBackend::kHighThroughput, All2AllBackend::kLowLatency}) {
+    SCOPED_TRACE(all2all_backend_name(backend));
+    run_ranks(3, [&](DistContext& ctx) {
+      const int64_t n_expert = 6, D = 300, K = 2;
+      const WireRows wire(RowDtype::kFp8, D);
+      EXPECT_EQ(wire.words(), 3 + 75);
+      std::vector<std::vector<float>> rounded;  // every rank's rows as they should arrive
+      for (int s = 0; s < 3; ++s) {
+        const Tokens src = make_tokens(s, 0, n_expert, 4, D, K, Shape::kRandom);
+        for (int64_t i = 0; i < src.n; ++i) {
+          rounded.emplace_back(static_cast<size_t>(D));
+          wire.round(src.x.data() + i * D, rounded.back().data());
+        }
+      }
+      const Tokens t = make_tokens(ctx.rank(), 0, n_expert, 4, D, K, Shape::kRandom);
+      int64_t bytes[2], rows = 0;
+      for (int i = 0; i < 2; ++i) {
+        EpDispatcherOptions opt{backend, 16};
+        opt.row_dtype = i == 0 ? RowDtype::kF32 : RowDtype::kFp8;
+        EpDispatcher ep(ctx.comm(), place_experts(n_expert, 3), opt);
+        run_step(ep, t, [&](ExpertBatch& b) {
+          if (i == 0) return;
+          rows = b.n_rows();
+          for (int64_t row = 0; row < b.n_rows(); ++row) {
+            bool found = false;
+            for (const std::vector<float>& want : rounded)
+              found |= std::equal(want.begin(), want.end(), b.x[row]);
+            EXPECT_TRUE(found) << "row " << row << " is no token's fp8 rounding";
+          }
+        });
+        bytes[i] = ep.last_dispatch_bytes();
+      }
+      EXPECT_GT(rows, 0);
+      // The rows sent (own rows never enter the transport) account for the whole difference.
+      EXPECT_EQ((bytes[0] - bytes[1]) % ((D - wire.words()) * 4), 0);
+      EXPECT_GT(bytes[0], 3 * bytes[1]);
+    });
+  }
+}
+
 // bf16 rows halve what travels: the same step's dispatch bytes, f32 against bf16, differ by the
 // rows' half (headers and counts stay f32 words).
 TEST(EpDispatcherBf16, HalvesTheRowBytes) {
@@ -238,7 +293,7 @@ TEST(EpDispatcherBf16, HalvesTheRowBytes) {
       int64_t rows = 0;
       for (int i = 0; i < 2; ++i) {
         EpDispatcherOptions opt{backend, 16};
-        opt.row_dtype = i == 0 ? DType::kF32 : DType::kBF16;
+        opt.row_dtype = i == 0 ? RowDtype::kF32 : RowDtype::kBF16;
         EpDispatcher ep(ctx.comm(), place_experts(n_expert, 2), opt);
         run_step(ep, t);
         bytes[i] = ep.last_dispatch_bytes();

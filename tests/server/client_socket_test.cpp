@@ -85,5 +85,45 @@ TEST(ClientSocket, HangUpIsSeenAndPipelinedBytesAreNot) {
   EXPECT_FALSE(peer_hung_up(lo.served[0]));
 }
 
+// served_connections lists the server's ends with their peers; claim_connection gives a
+// descriptor of its own for a listed connection, and none once that connection is closed even
+// when its descriptor number now belongs to another connection.
+TEST(ClientSocket, ClaimingAListedConnectionThatWasReplacedGivesNothing) {
+  Loopback lo(2);
+  const int local_port = port_of(lo.served[0], false);
+  const std::vector<ServedConnection> listed = served_connections(local_port);
+  ASSERT_EQ(listed.size(), 2u);
+  ServedConnection first;
+  for (const ServedConnection& c : listed) {
+    if (c.fd == lo.served[0]) first = c;
+  }
+  ASSERT_EQ(first.fd, lo.served[0]);
+  EXPECT_EQ(first.remote_port, port_of(lo.served[0], true));
+  const int mine = claim_connection(first, local_port);
+  ASSERT_GE(mine, 0);
+  EXPECT_NE(mine, first.fd);
+  EXPECT_EQ(port_of(mine, true), first.remote_port);
+  ::close(mine);
+  // The connection ends; a new one takes its descriptor number.
+  ::close(lo.served[0]);
+  ::close(lo.clients[0]);
+  lo.clients[0] = -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(local_port));
+  const int c = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_EQ(::connect(c, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  lo.clients[0] = c;
+  lo.served[0] = ::accept(lo.listener, nullptr, nullptr);
+  ASSERT_EQ(lo.served[0], first.fd) << "the new connection did not reuse the number";
+  EXPECT_EQ(claim_connection(first, local_port), -1);
+  const ServedConnection now{lo.served[0], "127.0.0.1", port_of(lo.served[0], true)};
+  const int theirs = claim_connection(now, local_port);
+  EXPECT_GE(theirs, 0);
+  if (theirs >= 0) ::close(theirs);
+  EXPECT_EQ(claim_connection(now, local_port + 1), -1);
+}
+
 }  // namespace
 }  // namespace duet

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "engine/output_text.h"
 #include "server/api_error.h"
 
@@ -134,6 +136,71 @@ TEST(ProtocolTest, ResponseAndChunkBodies) {
   auto usage = usage_chunk_json(ResponseMeta{false, "cmpl-1", 5, "m"}, {3, 2});
   EXPECT_TRUE(usage["choices"].empty());
   EXPECT_EQ(usage["usage"]["completion_tokens"], 2);
+}
+
+// chunk_event writes what chunk_json's dump gives, byte for byte: both kinds, first chat chunk or
+// not, finish reasons, usage, and texts of random code points (quotes, backslashes, every control
+// character, 2- to 4-byte UTF-8); text that is not UTF-8 fails the same way on both paths.
+TEST(ProtocolTest, ChunkEventIsChunkJsonsDump) {
+  std::mt19937 rng(11);
+  auto random_text = [&](int n) {
+    std::string t;
+    std::uniform_int_distribution<int> kind(0, 5), ctrl(0, 0x1f), ascii(0x20, 0x7f);
+    std::uniform_int_distribution<uint32_t> wide(0x80, 0x10ffff);
+    for (int i = 0; i < n; ++i) {
+      uint32_t cp = 0;
+      switch (kind(rng)) {
+        case 0:
+          cp = static_cast<uint32_t>(ctrl(rng));
+          break;
+        case 1:
+          cp = "\"\\/"[i % 3];
+          break;
+        case 2:
+          do cp = wide(rng);
+          while (cp >= 0xd800 && cp <= 0xdfff);
+          break;
+        default:
+          cp = static_cast<uint32_t>(ascii(rng));
+      }
+      if (cp < 0x80) {
+        t += static_cast<char>(cp);
+      } else if (cp < 0x800) {
+        t += static_cast<char>(0xc0 | (cp >> 6));
+        t += static_cast<char>(0x80 | (cp & 0x3f));
+      } else if (cp < 0x10000) {
+        t += static_cast<char>(0xe0 | (cp >> 12));
+        t += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+        t += static_cast<char>(0x80 | (cp & 0x3f));
+      } else {
+        t += static_cast<char>(0xf0 | (cp >> 18));
+        t += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
+        t += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+        t += static_cast<char>(0x80 | (cp & 0x3f));
+      }
+    }
+    return t;
+  };
+  int checked = 0;
+  for (bool chat : {false, true}) {
+    for (int i = 0; i < 300; ++i) {
+      const ResponseMeta m{chat, (chat ? "chatcmpl-" : "cmpl-") + std::to_string(i), 1700000000 + i,
+                           i % 7 == 0 ? random_text(5) : "tiny"};
+      const std::string text = i % 5 == 0 ? "" : random_text(i % 40);
+      const std::string finish = i % 3 == 0 ? "" : (i % 3 == 1 ? "stop" : "length");
+      const bool first = i % 4 == 0, usage = i % 2 == 0;
+      EXPECT_EQ(chunk_event(m, text, finish, first, usage),
+                "data: " + chunk_json(m, text, finish, first, usage).dump() + "\n\n")
+          << "case " << i << (chat ? " chat" : "");
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 600);
+  const ResponseMeta m{false, "cmpl-1", 5, "m"};
+  for (const std::string bad : {"\xff", "a\xc3", "\xed\xa0\x80", "\xc0\xaf", "\xf4\x90\x80\x80"}) {
+    EXPECT_THROW(chunk_json(m, bad, "", false, false).dump(), std::exception);
+    EXPECT_THROW(chunk_event(m, bad, "", false, false), std::exception);
+  }
 }
 
 TEST(OutputTextTest, StopStringIsCutAndNeverStreamed) {
