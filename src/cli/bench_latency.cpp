@@ -33,6 +33,7 @@ struct LatencyOptions {
   KvCacheDtype kv_dtype = KvCacheDtype::kAuto;  // parsed from kv_cache_dtype
   bool profile_ops = false;
   std::string scheduler_modes;  // set: the serving engine under each mode (bench_schedule.cpp)
+  std::string quantizations;    // set: the model under each quantization (bench_quantization.cpp)
   int rounds = 3;
   DistOptions dist;
 };
@@ -171,6 +172,9 @@ void run_latency_single(const LatencyOptions& o) {
       "model %s (%s), batch %lld, prompt %lld, gen %lld, %d threads, matmul %s, KV cache %s\n",
       o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
       (long long)o.gen_len, pool.n_threads(), matmul_isa(), kv_dtype_name(gen.kv_cache().dtype()));
+  if (model->quantization().quantization != Quantization::kNone) {
+    std::printf("weights: quantization %s\n", describe(model->quantization()).c_str());
+  }
   if (model->panel_bytes() > 0) {
     std::printf(
         "weights: attention, dense MLP and output matrices also as panels (%.1f MB packed "
@@ -200,6 +204,22 @@ void run_latency_single(const LatencyOptions& o) {
 }
 
 void run_latency(const LatencyOptions& o) {
+  if (!o.quantizations.empty()) {
+    if (o.dist.data_parallel_size > 1 || !o.scheduler_modes.empty())
+      DUET_ERROR("--quantizations runs one rank's generator, without --scheduler-modes");
+    QuantizationBenchOptions qo;
+    qo.model_dir = o.model_dir;
+    qo.quantizations = o.quantizations;
+    qo.batch = o.batch;
+    qo.prompt_len = o.prompt_len;
+    qo.gen_len = o.gen_len;
+    qo.threads = o.threads;
+    qo.seed = o.seed;
+    qo.rounds = o.rounds;
+    qo.kv_dtype = o.kv_dtype;
+    run_quantization_bench(qo);
+    return;
+  }
   if (!o.scheduler_modes.empty()) {
     if (o.dist.data_parallel_size > 1)
       DUET_ERROR("--scheduler-modes runs on one rank (serve's multi-rank engine is measured by "
@@ -246,7 +266,11 @@ void add_bench_latency(CLI::App& bench) {
                   "Run the batch through the serving engine under each scheduler mode in turn "
                   "(plain, overlap, multistepN, overlap+multistepN; comma-separated) and "
                   "compare decode tok/s and the step gap");
-  cmd->add_option("--rounds", o->rounds, "Rounds of --scheduler-modes (default 3)")
+  cmd->add_option("--quantizations", o->quantizations,
+                  "Load the model once per --quantization (comma-separated, e.g. none,int8) and "
+                  "compare prefill and decode tok/s, alternating over --rounds");
+  cmd->add_option("--rounds", o->rounds,
+                  "Rounds of --scheduler-modes or --quantizations (default 3)")
       ->check(CLI::PositiveNumber);
   add_dist_options(cmd, o->dist);
   cmd->callback([o] {

@@ -25,6 +25,21 @@ struct ScheduleBenchOptions {
 };
 void run_schedule_bench(const ScheduleBenchOptions& o);
 
+// `duet bench latency --quantizations none,int8`: the batch through the model loaded under each
+// --quantization, alternating (bench_quantization.cpp).
+struct QuantizationBenchOptions {
+  std::string model_dir;
+  std::string quantizations;  // "none,int8"
+  int64_t batch = 1;
+  int64_t prompt_len = 128;
+  int64_t gen_len = 64;
+  int threads = 0;
+  uint64_t seed = 0;
+  int rounds = 3;
+  KvCacheDtype kv_dtype = KvCacheDtype::kAuto;  // --kv-cache-dtype
+};
+void run_quantization_bench(const QuantizationBenchOptions& o);
+
 void add_make_model_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_serve_command(CLI::App& app);    // serve_command.cpp

@@ -80,6 +80,7 @@ void check_overlap(const DistOptions& o) {
 }
 
 void check_world(const DistOptions& o, const std::string& model_dir, int world) {
+  parse_quantization(o.quantization);  // throws on a bad value, before any rank loads
   check_overlap(o);
   if (world <= 1) return;
   if (!o.enable_expert_parallel) {
@@ -105,6 +106,9 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
   cmd->add_flag("--no-repack{false}", o.repack,
                 "Multiply attention, dense MLP and output weights as stored, without the copy "
                 "re-laid as panels at load (slower from a few sequences on; saves that memory)");
+  cmd->add_option("--quantization", o.quantization,
+                  "Quantize the weights at load: none (default) | int8 (groups of 32 columns with "
+                  "an f32 scale; every linear layer but the embeddings, routers and MLA's kv_b)");
   cmd->add_flag("--batch-invariant", o.batch_invariant,
                 "Batch-invariant products (as vLLM's batch-invariant mode): a sequence's logits, "
                 "and a greedy request's text, are the same alone and in any batch; prefill is "
@@ -257,7 +261,8 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
   // Process-wide, before any product; the panels batch-invariant products never read are not
   // packed.
   if (o.batch_invariant) set_matmul_batch_invariant(true);
-  LoadOptions lo{rm.placement.begin(rank), rm.placement.end(rank), o.repack && !o.batch_invariant};
+  LoadOptions lo{rm.placement.begin(rank), rm.placement.end(rank), o.repack && !o.batch_invariant,
+                 parse_quantization(o.quantization)};
   rm.group = rank_step_group(o, ctx, rm.placement);
   if (!o.trace_file.empty()) {
     rm.trace = std::make_unique<Trace>(rank);
@@ -265,6 +270,14 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
     if (ctx) ctx->comm().set_trace(rm.trace.get());
   }
   rm.model = Model::load(model_dir, lo);
+  if (lo.quantization != Quantization::kNone) {
+    std::fprintf(stderr,
+                 "%squantization %s (linear layers; embeddings and routers as stored), weights "
+                 "%.1f MiB, resident %.1f MiB\n",
+                 ctx ? ("rank " + std::to_string(rank) + ": ").c_str() : "",
+                 describe(rm.model->quantization()).c_str(), rm.model->weight_bytes() / 1048576.0,
+                 resident_bytes() / 1048576.0);
+  }
   if (ctx) {
     // The whole model's bytes: this rank's plus the experts it left to the others.
     int64_t n_moe = 0;

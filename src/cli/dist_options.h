@@ -28,6 +28,8 @@ struct DistOptions {
   std::string all2all = "high_throughput";
   int64_t ll_max_tokens = 256;  // low_latency: buffer capacity per expert per source rank
   bool repack = true;           // LoadOptions::repack; --no-repack clears it
+  // --quantization: LoadOptions::quantization (parse_quantization)
+  std::string quantization = "none";
   // --batch-invariant: every product sums in one order whatever the batch
   // (set_matmul_batch_invariant), so a greedy request's text is the same alone and under load;
   // implies --no-repack (panels are never read).
@@ -68,7 +70,8 @@ SboSettings resolve_sbo(const DistOptions& o);
 EpDispatcherOptions ep_dispatcher_options(const DistOptions& o);
 
 // Registers --data-parallel-size, --enable-expert-parallel, --distributed-backend,
-// --all2all-backend, --ll-max-tokens, --no-repack and the overlap flags (--enable-two-batch-overlap,
+// --all2all-backend, --ll-max-tokens, --no-repack, --quantization and the overlap flags
+// (--enable-two-batch-overlap,
 // --enable-dbo, --dbo-decode-token-threshold, --dbo-prefill-token-threshold,
 // --tbo-token-distribution-threshold) on `cmd`.
 void add_dist_options(CLI::App* cmd, DistOptions& o);

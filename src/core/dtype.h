@@ -9,11 +9,26 @@ namespace duet {
 
 // kF8E4M3: OCP FP8 E4M3 codes (kernels/fp8_rows.h), stored as fp8 checkpoints publish them,
 // with one f32 scale per block of weights beside them (Matrix::f8).
-enum class DType { kF32, kF16, kBF16, kF8E4M3 };
+// kQ8 is a weight layout of its own (--quantization int8, kernels/quantize.h), never a file's:
+// int8 values in groups of kQ8Group columns, each group with one f32 scale.
+enum class DType { kF32, kF16, kBF16, kF8E4M3, kQ8 };
 
+// Bytes per element; for kF8E4M3 and kQ8 those of the codes or int8 values, the scales apart
+// (Matrix::nbytes).
 inline size_t dtype_size(DType t) {
-  if (t == DType::kF8E4M3) return 1;  // fp8
+  if (t == DType::kF8E4M3 || t == DType::kQ8) return 1;
   return t == DType::kF32 ? 4 : 2;
+}
+
+// kQ8: columns per group (one scale each), as llama.cpp's Q8_0; rows are padded with zeros to a
+// multiple of kQ8Align columns (q8_ld) and, in blocks of kQ8BlockRows rows, interleaved so that
+// one 64-byte vector holds 4 bytes of each of 4 groups of each of the block's rows
+// (kernels/quantize.h).
+constexpr int64_t kQ8Group = 32;
+constexpr int64_t kQ8Align = 128;
+constexpr int64_t kQ8BlockRows = 4;
+inline int64_t q8_ld(int64_t cols) {
+  return (cols + kQ8Align - 1) / kQ8Align * kQ8Align;
 }
 
 // The safetensors spelling: "F32", "F16", "BF16", "F8_E4M3".
@@ -24,6 +39,8 @@ inline const char* dtype_name(DType t) {
     case DType::kBF16: return "BF16";
     case DType::kF8E4M3:
       return "F8_E4M3";
+    case DType::kQ8:
+      return "Q8";
   }
   return "?";
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -29,16 +30,27 @@ struct Matrix {
   // Weight rows per panel of the optional packed copy below.
   static constexpr int64_t kPanelRows = 64;
 
-  DType dtype = DType::kF32;  // kF32, kBF16 or kF8E4M3 (f16 files are widened to f32 at load)
+  DType dtype = DType::kF32;  // kF32, kBF16 or kF8E4M3 (f16 files are widened to f32 at load),
+                              // or kQ8 (quantized at load)
   int64_t rows = 0;
   int64_t cols = 0;
-  const void* data = nullptr;
+  const void* data = nullptr;  // kQ8: blocks of kQ8BlockRows rows (kernels/quantize.h)
   // Optional: the same weights, in the same dtype, re-laid once at load time as panels of
   // kPanelRows rows each stored column by column, for the matmul kernels that multiply many
   // tokens by a panel at once (kernels/matmul.h, pack_panels). Element (r, k) sits at
   // panels[((r / kPanelRows) * cols + k) * kPanelRows + r % kPanelRows]; rows past `rows` in the
   // last panel are zero. [ceil(rows / kPanelRows), cols, kPanelRows] dtype, or null.
   const void* panels = nullptr;
+  // kQ8 only: the f32 scale of each group, blocked as `data` (kernels/quantize.h).
+  const float* scales = nullptr;
+
+  // Bytes of the weights as stored (int8 values and scales for kQ8), panels apart.
+  uint64_t nbytes() const {
+    if (dtype != DType::kQ8) return static_cast<uint64_t>(rows * cols) * dtype_size(dtype);
+    const int64_t blocks = (rows + kQ8BlockRows - 1) / kQ8BlockRows;
+    return static_cast<uint64_t>(blocks * kQ8BlockRows * (q8_ld(cols) / kQ8Group)) *
+           (kQ8Group + sizeof(float));
+  }
 
   // --- fp8 (dtype kF8E4M3 only) ---
   // The block scales of an fp8 checkpoint's weight (its `weight_scale_inv`): weight (r, c) is
@@ -56,11 +68,17 @@ struct Matrix {
   // --- end fp8 ---
 
   // Rows [r0, r0 + n) as a matrix of their own (e.g. one expert's slice or one head). Keeps the
-  // panels when r0 starts one.
+  // panels when r0 starts one. For kQ8, r0 must start a block of kQ8BlockRows rows.
   Matrix row_slice(int64_t r0, int64_t n) const {
     Matrix m = *this;
     m.rows = n;
     m.f8.row0 += r0;  // fp8
+    if (dtype == DType::kQ8) {
+      if (r0 % kQ8BlockRows != 0) throw std::logic_error("row_slice of int8 rows mid-block");
+      m.data = static_cast<const uint8_t*>(data) + r0 * q8_ld(cols);
+      m.scales = scales + r0 * (q8_ld(cols) / kQ8Group);
+      return m;
+    }
     m.data = static_cast<const char*>(data) + static_cast<size_t>(r0 * cols) * dtype_size(dtype);
     m.panels =
         panels && r0 % kPanelRows == 0

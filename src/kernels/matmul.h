@@ -1,4 +1,5 @@
-// Matrix products of f32 activations with weight matrices (bf16 or f32), accumulating in f32.
+// Matrix products of f32 activations with weight matrices (bf16, f32 or int8: DType::kQ8,
+// kernels/quantize.h), accumulating in f32.
 // The SIMD path (AVX-512 BF16, AVX-512, AVX2, scalar) is chosen once at run time from the CPU's
 // features. With AVX-512 BF16, products with bf16 weights round x to bf16 first (to nearest
 // even) and multiply bf16 pairs with vdpbf16ps, as llama.cpp and oneDNN do on such CPUs.
@@ -10,6 +11,8 @@
 #include "core/thread_pool.h"
 
 namespace duet {
+
+struct Q8Rows;  // x quantized for int8 weights (kernels/matmul_q8_impl.h)
 
 // The rows of x a product reads: contiguous (row t at base + t · cols) or gathered in place, row t
 // at rows[t] (a MoE layer's experts read the tokens routed to them where the dispatcher received
@@ -32,11 +35,12 @@ struct XRows {
   const float* row(int64_t t, int64_t cols) const {
     return rows ? rows[t] : base + t * (ld ? ld : cols);
   }
-  bool empty() const { return !base && !rows && !bf16; }
+  bool empty() const { return !base && !rows && !bf16 && !q8; }
 
   const float* base = nullptr;
   const float* const* rows = nullptr;
   const uint16_t* bf16 = nullptr;  // rounded rows, or null
+  const Q8Rows* q8 = nullptr;      // x quantized for kQ8 weights by direct_x, or null
   // Contiguous or rounded rows: elements from one row to the next; 0 = the product's cols.
   int64_t ld = 0;
 };

@@ -8,6 +8,7 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_q8_impl.h"
 #include "kernels/simd_impl.h"
 
 namespace duet::matmul_impl {
@@ -111,11 +112,13 @@ XRows round_x(XRows x, int64_t cols, int64_t n_tokens, std::vector<uint16_t>& bu
 struct XBuffer {
   std::vector<float> f32;
   std::vector<uint16_t> bf16;
+  matmul_q8::Buffer q8;
 };
 
 // x as the kernels of isa best read it for a product with weights w of n_tokens rows:
 // - rounded to bf16 (round_x, into buf.bf16) where rounds_x(isa, w.dtype), for any token count
 //   and either path;
+// - quantized to int8 (matmul_q8::quantize_x, into buf.q8) for kQ8 weights;
 // - x itself where isa's kernels read w from its panels (they broadcast x's elements in place);
 // - else as the direct path reads it: x itself where it reads it in place (few tokens, aligned
 //   rows, or the tiled path), else a copy in aligned rows in buf.f32.

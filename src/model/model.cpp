@@ -26,11 +26,13 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   }
   model->expert_begin_ = opt.expert_begin;
   model->expert_end_ = end;
-  auto src = std::make_unique<CheckpointSource>(model_dir, opt.repack, config.fp8);
+  auto src = std::make_unique<CheckpointSource>(model_dir, opt.repack, config.fp8,
+                                                 opt.quantization);
   model->load_weights(*src);
   for (FfnWeights& f : model->ffn_) f.first_expert = opt.expert_begin;
   model->weight_bytes_ = src->bytes_used();
   model->panel_bytes_ = src->packed_bytes();
+  model->quantization_ = src->quantization_report();
   model->account_bytes(src->bytes_by_name());
   model->source_ = std::move(src);
   model->build_operations();

@@ -12,6 +12,7 @@
 #include "model/config.h"
 #include "model/forward.h"
 #include "model/layers.h"
+#include "model/quantization.h"
 #include "model/weight_source.h"
 
 namespace duet {
@@ -26,6 +27,8 @@ struct LoadOptions {
   // them, for products of matmul_impl::kPanelMinTokens tokens or more, at the cost of a packed
   // copy of those matrices (as llama.cpp repacks its weights; its --no-repack is this false).
   bool repack = true;
+  // --quantization: the weights quantized_at_load names are quantized as they load.
+  Quantization quantization = Quantization::kNone;
 };
 
 class Model {
@@ -49,8 +52,11 @@ class Model {
   virtual int64_t kv_k_width() const = 0;
   virtual int64_t kv_v_width() const = 0;
   // The element type the weight matrices are held in: kBF16 for a bf16 checkpoint, kF32 for an
-  // f32 one (and for f16, widened at load). Read off the output head: checkpoints use one dtype.
-  DType weight_dtype() const { return output_.dtype; }
+  // f32 one (and for f16, widened at load). Read off the embedding table (checkpoints use one
+  // dtype), which stays as stored whatever LoadOptions::quantization says.
+  DType weight_dtype() const { return tok_embd_.dtype; }
+  // What LoadOptions::quantization quantized.
+  const QuantizationReport& quantization() const { return quantization_; }
   // Bytes of weights resident for this model (mapped, converted or packed).
   uint64_t weight_bytes() const { return weight_bytes_; }
   // Of those, the bytes of the copies packed as panels at load (LoadOptions::repack).
@@ -98,6 +104,7 @@ class Model {
   uint64_t panel_bytes_ = 0;
   uint64_t dense_bytes_per_step_ = 0;
   uint64_t bytes_per_expert_ = 0;
+  QuantizationReport quantization_;
 };
 
 // Per-architecture factories (model/arch/*.cpp).

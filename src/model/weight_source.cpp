@@ -11,8 +11,11 @@
 
 namespace duet {
 
-CheckpointSource::CheckpointSource(const std::string& dir, bool repack, const Fp8Quant& fp8)
-    : set_(SafetensorsSet::open_dir(dir)), repack_(repack), fp8_(fp8) {}
+CheckpointSource::CheckpointSource(const std::string& dir, bool repack, const Fp8Quant& fp8,
+                                   Quantization quantization)
+    : set_(SafetensorsSet::open_dir(dir)), repack_(repack), fp8_(fp8) {
+  quantized_.quantization = quantization;
+}
 
 void CheckpointSource::FreeAligned::operator()(void* p) const {
   std::free(p);
@@ -62,8 +65,10 @@ Matrix CheckpointSource::view(const std::string& name, int64_t rows, int64_t col
       converted_[name] = m;
       return m;
     }
-    case DType::kF8E4M3:
+    case DType::kF8E4M3:  // already 1 byte a weight: never quantized again
       return fp8_view(name, t, rows, cols);
+    case DType::kQ8:
+      break;  // never a file's dtype
   }
   throw Error(set_.file_of(name) + ": tensor '" + name + "': unsupported dtype");
 }
@@ -87,9 +92,39 @@ Matrix CheckpointSource::with_panels(const std::string& name, Matrix m) {
   return m;
 }
 
+namespace {
+
+// Gives back the whole pages of a mapped range the process will not read again (a matrix it
+// quantized), so they leave its resident set; the file's pages stay in the page cache.
+void release_pages(const void* data, size_t bytes) {
+  const size_t page = 4096;
+  const auto begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+}  // namespace
+
+Matrix CheckpointSource::quantized(const std::string& name, const Matrix& m) {
+  auto it = q8_.find(name);
+  if (it == q8_.end()) {
+    it = q8_.emplace(name, Q8Matrix(m)).first;
+    const uint64_t before = bytes_by_name_[name], after = it->second.view().nbytes();
+    if (converted_.count(name) == 0) release_pages(m.data, before);
+    quantized_.n_matrices += 1;
+    quantized_.bytes_before += before;
+    quantized_.bytes_after += after;
+    bytes_by_name_[name] = after;
+  }
+  return it->second.view();
+}
+
 Matrix CheckpointSource::matrix(const std::string& name, int64_t rows, int64_t cols,
                                 Layout layout) {
   Matrix m = view(name, rows, cols);
+  if (quantized_.quantization == Quantization::kInt8 && quantized_at_load(name)) {
+    return quantized(name, m);
+  }
   if (layout == Layout::kPanels && repack_ && rows > 0 && cols > 0 &&
       matmul_reads_panels(m.dtype)) {
     m = with_panels(name, m);
@@ -110,6 +145,8 @@ const float* CheckpointSource::vector(const std::string& name, int64_t n) {
       case DType::kF8E4M3:
         throw Error(set_.file_of(name) + ": tensor '" + name +
                     "': is F8_E4M3; fp8 checkpoints keep vectors (norms, biases) in bf16 or f32");
+      case DType::kQ8:
+        break;  // never a file's dtype
     }
   }
   bytes_by_name_[name] = static_cast<uint64_t>(n) * 4;

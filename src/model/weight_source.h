@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/quantize.h"
 #include "model/config.h"
+#include "model/quantization.h"
 #include "model/safetensors.h"
 
 namespace duet {
@@ -39,12 +41,15 @@ class WeightSource {
 
 // Reads a model directory's safetensors. Errors name the file, the tensor and the problem.
 // Layout::kPanels is honoured when `repack` is set and matmul reads panels on this CPU
-// (matmul_reads_panels); the packed copies are owned here.
+// (matmul_reads_panels); the packed copies are owned here. With a quantization, the matrices
+// quantized_at_load names are quantized when first asked for (and have no panels); the copies
+// are owned here and the mapped pages they came from are given back.
 class CheckpointSource final : public WeightSource {
  public:
   // fp8: the checkpoint's quantization_config (ModelConfig::fp8); F8_E4M3 tensors are refused
   // unless it is enabled.
-  explicit CheckpointSource(const std::string& dir, bool repack = true, const Fp8Quant& fp8 = {});
+  explicit CheckpointSource(const std::string& dir, bool repack = true, const Fp8Quant& fp8 = {},
+                            Quantization quantization = Quantization::kNone);
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols,
                 Layout layout = Layout::kAsStored) override;
   const float* vector(const std::string& name, int64_t n) override;
@@ -55,6 +60,8 @@ class CheckpointSource final : public WeightSource {
   const std::map<std::string, uint64_t>& bytes_by_name() const { return bytes_by_name_; }
   // Bytes of the packed copies (Layout::kPanels).
   uint64_t packed_bytes() const { return packed_bytes_; }
+  // What was quantized so far.
+  const QuantizationReport& quantization_report() const { return quantized_; }
 
  private:
   const TensorView& expect(const std::string& name, const std::vector<int64_t>& shape);
@@ -63,6 +70,8 @@ class CheckpointSource final : public WeightSource {
   Matrix fp8_view(const std::string& name, const TensorView& t, int64_t rows, int64_t cols);
   // m with panels: packed once per name, into owned 64-byte aligned memory.
   Matrix with_panels(const std::string& name, Matrix m);
+  // m quantized (kQ8), once per name.
+  Matrix quantized(const std::string& name, const Matrix& m);
 
   struct FreeAligned {
     void operator()(void* p) const;
@@ -76,6 +85,8 @@ class CheckpointSource final : public WeightSource {
   std::map<std::string, std::unique_ptr<void, FreeAligned>> panels_;  // packed copies, by name
   uint64_t packed_bytes_ = 0;
   std::map<std::string, uint64_t> bytes_by_name_;
+  std::map<std::string, Q8Matrix> q8_;  // quantized copies, by name
+  QuantizationReport quantized_;
 };
 
 // Records what was asked for; hands out null views (a recorded model is listed, never run).

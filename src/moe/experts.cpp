@@ -8,8 +8,7 @@ namespace {
 
 uint64_t mlp_bytes(const MlpWeights& w) {
   uint64_t bytes = 0;
-  for (const Matrix* m : {&w.gate, &w.up, &w.down})
-    bytes += static_cast<uint64_t>(m->rows * m->cols) * dtype_size(m->dtype);
+  for (const Matrix* m : {&w.gate, &w.up, &w.down}) bytes += m->nbytes();
   return bytes;
 }
 

@@ -30,16 +30,23 @@ done
 # Two long streamed requests: the least loaded rule puts the second one on rank 1.
 for i in 1 2; do
   curl -sN "$url" -H 'Content-Type: application/json' \
-    -d '{"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 1500, "ignore_eos": true,
+    -d '{"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 2040, "ignore_eos": true,
          "temperature": 0, "stream": true}' >"$work/stream$i.txt" &
 done
 # And one not streamed: its status line must say 503 once the rank is gone (duet holds it back
 # until the request ends), with the OpenAI error object as its body.
 curl -s -o "$work/whole.json" -w '%{http_code}' --max-time 20 "$url" -H 'Content-Type: application/json' \
-  -d '{"model": "tiny", "prompt": [4, 5, 6], "max_tokens": 1500, "ignore_eos": true,
+  -d '{"model": "tiny", "prompt": [4, 5, 6], "max_tokens": 2040, "ignore_eos": true,
        "temperature": 0}' >"$work/whole.status" &
 whole_pid=$!
-sleep 1
+# Kill as soon as both streams are under way: the tiny model streams 2000 tokens in about a
+# second, so a fixed wait can miss them.
+for _ in $(seq 1 500); do  # up to 5 s
+  if grep -q '^data:' "$work/stream1.txt" 2>/dev/null && grep -q '^data:' "$work/stream2.txt" 2>/dev/null; then
+    break
+  fi
+  sleep 0.01
+done
 kill "-$signal" "$rank1"
 start=$(date +%s%N)
 wait_streams=0

@@ -1,0 +1,37 @@
+// --quantization: which weights a model quantizes at load, and what it came to.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace duet {
+
+enum class Quantization {
+  kNone,  // weights as the checkpoint stores them
+  kInt8,  // DType::kQ8 (kernels/quantize.h): groups of 32 columns, an f32 scale each
+};
+
+// "none" | "int8"; anything else throws duet::Error naming the value and the choices.
+Quantization parse_quantization(const std::string& name);
+const char* quantization_name(Quantization q);
+
+// Whether the loader quantizes the matrix `name`: every linear layer's weights (routed and
+// shared experts, dense MLPs, attention projections, the output head) except those read other
+// than by matmul: the embedding table (gathered row by row; so also a tied output head), the
+// routers (a few rows, whose rounding would move the choice of experts) and MLA's kv_b_proj
+// (multiplied untransposed, matmul_xw).
+bool quantized_at_load(const std::string& name);
+
+// What a load quantized: the matrices, and their bytes before (as stored, or as converted from
+// f16) and after.
+struct QuantizationReport {
+  Quantization quantization = Quantization::kNone;
+  int64_t n_matrices = 0;
+  uint64_t bytes_before = 0;
+  uint64_t bytes_after = 0;
+};
+
+// "int8: 36 matrices, 1.2 GiB → 650.0 MiB" (or "none").
+std::string describe(const QuantizationReport& r);
+
+}  // namespace duet

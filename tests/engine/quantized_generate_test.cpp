@@ -1,0 +1,165 @@
+// --quantization int8 in whole forward passes: the greedy tokens of a model quantized at load
+// equal those of the same model with its weights replaced by their dequantized values (so the
+// two differ only by the rounding of x to int8 inside the products), and expert parallelism with
+// quantized experts gives the single-rank tokens.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <mutex>
+
+#include "dist/inproc_backend.h"
+#include "engine/decisive_prompts.h"
+#include "engine/ep_requests.h"
+#include "engine/generator.h"
+#include "kernels/quantize.h"
+#include "model/quantization.h"
+#include "model/safetensors.h"
+#include "moe/borrowed_dispatcher.h"
+#include "moe/ep_dispatcher.h"
+#include "tiny_models.h"
+
+namespace duet {
+namespace {
+
+// A copy of the model in `dir` whose matrices that --quantization int8 quantizes hold the f32
+// values of their quantized form (d · q); every other tensor and file as it was.
+std::string dequantized_copy(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string out = test::make_temp_dir("duet-dequantized-");
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (!name.ends_with(".safetensors") && !name.ends_with(".index.json"))
+      fs::copy_file(e.path(), fs::path(out) / name, fs::copy_options::overwrite_existing);
+  }
+  const SafetensorsSet set = SafetensorsSet::open_dir(dir);
+  std::vector<TensorData> tensors;
+  for (const std::string& name : set.names()) {
+    const TensorView& t = set.get(name);
+    TensorData d{name, t.dtype, t.shape, {}};
+    if (t.shape.size() == 2 && quantized_at_load(name)) {
+      Matrix m;
+      m.dtype = t.dtype;
+      m.rows = t.dim(0);
+      m.cols = t.dim(1);
+      m.data = t.data;
+      const std::vector<float> v = dequantize_q8(Q8Matrix(m).view());
+      d.dtype = DType::kF32;
+      d.bytes.resize(v.size() * sizeof(float));
+      std::memcpy(d.bytes.data(), v.data(), d.bytes.size());
+    } else {
+      const auto* p = static_cast<const uint8_t*>(t.data);
+      d.bytes.assign(p, p + t.nbytes());
+    }
+    tensors.push_back(std::move(d));
+  }
+  write_safetensors_dir(out, tensors, uint64_t{1} << 30);
+  return out;
+}
+
+LoadOptions int8_options() {
+  LoadOptions o;
+  o.quantization = Quantization::kInt8;
+  return o;
+}
+
+class QuantizedGenerateTest : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
+
+// On the decisive prompts (whose margins exceed what rounding x moves), every architecture with
+// f32 and bf16 weights; on every instruction set (tests/cmake/isa.cmake runs this suite per set).
+TEST_P(QuantizedGenerateTest, GreedyTokensEqualTheDequantizedModel) {
+  const auto& [arch, weights] = GetParam();
+  const std::string dir = test::tiny_model_dir(arch, weights);
+  std::unique_ptr<Model> q8 = Model::load(dir, int8_options());
+  std::unique_ptr<Model> deq = Model::load(dequantized_copy(dir));
+  std::unique_ptr<Model> plain = Model::load(dir);
+  const QuantizationReport& r = q8->quantization();
+  EXPECT_EQ(r.quantization, Quantization::kInt8);
+  EXPECT_GT(r.n_matrices, 0);
+  EXPECT_GT(r.bytes_after, 0u);  // the tiny models' 32- and 64-wide rows pad to 128 columns
+  EXPECT_EQ(q8->weight_bytes(), plain->weight_bytes() - r.bytes_before + r.bytes_after -
+                                    plain->panel_bytes() + q8->panel_bytes());
+  EXPECT_EQ(q8->weight_dtype(), weights);  // the KV cache follows the checkpoint's dtype
+
+  std::vector<GenerateRequest> reqs;
+  for (std::vector<int32_t>& prompt : test::decisive_prompts(arch, weights)) {
+    reqs.emplace_back();
+    reqs.back().prompt = std::move(prompt);
+    reqs.back().max_tokens = 8;
+  }
+  ThreadPool pool(2);
+  Generator a(*q8, pool), b(*deq, pool);
+  const std::vector<GenerateResult> want = b.generate(reqs);
+  const std::vector<GenerateResult> got = a.generate(reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, QuantizedGenerateTest,
+                         ::testing::Combine(::testing::Values("qwen3_moe", "deepseek_v2",
+                                                              "mixtral"),
+                                            ::testing::Values(DType::kF32, DType::kBF16)),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
+                           return std::get<0>(info.param) + (std::get<1>(info.param) == DType::kBF16
+                                                                 ? "_bf16_weights"
+                                                                 : "_f32_weights");
+                         });
+
+struct EpCase {
+  const char* arch;
+  int world;
+  All2AllBackend backend;
+};
+
+class QuantizedEpTest : public ::testing::TestWithParam<EpCase> {};
+
+// Each rank quantizes only its own experts; DP attention (request i on rank i % world).
+TEST_P(QuantizedEpTest, ExpertParallelEqualsSingleRank) {
+  const EpCase c = GetParam();
+  const std::string dir = test::tiny_model_dir(c.arch);
+  const std::vector<GenerateRequest> reqs = test::ep_requests(5);
+  std::vector<std::vector<int32_t>> want;
+  {
+    std::unique_ptr<Model> m = Model::load(dir, int8_options());
+    ThreadPool pool(1);
+    Generator g(*m, pool);
+    for (const GenerateResult& r : g.generate(reqs)) want.push_back(r.tokens);
+  }
+  std::mutex mu;
+  run_ranks(c.world, [&](DistContext& ctx) {
+    const ExpertPlacement place = place_experts(8, ctx.world_size());
+    LoadOptions opt = int8_options();
+    opt.expert_begin = place.begin(ctx.rank());
+    opt.expert_end = place.end(ctx.rank());
+    std::unique_ptr<Model> m = Model::load(dir, opt);
+    ThreadPool pool(1);
+    EpDispatcher ep(ctx.comm(), place, {c.backend, 64});
+    Generator gen(*m, pool, KvCacheDtype::kAuto, test::borrowing_group(ctx.coord(), ep));
+    std::vector<GenerateRequest> mine;
+    std::vector<size_t> idx;
+    for (size_t i = static_cast<size_t>(ctx.rank()); i < reqs.size(); i += c.world) {
+      mine.push_back(reqs[i]);
+      idx.push_back(i);
+    }
+    const std::vector<GenerateResult> got = gen.generate(mine);
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_GT(m->quantization().n_matrices, 0);
+    for (size_t j = 0; j < idx.size(); ++j) {
+      EXPECT_EQ(got[j].tokens, want[idx[j]]) << "rank " << ctx.rank() << " request " << idx[j];
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, QuantizedEpTest,
+                         ::testing::Values(EpCase{"qwen3_moe", 2, All2AllBackend::kHighThroughput},
+                                           EpCase{"qwen3_moe", 4, All2AllBackend::kLowLatency},
+                                           EpCase{"deepseek_v2", 2, All2AllBackend::kLowLatency},
+                                           EpCase{"deepseek_v3", 2,
+                                                  All2AllBackend::kHighThroughput},
+                                           EpCase{"mixtral", 2, All2AllBackend::kHighThroughput}),
+                         [](const ::testing::TestParamInfo<EpCase>& info) {
+                           return std::string(info.param.arch) + "_ep" +
+                                  std::to_string(info.param.world) + "_" +
+                                  all2all_backend_name(info.param.backend);
+                         });
+
+}  // namespace
+}  // namespace duet

@@ -1,0 +1,47 @@
+#include "model/quantization.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+
+namespace duet {
+namespace {
+
+TEST(QuantizationTest, ParsesNoneAndInt8AndRefusesOthersByName) {
+  EXPECT_EQ(parse_quantization("none"), Quantization::kNone);
+  EXPECT_EQ(parse_quantization("int8"), Quantization::kInt8);
+  for (const char* bad : {"", "INT8", "int4", "q8_0"}) {
+    try {
+      parse_quantization(bad);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()),
+                std::string("--quantization ") + bad + ": expected none or int8");
+    }
+  }
+}
+
+TEST(QuantizationTest, QuantizesLinearLayersButNotEmbeddingsRoutersOrKvB) {
+  for (const char* name :
+       {"model.layers.0.mlp.experts.3.gate_proj.weight", "model.layers.1.mlp.down_proj.weight",
+        "model.layers.0.mlp.shared_experts.up_proj.weight",
+        "model.layers.0.block_sparse_moe.experts.1.w2.weight",
+        "model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.self_attn.kv_a_proj_with_mqa.weight", "lm_head.weight"}) {
+    EXPECT_TRUE(quantized_at_load(name)) << name;
+  }
+  for (const char* name : {"model.embed_tokens.weight", "model.layers.0.mlp.gate.weight",
+                           "model.layers.0.block_sparse_moe.gate.weight",
+                           "model.layers.2.self_attn.kv_b_proj.weight"}) {
+    EXPECT_FALSE(quantized_at_load(name)) << name;
+  }
+}
+
+TEST(QuantizationTest, DescribesWhatWasQuantized) {
+  EXPECT_EQ(describe(QuantizationReport{}), "none");
+  EXPECT_EQ(describe({Quantization::kInt8, 3, 2 << 20, 1 << 20}),
+            "int8: 3 matrices, 2.0 MiB -> 1.0 MiB");
+}
+
+}  // namespace
+}  // namespace duet
