@@ -65,7 +65,7 @@ Matrix CheckpointSource::view(const std::string& name, int64_t rows, int64_t col
       converted_[name] = m;
       return m;
     }
-    case DType::kF8E4M3:  // already 1 byte a weight: never quantized again
+    case DType::kF8E4M3:
       return fp8_view(name, t, rows, cols);
     case DType::kQ8:
       break;  // never a file's dtype
@@ -122,7 +122,9 @@ Matrix CheckpointSource::quantized(const std::string& name, const Matrix& m) {
 Matrix CheckpointSource::matrix(const std::string& name, int64_t rows, int64_t cols,
                                 Layout layout) {
   Matrix m = view(name, rows, cols);
-  if (quantized_.quantization == Quantization::kInt8 && quantized_at_load(name)) {
+  // An fp8 checkpoint's fp8 weights are one byte each already: left as they are.
+  if (quantized_.quantization == Quantization::kInt8 && quantized_at_load(name) &&
+      m.dtype != DType::kF8E4M3) {
     return quantized(name, m);
   }
   if (layout == Layout::kPanels && repack_ && rows > 0 && cols > 0 &&

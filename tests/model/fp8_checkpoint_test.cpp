@@ -365,6 +365,22 @@ TEST_P(Fp8GenerateTest, SameGreedyTokensAsTheDequantizedModel) {
   }
 }
 
+// --quantization int8 on an fp8 checkpoint quantizes its bf16 matrices and leaves the fp8 ones
+// (one byte each already) as they are: it loads and generates (it used to refuse the fp8 ones).
+TEST(Fp8GenerateInt8Test, Int8LeavesTheFp8WeightsAlone) {
+  const std::string fp8 = fresh_model("qwen3_moe", DType::kF8E4M3);
+  LoadOptions opt;
+  opt.quantization = Quantization::kInt8;
+  std::unique_ptr<Model> model = Model::load(fp8, opt);
+  ThreadPool pool(2);
+  GenerateRequest r;
+  r.prompt = {1, 2, 3, 4, 5};
+  r.max_tokens = 4;
+  const std::vector<GenerateResult> got = Generator(*model, pool).generate({r});
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].tokens.size(), 4u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, Fp8GenerateTest,
                          ::testing::Values("qwen3_moe", "deepseek_v3", "mixtral"));
 
