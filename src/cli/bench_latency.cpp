@@ -203,38 +203,33 @@ void run_latency_single(const LatencyOptions& o) {
   finish_trace(rm, o.dist, nullptr);
 }
 
+// The batch of `o` under each of `settings`.
+AlternatingBenchOptions alternating(const LatencyOptions& o, const std::string& settings) {
+  AlternatingBenchOptions a;
+  a.model_dir = o.model_dir;
+  a.settings = settings;
+  a.batch = o.batch;
+  a.prompt_len = o.prompt_len;
+  a.gen_len = o.gen_len;
+  a.threads = o.threads;
+  a.seed = o.seed;
+  a.rounds = o.rounds;
+  a.kv_dtype = o.kv_dtype;
+  return a;
+}
+
 void run_latency(const LatencyOptions& o) {
   if (!o.quantizations.empty()) {
     if (o.dist.data_parallel_size > 1 || !o.scheduler_modes.empty())
       DUET_ERROR("--quantizations runs one rank's generator, without --scheduler-modes");
-    QuantizationBenchOptions qo;
-    qo.model_dir = o.model_dir;
-    qo.quantizations = o.quantizations;
-    qo.batch = o.batch;
-    qo.prompt_len = o.prompt_len;
-    qo.gen_len = o.gen_len;
-    qo.threads = o.threads;
-    qo.seed = o.seed;
-    qo.rounds = o.rounds;
-    qo.kv_dtype = o.kv_dtype;
-    run_quantization_bench(qo);
+    run_quantization_bench(alternating(o, o.quantizations));
     return;
   }
   if (!o.scheduler_modes.empty()) {
     if (o.dist.data_parallel_size > 1)
       DUET_ERROR("--scheduler-modes runs on one rank (serve's multi-rank engine is measured by "
                  "`bench serve`)");
-    ScheduleBenchOptions so;
-    so.model_dir = o.model_dir;
-    so.modes = o.scheduler_modes;
-    so.batch = o.batch;
-    so.prompt_len = o.prompt_len;
-    so.gen_len = o.gen_len;
-    so.threads = o.threads;
-    so.seed = o.seed;
-    so.rounds = o.rounds;
-    so.kv_dtype = o.kv_dtype;
-    run_schedule_bench(so);
+    run_schedule_bench(alternating(o, o.scheduler_modes));
     return;
   }
   launch_ranks(o.dist, o.model_dir, [&](DistContext* ctx) {

@@ -57,8 +57,8 @@ Run run_once(Generator& gen, const Model& model, const std::vector<GenerateReque
 
 }  // namespace
 
-void run_quantization_bench(const QuantizationBenchOptions& o) {
-  const std::vector<Quantization> qs = parse_list(o.quantizations);
+void run_quantization_bench(const AlternatingBenchOptions& o) {
+  const std::vector<Quantization> qs = parse_list(o.settings);
   ThreadPool pool(o.threads > 0 ? o.threads : available_cores());
   std::vector<std::unique_ptr<Model>> models;
   std::vector<std::unique_ptr<Generator>> gens;

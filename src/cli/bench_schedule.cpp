@@ -69,7 +69,7 @@ double median(std::vector<double> v) {
 
 // One batch through an engine in mode m: every request's prompt, then gen_len tokens each.
 // Decode is timed from the moment every request has its first token to the last token.
-ModeRun run_mode(const Model& model, ThreadPool& pool, const ScheduleBenchOptions& o,
+ModeRun run_mode(const Model& model, ThreadPool& pool, const AlternatingBenchOptions& o,
                  const SchedulerMode& m, const std::vector<EngineRequest>& reqs) {
   EngineConfig c;
   c.scheduler.max_num_seqs = std::max<int64_t>(o.batch, 1);
@@ -106,10 +106,10 @@ ModeRun run_mode(const Model& model, ThreadPool& pool, const ScheduleBenchOption
 
 }  // namespace
 
-void run_schedule_bench(const ScheduleBenchOptions& o) {
+void run_schedule_bench(const AlternatingBenchOptions& o) {
   std::vector<SchedulerMode> modes;
   {
-    std::stringstream ss(o.modes);
+    std::stringstream ss(o.settings);
     std::string item;
     while (std::getline(ss, item, ',')) modes.push_back(parse_mode(item));
   }

@@ -10,11 +10,10 @@
 
 namespace duet {
 
-// `duet bench latency --scheduler-modes`: one batch through the serving engine per scheduler
-// mode, alternating (bench_schedule.cpp).
-struct ScheduleBenchOptions {
+// One batch of `duet bench latency` run under each of several settings, alternating.
+struct AlternatingBenchOptions {
   std::string model_dir;
-  std::string modes;  // "plain,overlap,multistep4,overlap+multistep4"
+  std::string settings;  // the comma-separated list
   int64_t batch = 1;
   int64_t prompt_len = 128;
   int64_t gen_len = 64;
@@ -23,22 +22,14 @@ struct ScheduleBenchOptions {
   int rounds = 3;
   KvCacheDtype kv_dtype = KvCacheDtype::kAuto;  // --kv-cache-dtype
 };
-void run_schedule_bench(const ScheduleBenchOptions& o);
+
+// `duet bench latency --scheduler-modes`: the batch through the serving engine per scheduler
+// mode ("plain,overlap,multistep4,overlap+multistep4"; bench_schedule.cpp).
+void run_schedule_bench(const AlternatingBenchOptions& o);
 
 // `duet bench latency --quantizations none,int8`: the batch through the model loaded under each
-// --quantization, alternating (bench_quantization.cpp).
-struct QuantizationBenchOptions {
-  std::string model_dir;
-  std::string quantizations;  // "none,int8"
-  int64_t batch = 1;
-  int64_t prompt_len = 128;
-  int64_t gen_len = 64;
-  int threads = 0;
-  uint64_t seed = 0;
-  int rounds = 3;
-  KvCacheDtype kv_dtype = KvCacheDtype::kAuto;  // --kv-cache-dtype
-};
-void run_quantization_bench(const QuantizationBenchOptions& o);
+// --quantization (bench_quantization.cpp).
+void run_quantization_bench(const AlternatingBenchOptions& o);
 
 void add_make_model_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
