@@ -140,7 +140,8 @@ void run_overlap_rank(const OverlapBenchOptions& o, DistContext* ctx) {
   // What --dbo-split auto learnt, per mode that used it (rank 0's table; every rank's is the same).
   for (size_t m = 0; m < gens.size() && ctx->rank() == 0; ++m) {
     const std::string t = gens[m]->split_times();
-    if (!t.empty()) std::printf("%s, step time per token by kind of step:\n%s", modes[m].name.c_str(), t.c_str());
+    if (!t.empty())
+      std::printf("%s, step time per token by kind of step:\n%s", modes[m].name.c_str(), t.c_str());
   }
   finish_trace(rm, o.dist, ctx);
 }

@@ -26,8 +26,8 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   }
   model->expert_begin_ = opt.expert_begin;
   model->expert_end_ = end;
-  auto src = std::make_unique<CheckpointSource>(model_dir, opt.repack, config.fp8,
-                                                 opt.quantization);
+  auto src =
+      std::make_unique<CheckpointSource>(model_dir, opt.repack, config.fp8, opt.quantization);
   model->load_weights(*src);
   for (FfnWeights& f : model->ffn_) f.first_expert = opt.expert_begin;
   model->weight_bytes_ = src->bytes_used();
