@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/fp8_simd_impl.h"
 #include "kernels/ops_impl.h"
 #include "kernels/simd_impl.h"
 
@@ -107,17 +108,9 @@ DUET_TARGET_AVX512 inline __m128i e4m3_codes(__m512 q) {
   return _mm512_cvtepi32_epi8(_mm512_or_si512(_mm512_mask_blend_epi32(is_sub, normal, sub), sign));
 }
 
-// e4m3_to_f32 on 16 codes.
-DUET_TARGET_AVX512 inline __m512 e4m3_values(__m128i codes) {
-  const __m512i c = _mm512_cvtepu8_epi32(codes);
-  const __m512i a = _mm512_and_si512(c, _mm512_set1_epi32(0x7f));
-  const __m512 normal =
-      _mm512_castsi512_ps(_mm512_add_epi32(_mm512_slli_epi32(a, 20), _mm512_set1_epi32(120 << 23)));
-  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(0x1p-9f));
-  const __mmask16 is_sub = _mm512_cmplt_epu32_mask(a, _mm512_set1_epi32(8));
-  const __m512i v = _mm512_castps_si512(_mm512_mask_blend_ps(is_sub, normal, sub));
-  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(c, _mm512_set1_epi32(0x80)), 24);
-  return _mm512_castsi512_ps(_mm512_or_si512(v, sign));
+// e4m3_to_f32(code) × scale on 16 codes (fp8_simd::widen gives the values × 2^-8).
+DUET_TARGET_AVX512 inline __m512 scaled_values(__m128i codes, float scale) {
+  return _mm512_mul_ps(fp8_simd::widen(codes), _mm512_set1_ps(scale * 256.0f));
 }
 
 DUET_TARGET_AVX512 void f32_to_fp8_row(const float* x, int64_t n, float* scales, uint8_t* codes) {
@@ -142,8 +135,8 @@ DUET_TARGET_AVX512 void fp8_to_f32_row(const float* scales, const uint8_t* codes
                                        float* y) {
   for (int64_t i = 0; i < n; i += kW) {
     const __mmask16 k = first(n - i);
-    const __m512 v = e4m3_values(_mm_maskz_loadu_epi8(k, codes + i));
-    _mm512_mask_storeu_ps(y + i, k, _mm512_mul_ps(v, _mm512_set1_ps(scales[i / kFp8Group])));
+    _mm512_mask_storeu_ps(y + i, k,
+                          scaled_values(_mm_maskz_loadu_epi8(k, codes + i), scales[i / kFp8Group]));
   }
 }
 
@@ -152,8 +145,7 @@ DUET_TARGET_AVX512 void axpy_fp8(float alpha, const float* scales, const uint8_t
   const __m512 a = _mm512_set1_ps(alpha);
   for (int64_t i = 0; i < n; i += kW) {
     const __mmask16 k = first(n - i);
-    const __m512 v = _mm512_mul_ps(e4m3_values(_mm_maskz_loadu_epi8(k, codes + i)),
-                                   _mm512_set1_ps(scales[i / kFp8Group]));
+    const __m512 v = scaled_values(_mm_maskz_loadu_epi8(k, codes + i), scales[i / kFp8Group]);
     _mm512_mask_storeu_ps(y + i, k, _mm512_fmadd_ps(a, v, _mm512_maskz_loadu_ps(k, y + i)));
   }
 }

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "kernels/fp8_rows.h"
+#include "kernels/fp8_simd_impl.h"
 #include "kernels/matmul_impl.h"
 
 namespace duet {
@@ -111,14 +112,7 @@ DUET_TARGET_AVX512 inline __mmask16 first(int64_t n) {
   return static_cast<__mmask16>(n >= kW ? 0xffffu : (1u << n) - 1u);
 }
 
-// 16 codes' values × 2^-8: the sign-extended code shifted left by 7 puts E4M3's sign at bit 15
-// (and a copy at bit 14, cleared), its exponent at bits 10-13 and its mantissa at bits 7-9 of an
-// f16, whose exponent bias (15) is E4M3's (7) plus 8; subnormal codes land on f16 subnormals, so
-// every code, 0x7f and 0xff included, converts exactly (4 instructions, not e4m3_values' 10).
-DUET_TARGET_AVX512 inline __m512 widen(__m128i codes) {
-  const __m256i h = _mm256_slli_epi16(_mm256_cvtepi8_epi16(codes), 7);
-  return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16(static_cast<int16_t>(0xbfff))));
-}
+using fp8_simd::widen;  // 16 codes' values × 2^-8
 
 // y[t * ldy + i] = x[t] · w[r + i] for i < R, t < T: per block, R × T vector partial sums,
 // multiplied by the block's scale into R × T totals. The loops over R and T are unrolled so the
