@@ -64,11 +64,6 @@ struct Timing {
   double bytes = 0;  // payload bytes all ranks sent per iteration
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Runs `step` iters times after two warm-ups, every rank starting each iteration together.
 Timing time_steps(DistContext& ctx, std::string name, int iters,
                   const std::function<StepTimes()>& step) {

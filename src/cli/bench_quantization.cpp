@@ -28,11 +28,6 @@ struct Run {
   double bytes_per_step = 0;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 std::vector<Quantization> parse_list(const std::string& list) {
   std::vector<Quantization> qs;
   std::stringstream in(list);

@@ -62,11 +62,6 @@ struct ModeRun {
 // Plenty for a benchmark's batch; the pool's pages are touched only when used.
 constexpr double kKvCacheGib = 1.0;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 // One batch through an engine in mode m: every request's prompt, then gen_len tokens each.
 // Decode is timed from the moment every request has its first token to the last token.
 ModeRun run_mode(const Model& model, ThreadPool& pool, const AlternatingBenchOptions& o,

@@ -269,10 +269,6 @@ void run_compare(const BenchServeOptions& o, const std::string& model, int64_t c
       std::fflush(stdout);
     }
   }
-  const auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   std::printf("%-32s %12s %9s %14s %12s %9s\n", "server (medians)", "output tok/s", "vs first",
               "TTFT p50 ms", "step gap ms", "gap/step");
   const double first = median(rows[0].tok_s);

@@ -3,12 +3,20 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/kv_dtype.h"
 
 namespace duet {
+
+// The median of a bench's rounds (the upper middle of an even count; 0 for none).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
 
 // One batch of `duet bench latency` run under each of several settings, alternating.
 struct AlternatingBenchOptions {
