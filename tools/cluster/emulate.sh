@@ -31,6 +31,12 @@ Options:
                      moment (default: 1ms at RATE, at least 64kb). Smaller buckets fall below
                      RATE on this VM's timers; larger ones let short messages beat RATE.
   --mtu BYTES        the links' MTU (default 1500; 9000 for jumbo frames)
+  --cpus-per-rank F  cap each rank's CPU time at F cores (e.g. 0.5), in a cgroup of its own
+                     (CFS bandwidth control), so that N ranks on a host with fewer than N cores
+                     behave like N hosts of F cores each instead of sharing cores: a rank that
+                     waits on its link leaves its share unused, as a separate host's core would
+                     stay idle (default: no cap)
+  --cpu-period TIME  the cap's period (default 10ms): the rank may run F × TIME in each TIME
   --mpirun-arg ARG   one more argument for mpirun (repeatable), e.g. --mpirun-arg=--tag-output
   --unsupported-status CODE
                      exit with CODE instead of 1 when this host cannot emulate a cluster (not
@@ -68,6 +74,8 @@ rate=""
 latency="5ms"
 mtu=1500
 burst=""
+cpus_per_rank=""
+cpu_period="10ms"
 mode="run"
 mpirun_extra=()
 command_args=()
@@ -90,6 +98,10 @@ parse_args() {
       --burst=*) burst=${1#*=} ;;
       --mtu) need_value "$@"; mtu=$2; shift ;;
       --mtu=*) mtu=${1#*=} ;;
+      --cpus-per-rank) need_value "$@"; cpus_per_rank=$2; shift ;;
+      --cpus-per-rank=*) cpus_per_rank=${1#*=} ;;
+      --cpu-period) need_value "$@"; cpu_period=$2; shift ;;
+      --cpu-period=*) cpu_period=${1#*=} ;;
       --mpirun-arg) need_value "$@"; mpirun_extra+=("$2"); shift ;;
       --mpirun-arg=*) mpirun_extra+=("${1#*=}") ;;
       --unsupported-status) need_value "$@"; unsupported_status=$2; shift ;;
@@ -116,7 +128,22 @@ parse_args() {
   if ! [[ $mtu =~ ^[0-9]+$ ]] || [ "$mtu" -lt 576 ] || [ "$mtu" -gt 65535 ]; then
     die_usage "--mtu: '$mtu' is not a number in 576..65535"
   fi
+  if [ -n "$cpus_per_rank" ]; then
+    period_us=$(time_to_us "$cpu_period") || die_usage "--cpu-period: '$cpu_period' is not a time in 1ms..1s (e.g. 10ms)"
+    quota_us=$(awk -v f="$cpus_per_rank" -v p="$period_us" 'BEGIN {
+      if (f !~ /^[0-9]+(\.[0-9]+)?$/ || f <= 0) exit 1; q = f * p; if (q < 1000) exit 1;
+      printf "%.0f", q }') ||
+      die_usage "--cpus-per-rank: '$cpus_per_rank' is not a positive number of cores (at least 1 ms per period)"
+  fi
   [ ${#command_args[@]} -gt 0 ] || die_usage "no command (give it after --)"
+}
+
+# Prints TIME (us, ms or s) in microseconds if it is within 1 ms..1 s.
+time_to_us() {
+  [[ $1 =~ ^([0-9]+(\.[0-9]+)?)(us|ms|s)$ ]] || return 1
+  awk -v n="${BASH_REMATCH[1]}" -v u="${BASH_REMATCH[3]}" 'BEGIN {
+    m = 1; if (u == "ms") m = 1e3; else if (u == "s") m = 1e6;
+    x = n * m; if (x < 1000 || x > 1e6) exit 1; printf "%.0f", x }'
 }
 
 # Prints RATE (tc's units: bit, kbit, mbit, gbit, tbit, bps = bytes/s, kbps, ...) in bit/s.
@@ -145,6 +172,49 @@ check_host() {
   mpirun_bin=$(command -v mpirun) || die_unsupported "'mpirun' not found (install openmpi-bin)"
   "$mpirun_bin" --version 2>&1 | grep -q "Open MPI" ||
     die_unsupported "'$mpirun_bin' is not OpenMPI's (the MCA settings used here are OpenMPI's)"
+}
+
+# The CPU controller's hierarchy for --cpus-per-rank: cgroup v1's cpu controller (quota and
+# period files) or cgroup v2's cpu.max. Sets cg_version and cg_root.
+cg_version=""
+cg_root=""
+find_cpu_cgroup() {
+  local d
+  for d in /sys/fs/cgroup/cpu /sys/fs/cgroup/cpu,cpuacct; do
+    if [ -f "$d/cpu.cfs_quota_us" ]; then cg_version=1; cg_root=$d; return 0; fi
+  done
+  for d in /sys/fs/cgroup /sys/fs/cgroup/unified; do
+    if [ -f "$d/cgroup.controllers" ] && grep -qw cpu "$d/cgroup.controllers"; then
+      # Children get the cpu controller only if the parent passes it down.
+      grep -qw cpu "$d/cgroup.subtree_control" 2> /dev/null ||
+        echo +cpu > "$d/cgroup.subtree_control" 2> /dev/null || continue
+      cg_version=2; cg_root=$d; return 0
+    fi
+  done
+  die_unsupported "--cpus-per-rank needs the cgroup cpu controller (v1 cpu.cfs_quota_us or v2 cpu.max), found neither writable"
+}
+
+# Creates cgroup $1 under cg_root with the rank's CPU cap.
+make_cpu_cgroup() {
+  local dir="$cg_root/$1"
+  mkdir "$dir" 2> /dev/null || [ -d "$dir" ] || die_unsupported "cannot create cgroup $dir"
+  created_cg+=("$dir")
+  if [ "$cg_version" = 1 ]; then
+    must sh -c "echo $period_us > '$dir/cpu.cfs_period_us' && echo $quota_us > '$dir/cpu.cfs_quota_us'"
+  else
+    must sh -c "echo '$quota_us $period_us' > '$dir/cpu.max'"
+  fi
+}
+
+# Removes cgroup directory $1 once its processes are gone (a cgroup with tasks cannot go).
+remove_cpu_cgroup() {
+  local dir=$1 _
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    rmdir "$dir" 2> /dev/null && return 0
+    [ -d "$dir" ] || return 0
+    sleep 0.2
+  done
+  log "could not remove cgroup $dir (processes left in it)"
 }
 
 # Creates and removes a namespace with a tbf-shaped veth; fails with the reason if refused.
@@ -193,11 +263,20 @@ remove_namespace() {
 }
 
 clean_stale() {
-  local ns n=0
+  local ns n=0 dir pid
   for ns in $(stale_namespaces); do
     remove_namespace "$ns"
     log "removed stale namespace $ns"
     n=$((n + 1))
+  done
+  for dir in /sys/fs/cgroup/cpu/dcl*-r* /sys/fs/cgroup/dcl*-r* /sys/fs/cgroup/unified/dcl*-r*; do
+    [ -d "$dir" ] || continue
+    [[ ${dir##*/} =~ ^dcl([0-9]+)- ]] || continue
+    pid=${BASH_REMATCH[1]}
+    if ! kill -0 "$pid" 2> /dev/null; then
+      remove_cpu_cgroup "$dir"
+      log "removed stale cgroup $dir"
+    fi
   done
   log "$n stale namespace(s) removed"
 }
@@ -209,6 +288,7 @@ readonly br_ns="$prefix-br"
 readonly host_if="${prefix}h"
 subnet=""           # 10.213.K, chosen under the lock
 created_ns=()       # what cleanup removes
+created_cg=()       # cgroup directories (--cpus-per-rank), removed after the namespaces
 created_host_if=0
 mpirun_pid=""
 cleaned=0
@@ -293,8 +373,11 @@ setup_cluster() {
     must "$ip_bin" -n "$br_ns" link set "rank$i" mtu "$mtu" up
     shape "$ns" eth0            # what rank i sends
     shape "$br_ns" "rank$i"     # what rank i receives
+    [ -z "$cpus_per_rank" ] || make_cpu_cgroup "$ns"
   done
   log "cluster $prefix: $ranks rank(s) on $subnet.0/24, each link tbf rate $rate burst $burst latency $latency mtu $mtu per direction"
+  [ -z "$cpus_per_rank" ] ||
+    log "each rank capped at $cpus_per_rank CPU ($quota_us us per $period_us us, cgroup v$cg_version)"
 }
 
 cleanup() {
@@ -312,6 +395,8 @@ cleanup() {
   fi
   local ns
   for ns in "${created_ns[@]}"; do remove_namespace "$ns"; done
+  local dir
+  for dir in "${created_cg[@]}"; do remove_cpu_cgroup "$dir"; done
   [ "$created_host_if" -eq 0 ] || "$ip_bin" link delete "$host_if" 2> /dev/null
   if [ ${#created_ns[@]} -gt 0 ]; then log "cluster $prefix removed"; fi
 }
@@ -334,7 +419,14 @@ run_ranks() {
         "${mpirun_extra[@]}")
   for ((i = 0; i < ranks; i++)); do
     [ "$i" -eq 0 ] || argv+=(:)
-    argv+=(-np 1 "$ip_bin" netns exec "$prefix-r$i" "${command_args[@]}")
+    argv+=(-np 1)
+    if [ -n "$cpus_per_rank" ]; then
+      # The rank enters its cgroup before it starts (its threads inherit it), and before it enters
+      # its namespace: `ip netns exec` mounts a sysfs of its own, without the cgroup hierarchy.
+      # shellcheck disable=SC2016  # expanded by that shell
+      argv+=(sh -c 'echo $$ > "$0/cgroup.procs" && exec "$@"' "$cg_root/$prefix-r$i")
+    fi
+    argv+=("$ip_bin" netns exec "$prefix-r$i" "${command_args[@]}")
   done
   # Without the two PMIX_* settings the ranks cannot reach mpirun's PMIx server from their
   # namespaces (it listens on loopback only).
@@ -351,6 +443,7 @@ run_ranks() {
 main() {
   parse_args "$@"
   check_host
+  [ -z "$cpus_per_rank" ] || [ "$mode" != run ] || find_cpu_cgroup
   case "$mode" in
     check) probe_host; log "this host can emulate a cluster"; exit 0 ;;
     clean) clean_stale; exit 0 ;;
