@@ -7,21 +7,62 @@
 
 namespace duet {
 
-MpiHeartbeat::MpiHeartbeat(std::chrono::milliseconds startup_deadline, bool* abandoned) {
+namespace {
+
+// Every rank's `mine`, in rank order (MPI_Iallgather of the lengths, then of the bytes), giving
+// up like the other start-up collectives.
+std::vector<std::string> allgather_strings(MPI_Comm comm, const std::string& mine,
+                                           std::chrono::milliseconds deadline, bool* abandoned) {
+  const char* what = "the heartbeat's socket addresses";
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  int len = static_cast<int>(mine.size());
+  std::vector<int> lens(size_t(size), 0);
+  MPI_Request req = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallgather(&len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm, &req), what);
+  wait_within(&req, what, deadline, abandoned);
+  std::vector<int> offsets(size_t(size), 0);
+  for (int r = 1; r < size; ++r) offsets[r] = offsets[r - 1] + lens[r - 1];
+  std::string all(size_t(offsets[size - 1] + lens[size - 1]), '\0');
+  check_mpi(MPI_Iallgatherv(mine.data(), len, MPI_CHAR, all.data(), lens.data(), offsets.data(),
+                            MPI_CHAR, comm, &req),
+            what);
+  wait_within(&req, what, deadline, abandoned);
+  std::vector<std::string> out;
+  for (int r = 0; r < size; ++r) out.push_back(all.substr(size_t(offsets[r]), size_t(lens[r])));
+  return out;
+}
+
+// An MPI message of one Beat.
+constexpr int kBeatWords = sizeof(Beat) / sizeof(int64_t);
+
+}  // namespace
+
+MpiHeartbeat::MpiHeartbeat(std::chrono::milliseconds startup_deadline, bool* abandoned,
+                           Paths paths)
+    : paths_(paths) {
   comm_ = dup_world("the heartbeat's communicator", startup_deadline, abandoned);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  if (paths_.sockets) {
+    const auto exchange = [&](const std::string& mine) {
+      return allgather_strings(comm_, mine, startup_deadline, abandoned);
+    };
+    sockets_ = std::make_unique<BeatSockets>(rank_, size_, exchange, startup_deadline);
+  }
   const size_t n = static_cast<size_t>(size_);
   heard_.assign(n, Clock::now());
   peer_stuck_ms_.assign(n, 0);
-  send_buf_.assign(n, 0);
-  recv_buf_.assign(n, 0);
+  peer_seq_.assign(n, -1);
+  send_buf_.assign(n, Beat{});
+  recv_buf_.assign(n, Beat{});
   send_req_.assign(n, MPI_REQUEST_NULL);
   recv_req_.assign(n, MPI_REQUEST_NULL);
   broken_.assign(n, 0);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
-    if (MPI_Irecv(&recv_buf_[p], 1, MPI_INT64_T, p, 0, comm_, &recv_req_[p]) != MPI_SUCCESS)
+    if (MPI_Irecv(&recv_buf_[p], kBeatWords, MPI_INT64_T, p, 0, comm_, &recv_req_[p]) !=
+        MPI_SUCCESS)
       broken_[p] = 1;
   }
   thread_ = std::thread([this] { loop(); });
@@ -132,8 +173,16 @@ void MpiHeartbeat::loop() {
   }
 }
 
+void MpiHeartbeat::heard(int peer, const Beat& beat, Clock::time_point now) {
+  if (beat.seq <= peer_seq_[peer]) return;  // a late copy of a beat the other path brought
+  peer_seq_[peer] = beat.seq;
+  heard_[peer] = now;
+  peer_stuck_ms_[peer] = beat.state;
+}
+
 void MpiHeartbeat::exchange() {
-  std::vector<std::pair<int, int64_t>> got;  // (peer, its stuck ms) taken this beat
+  std::vector<std::pair<int, Beat>> got;  // (peer, its beat) taken this beat
+  if (sockets_) got = sockets_->receive();
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || broken_[p]) continue;
     // Every message that arrived, not one per beat, so that a backlog never shows old state.
@@ -145,22 +194,22 @@ void MpiHeartbeat::exchange() {
       }
       if (!done) break;
       got.emplace_back(p, recv_buf_[p]);
-      if (MPI_Irecv(&recv_buf_[p], 1, MPI_INT64_T, p, 0, comm_, &recv_req_[p]) != MPI_SUCCESS) {
+      if (MPI_Irecv(&recv_buf_[p], kBeatWords, MPI_INT64_T, p, 0, comm_, &recv_req_[p]) !=
+          MPI_SUCCESS) {
         broken_[p] = 1;
         break;
       }
     }
   }
   const Clock::time_point now = Clock::now();
-  int64_t mine = 0;
+  Beat mine;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [p, stuck] : got) {
-      heard_[p] = now;
-      peer_stuck_ms_[p] = stuck;
-    }
-    mine = stuck_ms(now);
+    for (const auto& [p, beat] : got) heard(p, beat, now);
+    mine = Beat{seq_++, stuck_ms(now)};
   }
+  if (sockets_) sockets_->send(mine);
+  if (!paths_.mpi) return;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || broken_[p]) continue;
     int done = 1;
@@ -171,7 +220,8 @@ void MpiHeartbeat::exchange() {
     }
     if (!done) continue;  // a slow or dead peer: never more than one message queued for it
     send_buf_[p] = mine;
-    if (MPI_Isend(&send_buf_[p], 1, MPI_INT64_T, p, 0, comm_, &send_req_[p]) != MPI_SUCCESS)
+    if (MPI_Isend(&send_buf_[p], kBeatWords, MPI_INT64_T, p, 0, comm_, &send_req_[p]) !=
+        MPI_SUCCESS)
       broken_[p] = 1;
   }
 }

@@ -9,6 +9,11 @@
 // was stopped (SIGSTOP) falls silent, and a wait gives up once a peer has been silent for the
 // watchdog time.
 //
+// The beats travel twice: over MPI, and over a TCP connection of their own between every pair
+// of ranks (BeatSockets), because MPI's share the data's connection and on a slow link wait
+// behind every byte of the all-to-all already queued to that peer (seconds). Each beat is
+// numbered; the newest from either path counts, an older one that arrives late is ignored.
+//
 // The state sent is how long this rank has been stuck: waiting in collectives of which none
 // finished (or -1 once one of its waits failed: it will not join any more). Once no peer is
 // working — every one stuck for the watchdog time or given up — nobody works towards the
@@ -22,11 +27,13 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "dist/beat_sockets.h"
 #include "dist/mpi_util.h"
 
 namespace duet {
@@ -36,9 +43,20 @@ class MpiHeartbeat {
   using Clock = std::chrono::steady_clock;
   static constexpr std::chrono::milliseconds kBeat{100};
 
-  // Collective: duplicates MPI_COMM_WORLD, giving up after startup_deadline (throws duet::Error
-  // and sets *abandoned) if a rank never joins. Starts the thread.
-  MpiHeartbeat(std::chrono::milliseconds startup_deadline, bool* abandoned);
+  struct Paths {
+    bool mpi = true;      // beats over MPI
+    bool sockets = true;  // beats over BeatSockets (where a pair could connect)
+  };
+
+  // Collective: duplicates MPI_COMM_WORLD and connects the beat sockets, giving up after
+  // startup_deadline (throws duet::Error and sets *abandoned) if a rank never joins. Starts the
+  // thread. `paths`: which ways beats travel (both but in tests).
+  MpiHeartbeat(std::chrono::milliseconds startup_deadline, bool* abandoned, Paths paths);
+  MpiHeartbeat(std::chrono::milliseconds startup_deadline, bool* abandoned)
+      : MpiHeartbeat(startup_deadline, abandoned, Paths{}) {}
+
+  // Peers connected by beat sockets (for tests and logs).
+  int n_socket_peers() const { return sockets_ ? sockets_->n_connected() : 0; }
   ~MpiHeartbeat() { stop(); }
   MpiHeartbeat(const MpiHeartbeat&) = delete;
   MpiHeartbeat& operator=(const MpiHeartbeat&) = delete;
@@ -64,6 +82,8 @@ class MpiHeartbeat {
   // message has left. Only on the thread.
   void exchange();
   int64_t stuck_ms(Clock::time_point now) const;  // REQUIRES: mu_ held
+  // A beat from `peer`: counts if newer than the last one heard. REQUIRES: mu_ held.
+  void heard(int peer, const Beat& beat, Clock::time_point now);
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
@@ -76,8 +96,12 @@ class MpiHeartbeat {
   Clock::time_point stuck_since_;         // GUARDED_BY(mu_) last progress, while n_waiting_ > 0
   std::vector<Clock::time_point> heard_;  // GUARDED_BY(mu_) [size] last message from each rank
   std::vector<int64_t> peer_stuck_ms_;    // GUARDED_BY(mu_) [size] the state in that message
+  std::vector<int64_t> peer_seq_;         // GUARDED_BY(mu_) [size] that message's number
   // Only the thread (and stop() after joining it) touches these.
-  std::vector<int64_t> send_buf_, recv_buf_;      // [size] one message per peer in flight
+  Paths paths_;
+  int64_t seq_ = 0;                               // the number of this rank's next beat
+  std::unique_ptr<BeatSockets> sockets_;          // null without Paths::sockets
+  std::vector<Beat> send_buf_, recv_buf_;         // [size] one MPI message per peer in flight
   std::vector<MPI_Request> send_req_, recv_req_;  // [size]
   std::vector<char> broken_;                      // [size] peers whose MPI calls failed
   bool clean_ = true;                             // stop()'s answer, once stopped

@@ -34,20 +34,16 @@ inline void check_mpi(int rc, const char* what) {
 // starts, before any has a heartbeat to show it alive.
 inline constexpr int kStartupWatchdogs = 5;
 
-// MPI_Comm_dup(MPI_COMM_WORLD) that gives up after `deadline` instead of blocking forever when a
-// rank died before joining it: posts MPI_Comm_idup and polls it with short naps. On expiry throws
-// duet::Error naming `what`; the request is then abandoned (*abandoned set: MPI_Finalize must not
-// run). The duplicate's errors return (MPI_ERRORS_RETURN).
-inline MPI_Comm dup_world(const char* what, std::chrono::milliseconds deadline, bool* abandoned) {
-  MPI_Comm comm = MPI_COMM_NULL;
-  MPI_Request req = MPI_REQUEST_NULL;
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  check_mpi(MPI_Comm_idup(MPI_COMM_WORLD, &comm, &req), what);
+// Waits for `req`, a start-up collective just posted, polling it with short naps; after
+// `deadline` throws duet::Error naming `what` and sets *abandoned (the request stays pending:
+// MPI_Finalize must not run).
+inline void wait_within(MPI_Request* req, const char* what, std::chrono::milliseconds deadline,
+                        bool* abandoned) {
   const auto t0 = std::chrono::steady_clock::now();
   for (auto nap = std::chrono::microseconds(10);; nap = std::min(2 * nap, decltype(nap)(5000))) {
     int done = 0;
-    check_mpi(MPI_Test(&req, &done, MPI_STATUS_IGNORE), what);
-    if (done) break;
+    check_mpi(MPI_Test(req, &done, MPI_STATUS_IGNORE), what);
+    if (done) return;
     const auto waited = std::chrono::steady_clock::now() - t0;
     if (waited >= deadline) {
       *abandoned = true;
@@ -61,6 +57,16 @@ inline MPI_Comm dup_world(const char* what, std::chrono::milliseconds deadline, 
     }
     std::this_thread::sleep_for(nap);
   }
+}
+
+// MPI_Comm_dup(MPI_COMM_WORLD) that gives up after `deadline` instead of blocking forever when a
+// rank died before joining it (wait_within). The duplicate's errors return (MPI_ERRORS_RETURN).
+inline MPI_Comm dup_world(const char* what, std::chrono::milliseconds deadline, bool* abandoned) {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  check_mpi(MPI_Comm_idup(MPI_COMM_WORLD, &comm, &req), what);
+  wait_within(&req, what, deadline, abandoned);
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
   return comm;
 }

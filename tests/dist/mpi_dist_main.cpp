@@ -22,6 +22,7 @@
 #include "core/error.h"
 #include "dist/collective_checks.h"
 #include "dist/mpi_backend.h"
+#include "dist/mpi_heartbeat.h"
 
 namespace duet {
 namespace {
@@ -160,6 +161,21 @@ TEST(MpiHeartbeat, BusyPeerIsWaitedFor) {
     EXPECT_GT(s_coord, 2.0 * watchdog.count() / 1000);
     EXPECT_GT(s_data, 2.0 * watchdog.count() / 1000);
   }
+}
+
+// The beats' own TCP connections alone keep every peer heard (the MPI path off), and the test
+// can fail: with neither path the peers fall silent.
+TEST(MpiHeartbeat, SocketBeatsAloneShowPeersAlive) {
+  DistContext ctx = make_mpi_context();
+  const std::chrono::milliseconds watchdog(1000);
+  bool abandoned = false;
+  MpiHeartbeat sockets_only(std::chrono::seconds(20), &abandoned, {/*mpi=*/false, /*sockets=*/true});
+  MpiHeartbeat neither(std::chrono::seconds(20), &abandoned, {/*mpi=*/false, /*sockets=*/false});
+  EXPECT_EQ(sockets_only.n_socket_peers(), ctx.world_size() - 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  EXPECT_EQ(sockets_only.verdict(watchdog), "");
+  EXPECT_NE(neither.verdict(watchdog).find("sent no heartbeat"), std::string::npos);
+  ctx.coord().barrier();  // nobody stops beating before every rank has judged
 }
 
 TEST(MpiWatchdog, StoppedRankIsReported) {
