@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <climits>
 #include <condition_variable>
+#include <cstring>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -211,8 +213,15 @@ class MpiChannel {
     wait_all(req_out, 1, what);
   }
 
-  // Waits for reqs[0, n), all posted already, the same way.
-  void wait_all(MPI_Request* reqs, int n, const char* what) {
+  // Waits for reqs[0, n), all posted already, the same way. Each request that completes while
+  // others remain tells the heartbeat that this wait moves (a large transfer posted in chunks
+  // shows it is flowing, however long the whole takes on a slow link).
+  //
+  // `then`, if given, is called for each request that completes, with its index and status; it
+  // may post a follow-up into *next (a transfer's next chunk), which takes the finished one's
+  // place and is waited for too.
+  using Then = std::function<void(int i, const MPI_Status& status, MPI_Request* next)>;
+  void wait_all(MPI_Request* reqs, int n, const char* what, const Then& then = nullptr) {
     const Clock::time_point t0 = Clock::now();
     Clock::time_point next_verdict = t0 + watchdog_;
     auto nap = std::chrono::microseconds(2);
@@ -222,12 +231,33 @@ class MpiChannel {
       bool finished = false;
       ~Leave() { hb.leave_wait(finished); }
     } leave{heartbeat_};
+    statuses(n);
+    indices_.resize(static_cast<size_t>(n));
+    some_.resize(static_cast<size_t>(n));
+    int left = 0;
+    for (int i = 0; i < n; ++i) left += reqs[i] != MPI_REQUEST_NULL;
     for (;;) {
-      int done = 0;
-      check_mpi(MPI_Testall(n, reqs, &done, statuses(n)), what);
-      if (done) {
+      int got = 0;
+      if (left > 0) {
+        check_mpi(MPI_Testsome(n, reqs, &got, indices_.data(), some_.data()), what);
+        if (got == MPI_UNDEFINED) got = left;  // none active: every request is done
+        for (int i = 0; i < got && i < n; ++i) statuses_[size_t(indices_[i])] = some_[size_t(i)];
+        left -= got;
+        for (int i = 0; then && i < got && i < n; ++i) {
+          const int k = indices_[size_t(i)];
+          then(k, statuses_[size_t(k)], &reqs[k]);
+          left += reqs[k] != MPI_REQUEST_NULL;
+        }
+      }
+      if (left == 0) {
         leave.finished = true;
         return;
+      }
+      if (got > 0) {
+        heartbeat_.progress();
+        next_verdict = Clock::now() + watchdog_;
+        nap = std::chrono::microseconds(2);
+        continue;
       }
       CommThread::keepalive();  // this wait's own watchdog is in charge
       const Clock::time_point now = Clock::now();
@@ -247,9 +277,6 @@ class MpiChannel {
     }
   }
 
-  // The status of request i of the last wait_all (MPI_Get_count reads it).
-  const MPI_Status& status(int i) const { return statuses_[static_cast<size_t>(i)]; }
-
  private:
   MPI_Status* statuses(int n) {
     statuses_.resize(static_cast<size_t>(n));
@@ -257,6 +284,8 @@ class MpiChannel {
   }
 
   std::vector<MPI_Status> statuses_;
+  std::vector<int> indices_;        // wait_all's MPI_Testsome output, reused
+  std::vector<MPI_Status> some_;    // [n] its statuses, in completion order
   std::chrono::milliseconds watchdog_;
   MpiHeartbeat& heartbeat_;
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -264,6 +293,11 @@ class MpiChannel {
   int size_ = 1;
   bool healthy_ = true;  // only the owning thread touches the channel
 };
+
+// The largest message all_to_all_v posts: larger parts travel as several, so that a wait on a
+// slow link sees chunks complete (1 MiB: 0.1 s at 100 Mbit/s; below the 4 MiB that Open MPI's
+// TCP transport sends eagerly, mpi_tcp_defaults).
+constexpr int64_t kChunkBytes = int64_t(1) << 20;
 
 int to_int(int64_t v, const char* what) {
   if (v < 0 || v > INT_MAX) DUET_ERROR(what << ": " << v << " bytes exceed MPI's int counts");
@@ -309,54 +343,92 @@ class MpiOps final : public CollectiveOps {
   int rank() const override { return ch_.rank(); }
   int world_size() const override { return ch_.size(); }
 
+  // Point to point in chunks of at most kChunkBytes, every receive and send posted at once (the
+  // peers in ring order from this rank); this rank's own part is copied. Each chunk completes on
+  // its own, which the wait reports as progress: a transfer that takes longer than the watchdog
+  // time on a slow link is not taken for ranks out of step while its chunks keep arriving.
+  // Messages between two ranks on one tag arrive in the order sent, so chunk i meets receive i.
   void all_to_all_v(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
                     const std::vector<int64_t>& recv_bytes) override {
+    constexpr int kTag = 12;
     const int n = ch_.size();
-    sc_.resize(n), sd_.resize(n), rc_.resize(n), rd_.resize(n);
-    int64_t so = 0, ro = 0;
+    const int me = ch_.rank();
+    std::vector<int64_t> so(size_t(n) + 1, 0), ro(size_t(n) + 1, 0);  // offsets
     for (int r = 0; r < n; ++r) {
-      sc_[r] = to_int(send_bytes[r], "all_to_all_v"), sd_[r] = to_int(so, "all_to_all_v");
-      rc_[r] = to_int(recv_bytes[r], "all_to_all_v"), rd_[r] = to_int(ro, "all_to_all_v");
-      so += send_bytes[r], ro += recv_bytes[r];
+      so[r + 1] = so[r] + send_bytes[r];
+      ro[r + 1] = ro[r] + recv_bytes[r];
     }
-    MPI_Request req = MPI_REQUEST_NULL;
-    ch_.wait(&req, "all_to_all_v",
-             MPI_Ialltoallv(send, sc_.data(), sd_.data(), MPI_BYTE, recv, rc_.data(), rd_.data(),
-                            MPI_BYTE, ch_.comm(), &req));
+    DUET_CHECK(send_bytes[me] == recv_bytes[me], "all_to_all_v: " << send_bytes[me]
+                                                    << " bytes to itself, " << recv_bytes[me]
+                                                    << " expected");
+    reqs_.clear();
+    const auto post = [&](bool receive, int r) {
+      uint8_t* base = receive ? static_cast<uint8_t*>(recv) + ro[r]
+                              : static_cast<uint8_t*>(const_cast<void*>(send)) + so[r];
+      const int64_t bytes = receive ? recv_bytes[r] : send_bytes[r];
+      for (int64_t off = 0; off < bytes; off += kChunkBytes) {
+        const int len = static_cast<int>(std::min(kChunkBytes, bytes - off));
+        MPI_Request req = MPI_REQUEST_NULL;
+        check_mpi(receive ? MPI_Irecv(base + off, len, MPI_BYTE, r, kTag, ch_.comm(), &req)
+                          : MPI_Isend(base + off, len, MPI_BYTE, r, kTag, ch_.comm(), &req),
+                  receive ? "all_to_all_v (receive)" : "all_to_all_v (send)");
+        reqs_.push_back(req);
+      }
+    };
+    for (int i = 1; i < n; ++i) post(true, (me + n - i) % n);
+    for (int i = 1; i < n; ++i) post(false, (me + i) % n);
+    if (send_bytes[me] > 0)
+      std::memcpy(static_cast<uint8_t*>(recv) + ro[me], static_cast<const uint8_t*>(send) + so[me],
+                  size_t(send_bytes[me]));
+    ch_.wait_all(reqs_.data(), static_cast<int>(reqs_.size()), "all_to_all_v");
   }
 
-  // Point to point on the data communicator: one receive of up to the capacity from every rank
-  // and one send to every rank (empty ones included, so each receive has its message), all
-  // posted at once; the lengths come from the statuses.
+  // Point to point on the data communicator, every receive and send posted at once, the
+  // lengths unknown to the receivers. A part below kChunkBytes is one message (low_latency's
+  // decode steps); a longer one travels as chunks of kChunkBytes ended by a shorter one
+  // (possibly empty), and the receiver posts each next chunk's receive when the previous one
+  // arrives full, so that the wait sees progress on a slow link (see all_to_all_v).
   void all_to_all_bounded(const void* send, const std::vector<int64_t>& send_bytes,
                           const std::vector<int64_t>& send_room, void* recv,
                           const std::vector<int64_t>& recv_capacity,
                           std::vector<int64_t>* recv_bytes) override {
     constexpr int kTag = 11;
     const int n = ch_.size();
-    reqs_.assign(static_cast<size_t>(2 * n), MPI_REQUEST_NULL);  // receives, then sends
-    int64_t so = 0, ro = 0;
-    for (int r = 0; r < n; ++r) {
-      check_mpi(MPI_Irecv(static_cast<uint8_t*>(recv) + ro,
-                          to_int(recv_capacity[r], "all_to_all_bounded"), MPI_BYTE, r, kTag,
-                          ch_.comm(), &reqs_[r]),
+    reqs_.assign(static_cast<size_t>(n), MPI_REQUEST_NULL);  // one receive per rank, then sends
+    recv_bytes->assign(static_cast<size_t>(n), 0);
+    std::vector<int64_t> ro(size_t(n), 0);  // where each rank's part starts in recv
+    for (int r = 1; r < n; ++r) ro[r] = ro[r - 1] + recv_capacity[r - 1];
+    const auto post_receive = [&](int r, MPI_Request* req) {
+      const int64_t room = recv_capacity[r] - (*recv_bytes)[r];
+      check_mpi(MPI_Irecv(static_cast<uint8_t*>(recv) + ro[r] + (*recv_bytes)[r],
+                          to_int(std::min(room, kChunkBytes), "all_to_all_bounded"), MPI_BYTE, r,
+                          kTag, ch_.comm(), req),
                 "all_to_all_bounded (receive)");
-      ro += recv_capacity[r];
-    }
+    };
+    for (int r = 0; r < n; ++r) post_receive(r, &reqs_[r]);
+    int64_t so = 0;
     for (int r = 0; r < n; ++r) {
-      check_mpi(MPI_Isend(static_cast<const uint8_t*>(send) + so,
-                          to_int(send_bytes[r], "all_to_all_bounded"), MPI_BYTE, r, kTag,
-                          ch_.comm(), &reqs_[n + r]),
-                "all_to_all_bounded (send)");
+      const uint8_t* base = static_cast<const uint8_t*>(send) + so;
+      // Full chunks, then the part left (< kChunkBytes, possibly empty) that ends the transfer.
+      for (int64_t off = 0;; off += kChunkBytes) {
+        const int64_t len = std::min(kChunkBytes, send_bytes[r] - off);
+        MPI_Request req = MPI_REQUEST_NULL;
+        check_mpi(MPI_Isend(base + off, to_int(len, "all_to_all_bounded"), MPI_BYTE, r, kTag,
+                            ch_.comm(), &req),
+                  "all_to_all_bounded (send)");
+        reqs_.push_back(req);
+        if (len < kChunkBytes) break;
+      }
       so += send_room[r];
     }
-    ch_.wait_all(reqs_.data(), 2 * n, "all_to_all_bounded");
-    recv_bytes->assign(static_cast<size_t>(n), 0);
-    for (int r = 0; r < n; ++r) {
-      int count = 0;
-      MPI_Get_count(&ch_.status(r), MPI_BYTE, &count);
-      (*recv_bytes)[r] = count;
-    }
+    ch_.wait_all(reqs_.data(), static_cast<int>(reqs_.size()), "all_to_all_bounded",
+                 [&](int i, const MPI_Status& status, MPI_Request* next) {
+                   if (i >= n) return;  // a send
+                   int count = 0;
+                   MPI_Get_count(&status, MPI_BYTE, &count);
+                   (*recv_bytes)[i] += count;
+                   if (count == kChunkBytes) post_receive(i, next);  // more follows
+                 });
   }
 
   void all_gather(const void* send, int64_t bytes, void* recv) override {
@@ -376,8 +448,7 @@ class MpiOps final : public CollectiveOps {
 
  private:
   MpiChannel ch_;
-  std::vector<int> sc_, sd_, rc_, rd_;  // [world_size] counts and displacements, reused
-  std::vector<MPI_Request> reqs_;      // all_to_all_bounded's requests, reused
+  std::vector<MPI_Request> reqs_;  // the all-to-alls' requests, reused
 };
 
 RankInfo rank_info() {

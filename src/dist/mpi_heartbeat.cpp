@@ -113,6 +113,11 @@ void MpiHeartbeat::leave_wait(bool finished) {
   gave_up_ |= !finished;
 }
 
+void MpiHeartbeat::progress() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (n_waiting_ > 0) stuck_since_ = Clock::now();
+}
+
 int64_t MpiHeartbeat::stuck_ms(Clock::time_point now) const {
   if (gave_up_) return -1;
   if (n_waiting_ == 0) return 0;

@@ -15,7 +15,8 @@
 // numbered; the newest from either path counts, an older one that arrives late is ignored.
 //
 // The state sent is how long this rank has been stuck: waiting in collectives of which none
-// finished (or -1 once one of its waits failed: it will not join any more). Once no peer is
+// finished nor moved a chunk (a transfer on a slow link takes seconds but completes chunk by
+// chunk, MpiChannel) (or -1 once one of its waits failed: it will not join any more). Once no peer is
 // working — every one stuck for the watchdog time or given up — nobody works towards the
 // collectives they wait for (their sequences are out of step) and waiting longer would hang, so
 // the wait gives up too.
@@ -66,6 +67,9 @@ class MpiHeartbeat {
   // Thread-safe: any number of waits may be in progress at once.
   void enter_wait();
   void leave_wait(bool finished);
+  // A wait in progress saw part of its collective complete (a chunk of a transfer arrived or
+  // left): the waits are not stuck. Thread-safe.
+  void progress();
 
   // For a wait that has lasted longer than `watchdog`: why to give up now (a peer silent for
   // the watchdog time, a peer that gave up, or every rank stuck), or "" while some peer is

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <numeric>
 #include <vector>
 
 #include "dist/dist_context.h"
@@ -73,6 +74,62 @@ inline void check_all_to_all_bounded(DistContext& ctx) {
     for (int64_t i = 0; i < 3; ++i) {
       EXPECT_EQ(recv[s * 3 + i], i < n_vals(s, me) ? val(s, me, i) : -1) << "from rank " << s;
     }
+  }
+}
+
+// Parts of 0, 1 MiB (exactly one of MPI's chunks), 2 MiB + 12 and 1 MiB - 4 bytes, through
+// all_to_all_v and all_to_all_bounded (some receivers' rooms exactly the part, so the chunk
+// that ends a transfer is empty and fills nothing): every byte arrives where it belongs.
+inline void check_large_transfers(DistContext& ctx) {
+  const int n = ctx.world_size(), me = ctx.rank();
+  constexpr int64_t kMiB = int64_t(1) << 20;
+  const auto part = [](int s, int r) {  // bytes from s to r
+    const int64_t sizes[4] = {0, kMiB, 2 * kMiB + 12, kMiB - 4};
+    return sizes[(s + 2 * r) % 4];
+  };
+  const auto value = [](int s, int r, int64_t i) { return int32_t(s * 1000003 + r * 7919 + i); };
+  std::vector<int64_t> send_bytes, recv_bytes, room, capacity;
+  for (int r = 0; r < n; ++r) {
+    send_bytes.push_back(part(me, r));
+    recv_bytes.push_back(part(r, me));
+    room.push_back(2 * kMiB + 64);
+    capacity.push_back(part(r, me) + ((r + me) % 2 ? 0 : 64));
+  }
+  std::vector<int32_t> send;
+  for (int r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < part(me, r) / 4; ++i) send.push_back(value(me, r, i));
+  }
+  // all_to_all_v: parts packed
+  std::vector<int32_t> recv(size_t(std::accumulate(recv_bytes.begin(), recv_bytes.end(), int64_t(0)) / 4), -1);
+  ctx.comm().all_to_all_v(send.data(), send_bytes, recv.data(), recv_bytes);
+  size_t k = 0;
+  for (int s = 0; s < n; ++s) {
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < part(s, me) / 4; ++i) wrong += recv[k++] != value(s, me, i);
+    EXPECT_EQ(wrong, 0) << "all_to_all_v from rank " << s;
+  }
+  // all_to_all_bounded: parts in rooms of 2 MiB + 64 bytes on the sending side
+  std::vector<int32_t> roomy(size_t(n) * size_t(room[0] / 4), 0);
+  for (int r = 0, at = 0; r < n; ++r) {
+    std::copy(send.begin() + at, send.begin() + at + part(me, r) / 4,
+              roomy.begin() + r * (room[0] / 4));
+    at += int(part(me, r) / 4);
+  }
+  std::vector<int32_t> bounded(size_t(std::accumulate(capacity.begin(), capacity.end(), int64_t(0)) / 4), -1);
+  std::vector<int64_t> got;
+  ctx.comm()
+      .start("bounded large", [&](CollectiveOps& ops) {
+        ops.all_to_all_bounded(roomy.data(), send_bytes, room, bounded.data(), capacity, &got);
+      })
+      .wait();
+  ASSERT_EQ(got.size(), size_t(n));
+  k = 0;
+  for (int s = 0; s < n; ++s) {
+    EXPECT_EQ(got[s], part(s, me)) << "all_to_all_bounded from rank " << s;
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < part(s, me) / 4; ++i) wrong += bounded[k + size_t(i)] != value(s, me, i);
+    EXPECT_EQ(wrong, 0) << "all_to_all_bounded from rank " << s;
+    k += size_t(capacity[s] / 4);
   }
 }
 
@@ -150,6 +207,7 @@ inline void check_every_collective(DistContext& ctx) {
   check_all_to_all_v(ctx, true);
   check_all_to_all_v_zero(ctx);
   check_all_to_all_bounded(ctx);
+  check_large_transfers(ctx);
   check_all_gather(ctx);
   check_all_reduce(ctx);
   check_in_flight(ctx);
