@@ -32,7 +32,9 @@ struct Hello {
 // How long one address may take to answer before the next is tried.
 constexpr std::chrono::milliseconds kAttempt{1000};
 
-void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
+void set_nonblocking(int fd) {
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
 
 void set_nodelay(int fd) {
   int one = 1;
@@ -97,7 +99,7 @@ struct Attempt {
   bool dialing = true;  // connector side: still connecting (else waiting for the answer)
   size_t address = 0;   // connector side: which of the peer's addresses
   Clock::time_point since;
-  std::string got;      // bytes of the hello (listener side) or answer (connector side)
+  std::string got;  // bytes of the hello (listener side) or answer (connector side)
 };
 
 }  // namespace

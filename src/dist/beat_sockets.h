@@ -58,8 +58,8 @@ class BeatSockets {
 
   int rank_ = 0;
   int size_ = 1;
-  std::vector<int> fd_;                 // [size] the connection to each peer, -1 if none
-  std::vector<std::string> out_, in_;   // [size] bytes not yet sent / a beat not yet whole
+  std::vector<int> fd_;                // [size] the connection to each peer, -1 if none
+  std::vector<std::string> out_, in_;  // [size] bytes not yet sent / a beat not yet whole
 };
 
 }  // namespace duet

@@ -10,9 +10,9 @@
 #include <algorithm>
 #include <climits>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <functional>
-#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -284,8 +284,8 @@ class MpiChannel {
   }
 
   std::vector<MPI_Status> statuses_;
-  std::vector<int> indices_;        // wait_all's MPI_Testsome output, reused
-  std::vector<MPI_Status> some_;    // [n] its statuses, in completion order
+  std::vector<int> indices_;      // wait_all's MPI_Testsome output, reused
+  std::vector<MPI_Status> some_;  // [n] its statuses, in completion order
   std::chrono::milliseconds watchdog_;
   MpiHeartbeat& heartbeat_;
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -359,8 +359,8 @@ class MpiOps final : public CollectiveOps {
       ro[r + 1] = ro[r] + recv_bytes[r];
     }
     DUET_CHECK(send_bytes[me] == recv_bytes[me], "all_to_all_v: " << send_bytes[me]
-                                                    << " bytes to itself, " << recv_bytes[me]
-                                                    << " expected");
+                                                                  << " bytes to itself, "
+                                                                  << recv_bytes[me] << " expected");
     reqs_.clear();
     const auto post = [&](bool receive, int r) {
       uint8_t* base = receive ? static_cast<uint8_t*>(recv) + ro[r]

@@ -38,8 +38,7 @@ constexpr int kBeatWords = sizeof(Beat) / sizeof(int64_t);
 
 }  // namespace
 
-MpiHeartbeat::MpiHeartbeat(std::chrono::milliseconds startup_deadline, bool* abandoned,
-                           Paths paths)
+MpiHeartbeat::MpiHeartbeat(std::chrono::milliseconds startup_deadline, bool* abandoned, Paths paths)
     : paths_(paths) {
   comm_ = dup_world("the heartbeat's communicator", startup_deadline, abandoned);
   MPI_Comm_rank(comm_, &rank_);

@@ -16,8 +16,8 @@
 //
 // The state sent is how long this rank has been stuck: waiting in collectives of which none
 // finished nor moved a chunk (a transfer on a slow link takes seconds but completes chunk by
-// chunk, MpiChannel) (or -1 once one of its waits failed: it will not join any more). Once no peer is
-// working — every one stuck for the watchdog time or given up — nobody works towards the
+// chunk, MpiChannel) (or -1 once one of its waits failed: it will not join any more). Once no peer
+// is working — every one stuck for the watchdog time or given up — nobody works towards the
 // collectives they wait for (their sequences are out of step) and waiting longer would hang, so
 // the wait gives up too.
 //

@@ -45,7 +45,8 @@ std::vector<std::unique_ptr<BeatSockets>> connect_ranks(int n, ThreadExchange& e
   std::vector<std::unique_ptr<BeatSockets>> s(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] { s[size_t(r)] = std::make_unique<BeatSockets>(r, n, ex.for_rank(r), deadline); });
+    threads.emplace_back(
+        [&, r] { s[size_t(r)] = std::make_unique<BeatSockets>(r, n, ex.for_rank(r), deadline); });
   for (std::thread& t : threads) t.join();
   return s;
 }

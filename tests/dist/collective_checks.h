@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include <string>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "dist/dist_context.h"
@@ -100,7 +100,8 @@ inline void check_large_transfers(DistContext& ctx) {
     for (int64_t i = 0; i < part(me, r) / 4; ++i) send.push_back(value(me, r, i));
   }
   // all_to_all_v: parts packed
-  std::vector<int32_t> recv(size_t(std::accumulate(recv_bytes.begin(), recv_bytes.end(), int64_t(0)) / 4), -1);
+  std::vector<int32_t> recv(
+      size_t(std::accumulate(recv_bytes.begin(), recv_bytes.end(), int64_t(0)) / 4), -1);
   ctx.comm().all_to_all_v(send.data(), send_bytes, recv.data(), recv_bytes);
   size_t k = 0;
   for (int s = 0; s < n; ++s) {
@@ -115,19 +116,23 @@ inline void check_large_transfers(DistContext& ctx) {
               roomy.begin() + r * (room[0] / 4));
     at += int(part(me, r) / 4);
   }
-  std::vector<int32_t> bounded(size_t(std::accumulate(capacity.begin(), capacity.end(), int64_t(0)) / 4), -1);
+  std::vector<int32_t> bounded(
+      size_t(std::accumulate(capacity.begin(), capacity.end(), int64_t(0)) / 4), -1);
   std::vector<int64_t> got;
   ctx.comm()
-      .start("bounded large", [&](CollectiveOps& ops) {
-        ops.all_to_all_bounded(roomy.data(), send_bytes, room, bounded.data(), capacity, &got);
-      })
+      .start("bounded large",
+             [&](CollectiveOps& ops) {
+               ops.all_to_all_bounded(roomy.data(), send_bytes, room, bounded.data(), capacity,
+                                      &got);
+             })
       .wait();
   ASSERT_EQ(got.size(), size_t(n));
   k = 0;
   for (int s = 0; s < n; ++s) {
     EXPECT_EQ(got[s], part(s, me)) << "all_to_all_bounded from rank " << s;
     int64_t wrong = 0;
-    for (int64_t i = 0; i < part(s, me) / 4; ++i) wrong += bounded[k + size_t(i)] != value(s, me, i);
+    for (int64_t i = 0; i < part(s, me) / 4; ++i)
+      wrong += bounded[k + size_t(i)] != value(s, me, i);
     EXPECT_EQ(wrong, 0) << "all_to_all_bounded from rank " << s;
     k += size_t(capacity[s] / 4);
   }

@@ -9,8 +9,8 @@
 // the watchdog time; the job then ends with MPI_Abort, so that ctest checks the printed message
 // rather than the exit status.
 #include <gtest/gtest.h>
-#include <signal.h>
 #include <mpi.h>
+#include <signal.h>
 
 #include <chrono>
 #include <cstdio>
@@ -169,7 +169,8 @@ TEST(MpiHeartbeat, SocketBeatsAloneShowPeersAlive) {
   DistContext ctx = make_mpi_context();
   const std::chrono::milliseconds watchdog(1000);
   bool abandoned = false;
-  MpiHeartbeat sockets_only(std::chrono::seconds(20), &abandoned, {/*mpi=*/false, /*sockets=*/true});
+  MpiHeartbeat sockets_only(std::chrono::seconds(20), &abandoned,
+                            {/*mpi=*/false, /*sockets=*/true});
   MpiHeartbeat neither(std::chrono::seconds(20), &abandoned, {/*mpi=*/false, /*sockets=*/false});
   EXPECT_EQ(sockets_only.n_socket_peers(), ctx.world_size() - 1);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
