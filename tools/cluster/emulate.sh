@@ -36,7 +36,7 @@ Options:
                      behave like N hosts of F cores each instead of sharing cores: a rank that
                      waits on its link leaves its share unused, as a separate host's core would
                      stay idle (default: no cap)
-  --cpu-period TIME  the cap's period (default 10ms): the rank may run F × TIME in each TIME
+  --cpu-period TIME  the cap's period (default 2ms): the rank may run F × TIME in each TIME
   --mpirun-arg ARG   one more argument for mpirun (repeatable), e.g. --mpirun-arg=--tag-output
   --unsupported-status CODE
                      exit with CODE instead of 1 when this host cannot emulate a cluster (not
@@ -75,7 +75,7 @@ latency="5ms"
 mtu=1500
 burst=""
 cpus_per_rank=""
-cpu_period="10ms"
+cpu_period="2ms"
 mode="run"
 mpirun_extra=()
 command_args=()
