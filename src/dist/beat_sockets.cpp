@@ -126,6 +126,10 @@ BeatSockets::BeatSockets(int rank, int size, const Exchange& exchange,
   std::ostringstream mine;
   mine << token << ' ' << ntohs(sa.sin_port);
   for (const std::string& a : local_addresses()) mine << ' ' << a;
+  struct Closer {  // the listener goes however this ends (the exchange may throw)
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{listener};
   std::vector<Record> records;
   for (const std::string& r : exchange(mine.str())) records.push_back(parse_record(r));
   DUET_CHECK(static_cast<int>(records.size()) == size_,
@@ -218,7 +222,6 @@ BeatSockets::BeatSockets(int rank, int size, const Exchange& exchange,
     attempts.swap(next);
   }
   for (const Attempt& a : attempts) close(a.fd);
-  close(listener);
 }
 
 BeatSockets::~BeatSockets() {
