@@ -217,7 +217,9 @@ TEST(QuantizeTest, Int4RowMapsTheExtremeToMinus8) {
   EXPECT_EQ(q[33], 4);
   EXPECT_EQ(q[64], -8);
   for (size_t k = 7; k < q.size(); ++k) {
-    if (k != 32 && k != 33 && k != 64) EXPECT_EQ(q[k], 0) << k;
+    if (k != 32 && k != 33 && k != 64) {
+      EXPECT_EQ(q[k], 0) << k;
+    }
   }
 }
 
