@@ -65,8 +65,9 @@ LoadOptions quantized_options(Quantization q) {
 class QuantizedGenerateTest
     : public ::testing::TestWithParam<std::tuple<std::string, DType, Quantization>> {};
 
-// On the decisive prompts (whose margins exceed what rounding x moves), every architecture with
-// f32 and bf16 weights; on every instruction set (tests/cmake/isa.cmake runs this suite per set).
+// On the decisive prompts (whose margins exceed what rounding x moves; for int4 those of the
+// dequantized int4 model), every architecture with f32 and bf16 weights; on every instruction
+// set (tests/cmake/isa.cmake runs this suite per set).
 TEST_P(QuantizedGenerateTest, GreedyTokensEqualTheDequantizedModel) {
   const auto& [arch, weights, quant] = GetParam();
   const std::string dir = test::tiny_model_dir(arch, weights);
@@ -82,7 +83,8 @@ TEST_P(QuantizedGenerateTest, GreedyTokensEqualTheDequantizedModel) {
   EXPECT_EQ(q8->weight_dtype(), weights);  // the KV cache follows the checkpoint's dtype
 
   std::vector<GenerateRequest> reqs;
-  for (std::vector<int32_t>& prompt : test::decisive_prompts(arch, weights)) {
+  for (std::vector<int32_t>& prompt : test::decisive_prompts(
+           arch, weights, quant == Quantization::kInt4 ? "int4" : "")) {
     reqs.emplace_back();
     reqs.back().prompt = std::move(prompt);
     reqs.back().max_tokens = 8;
