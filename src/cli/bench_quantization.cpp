@@ -1,5 +1,5 @@
-// `duet bench latency --quantizations none,int8,int4`: one model loaded once per --quantization, the
-// same batch through each in turn, alternating over rounds in one run (this machine's speed
+// `duet bench latency --quantizations none,int8,int4`: one model loaded once per --quantization,
+// the same batch through each in turn, alternating over rounds in one run (this machine's speed
 // drifts within a minute: only side-by-side figures compare). Prints per quantization the
 // medians of prefill and decode tok/s, their ratios to the first, decode bytes per step and
 // decode against the bandwidth limit for those bytes.

@@ -83,8 +83,8 @@ TEST_P(QuantizedGenerateTest, GreedyTokensEqualTheDequantizedModel) {
   EXPECT_EQ(q8->weight_dtype(), weights);  // the KV cache follows the checkpoint's dtype
 
   std::vector<GenerateRequest> reqs;
-  for (std::vector<int32_t>& prompt : test::decisive_prompts(
-           arch, weights, quant == Quantization::kInt4 ? "int4" : "")) {
+  for (std::vector<int32_t>& prompt :
+       test::decisive_prompts(arch, weights, quant == Quantization::kInt4 ? "int4" : "")) {
     reqs.emplace_back();
     reqs.back().prompt = std::move(prompt);
     reqs.back().max_tokens = 8;
@@ -153,27 +153,22 @@ TEST_P(QuantizedEpTest, ExpertParallelEqualsSingleRank) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, QuantizedEpTest,
-                         ::testing::Values(EpCase{"qwen3_moe", 2, All2AllBackend::kHighThroughput},
-                                           EpCase{"qwen3_moe", 4, All2AllBackend::kLowLatency},
-                                           EpCase{"deepseek_v2", 2, All2AllBackend::kLowLatency},
-                                           EpCase{"deepseek_v3", 2,
-                                                  All2AllBackend::kHighThroughput},
-                                           EpCase{"mixtral", 2, All2AllBackend::kHighThroughput},
-                                           EpCase{"qwen3_moe", 2, All2AllBackend::kHighThroughput,
-                                                  Quantization::kInt4},
-                                           EpCase{"qwen3_moe", 4, All2AllBackend::kLowLatency,
-                                                  Quantization::kInt4},
-                                           EpCase{"deepseek_v3", 2, All2AllBackend::kLowLatency,
-                                                  Quantization::kInt4},
-                                           EpCase{"mixtral", 2, All2AllBackend::kHighThroughput,
-                                                  Quantization::kInt4}),
-                         [](const ::testing::TestParamInfo<EpCase>& info) {
-                           return std::string(info.param.arch) + "_ep" +
-                                  std::to_string(info.param.world) + "_" +
-                                  all2all_backend_name(info.param.backend) +
-                                  (info.param.quantization == Quantization::kInt4 ? "_int4" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Archs, QuantizedEpTest,
+    ::testing::Values(EpCase{"qwen3_moe", 2, All2AllBackend::kHighThroughput},
+                      EpCase{"qwen3_moe", 4, All2AllBackend::kLowLatency},
+                      EpCase{"deepseek_v2", 2, All2AllBackend::kLowLatency},
+                      EpCase{"deepseek_v3", 2, All2AllBackend::kHighThroughput},
+                      EpCase{"mixtral", 2, All2AllBackend::kHighThroughput},
+                      EpCase{"qwen3_moe", 2, All2AllBackend::kHighThroughput, Quantization::kInt4},
+                      EpCase{"qwen3_moe", 4, All2AllBackend::kLowLatency, Quantization::kInt4},
+                      EpCase{"deepseek_v3", 2, All2AllBackend::kLowLatency, Quantization::kInt4},
+                      EpCase{"mixtral", 2, All2AllBackend::kHighThroughput, Quantization::kInt4}),
+    [](const ::testing::TestParamInfo<EpCase>& info) {
+      return std::string(info.param.arch) + "_ep" + std::to_string(info.param.world) + "_" +
+             all2all_backend_name(info.param.backend) +
+             (info.param.quantization == Quantization::kInt4 ? "_int4" : "");
+    });
 
 }  // namespace
 }  // namespace duet

@@ -158,7 +158,8 @@ TEST_P(QuantizedKernelTest, RoundTripIsExactOnTheGrid) {
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t g = 0; g * kQ8Group < cols; ++g) {
         // 4 significant bits: d · q is exact in bf16 for |q| ≤ 8 and in f32 for any q here.
-        const float d = (sign(rng) ? -1.0f : 1.0f) * std::ldexp(float(mantissa(rng)), exponent(rng));
+        const float d =
+            (sign(rng) ? -1.0f : 1.0f) * std::ldexp(float(mantissa(rng)), exponent(rng));
         const int64_t k0 = g * kQ8Group, n = std::min(kQ8Group, cols - k0);
         for (int64_t i = 0; i < n; ++i) w[r * cols + k0 + i] = d * float(q_of(rng));
         w[r * cols + k0 + n / 2] = d * (q4 ? -8.0f : (sign(rng) ? 127.0f : -127.0f));
