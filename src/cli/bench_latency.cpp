@@ -262,8 +262,9 @@ void add_bench_latency(CLI::App& bench) {
                   "(plain, overlap, multistepN, overlap+multistepN; comma-separated) and "
                   "compare decode tok/s and the step gap");
   cmd->add_option("--quantizations", o->quantizations,
-                  "Load the model once per --quantization (comma-separated, e.g. none,int8) and "
-                  "compare prefill and decode tok/s, alternating over --rounds");
+                  "Load the model once per --quantization (comma-separated, e.g. "
+                  "none,int8,int4) and compare prefill and decode tok/s, alternating over "
+                  "--rounds");
   cmd->add_option("--rounds", o->rounds,
                   "Rounds of --scheduler-modes or --quantizations (default 3)")
       ->check(CLI::PositiveNumber);

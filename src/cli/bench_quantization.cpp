@@ -1,5 +1,5 @@
-// `duet bench latency --quantizations none,int8`: one model loaded once per --quantization, the
-// same batch through each in turn, alternating over rounds in one run (this machine's speed
+// `duet bench latency --quantizations none,int8,int4`: one model loaded once per --quantization,
+// the same batch through each in turn, alternating over rounds in one run (this machine's speed
 // drifts within a minute: only side-by-side figures compare). Prints per quantization the
 // medians of prefill and decode tok/s, their ratios to the first, decode bytes per step and
 // decode against the bandwidth limit for those bytes.
@@ -32,7 +32,7 @@ std::vector<Quantization> parse_list(const std::string& list) {
   std::vector<Quantization> qs;
   std::stringstream in(list);
   for (std::string name; std::getline(in, name, ',');) qs.push_back(parse_quantization(name));
-  if (qs.empty()) DUET_ERROR("--quantizations: expected a list such as none,int8");
+  if (qs.empty()) DUET_ERROR("--quantizations: expected a list such as none,int8,int4");
   return qs;
 }
 

@@ -35,8 +35,8 @@ struct AlternatingBenchOptions {
 // mode ("plain,overlap,multistep4,overlap+multistep4"; bench_schedule.cpp).
 void run_schedule_bench(const AlternatingBenchOptions& o);
 
-// `duet bench latency --quantizations none,int8`: the batch through the model loaded under each
-// --quantization (bench_quantization.cpp).
+// `duet bench latency --quantizations none,int8,int4`: the batch through the model loaded under
+// each --quantization (bench_quantization.cpp).
 void run_quantization_bench(const AlternatingBenchOptions& o);
 
 void add_make_model_command(CLI::App& app);

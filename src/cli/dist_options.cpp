@@ -107,8 +107,9 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
                 "Multiply attention, dense MLP and output weights as stored, without the copy "
                 "re-laid as panels at load (slower from a few sequences on; saves that memory)");
   cmd->add_option("--quantization", o.quantization,
-                  "Quantize the weights at load: none (default) | int8 (groups of 32 columns with "
-                  "an f32 scale; every linear layer but the embeddings, routers and MLA's kv_b)");
+                  "Quantize the weights at load: none (default) | int8 | int4 (groups of 32 "
+                  "columns with an f32 scale; every linear layer but the embeddings, routers and "
+                  "MLA's kv_b)");
   cmd->add_flag("--batch-invariant", o.batch_invariant,
                 "Batch-invariant products (as vLLM's batch-invariant mode): a sequence's logits, "
                 "and a greedy request's text, are the same alone and in any batch; prefill is "

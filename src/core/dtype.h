@@ -9,21 +9,28 @@ namespace duet {
 
 // kF8E4M3: OCP FP8 E4M3 codes (kernels/fp8_rows.h), stored as fp8 checkpoints publish them,
 // with one f32 scale per block of weights beside them (Matrix::f8).
-// kQ8 is a weight layout of its own (--quantization int8, kernels/quantize.h), never a file's:
-// int8 values in groups of kQ8Group columns, each group with one f32 scale.
-enum class DType { kF32, kF16, kBF16, kF8E4M3, kQ8 };
+// kQ8 and kQ4 are weight layouts of their own (--quantization int8 | int4, kernels/quantize.h),
+// never a file's: int8 or int4 values in groups of kQ8Group columns, each group with one f32
+// scale.
+enum class DType { kF32, kF16, kBF16, kF8E4M3, kQ8, kQ4 };
 
-// Bytes per element; for kF8E4M3 and kQ8 those of the codes or int8 values, the scales apart
-// (Matrix::nbytes).
+// The weights quantized at load, whose products quantize x to int8 (kernels/matmul_q8_impl.h).
+inline bool is_int_quantized(DType t) {
+  return t == DType::kQ8 || t == DType::kQ4;
+}
+
+// Bytes per element; for kF8E4M3 and kQ8 those of the codes or int8 values, the scales apart;
+// kQ4 packs two values in a byte and is sized by Matrix::nbytes alone (1 here).
 inline size_t dtype_size(DType t) {
-  if (t == DType::kF8E4M3 || t == DType::kQ8) return 1;
+  if (t == DType::kF8E4M3 || is_int_quantized(t)) return 1;
   return t == DType::kF32 ? 4 : 2;
 }
 
 // kQ8: columns per group (one scale each), as llama.cpp's Q8_0; rows are padded with zeros to a
 // multiple of kQ8Align columns (q8_ld) and, in blocks of kQ8BlockRows rows, interleaved so that
 // one 64-byte vector holds 4 bytes of each of 4 groups of each of the block's rows
-// (kernels/quantize.h).
+// (kernels/quantize.h). kQ4 has the same groups, blocks and scales, a block's superblock in half
+// the bytes.
 constexpr int64_t kQ8Group = 32;
 constexpr int64_t kQ8Align = 128;
 constexpr int64_t kQ8BlockRows = 4;
@@ -41,6 +48,8 @@ inline const char* dtype_name(DType t) {
       return "F8_E4M3";
     case DType::kQ8:
       return "Q8";
+    case DType::kQ4:
+      return "Q4";
   }
   return "?";
 }

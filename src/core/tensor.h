@@ -31,25 +31,26 @@ struct Matrix {
   static constexpr int64_t kPanelRows = 64;
 
   DType dtype = DType::kF32;  // kF32, kBF16 or kF8E4M3 (f16 files are widened to f32 at load),
-                              // or kQ8 (quantized at load)
+                              // or kQ8, kQ4 (quantized at load)
   int64_t rows = 0;
   int64_t cols = 0;
-  const void* data = nullptr;  // kQ8: blocks of kQ8BlockRows rows (kernels/quantize.h)
+  const void* data = nullptr;  // kQ8, kQ4: blocks of kQ8BlockRows rows (kernels/quantize.h)
   // Optional: the same weights, in the same dtype, re-laid once at load time as panels of
   // kPanelRows rows each stored column by column, for the matmul kernels that multiply many
   // tokens by a panel at once (kernels/matmul.h, pack_panels). Element (r, k) sits at
   // panels[((r / kPanelRows) * cols + k) * kPanelRows + r % kPanelRows]; rows past `rows` in the
   // last panel are zero. [ceil(rows / kPanelRows), cols, kPanelRows] dtype, or null.
   const void* panels = nullptr;
-  // kQ8 only: the f32 scale of each group, blocked as `data` (kernels/quantize.h).
+  // kQ8 and kQ4 only: the f32 scale of each group, blocked as `data` (kernels/quantize.h).
   const float* scales = nullptr;
 
-  // Bytes of the weights as stored (int8 values and scales for kQ8), panels apart.
+  // Bytes of the weights as stored (int8 or int4 values and scales for kQ8, kQ4), panels apart.
   uint64_t nbytes() const {
-    if (dtype != DType::kQ8) return static_cast<uint64_t>(rows * cols) * dtype_size(dtype);
+    if (!is_int_quantized(dtype)) return static_cast<uint64_t>(rows * cols) * dtype_size(dtype);
     const int64_t blocks = (rows + kQ8BlockRows - 1) / kQ8BlockRows;
+    const uint64_t group_bytes = dtype == DType::kQ4 ? kQ8Group / 2 : kQ8Group;
     return static_cast<uint64_t>(blocks * kQ8BlockRows * (q8_ld(cols) / kQ8Group)) *
-           (kQ8Group + sizeof(float));
+           (group_bytes + sizeof(float));
   }
 
   // --- fp8 (dtype kF8E4M3 only) ---
@@ -68,14 +69,14 @@ struct Matrix {
   // --- end fp8 ---
 
   // Rows [r0, r0 + n) as a matrix of their own (e.g. one expert's slice or one head). Keeps the
-  // panels when r0 starts one. For kQ8, r0 must start a block of kQ8BlockRows rows.
+  // panels when r0 starts one. For kQ8 and kQ4, r0 must start a block of kQ8BlockRows rows.
   Matrix row_slice(int64_t r0, int64_t n) const {
     Matrix m = *this;
     m.rows = n;
     m.f8.row0 += r0;  // fp8
-    if (dtype == DType::kQ8) {
+    if (is_int_quantized(dtype)) {
       if (r0 % kQ8BlockRows != 0) throw std::logic_error("row_slice of int8 rows mid-block");
-      m.data = static_cast<const uint8_t*>(data) + r0 * q8_ld(cols);
+      m.data = static_cast<const uint8_t*>(data) + r0 * q8_ld(cols) / (dtype == DType::kQ4 ? 2 : 1);
       m.scales = scales + r0 * (q8_ld(cols) / kQ8Group);
       return m;
     }

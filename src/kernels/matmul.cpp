@@ -126,7 +126,7 @@ void scalar_matmul_xw_range(const Matrix& w, const float* x, int64_t n_tokens, f
 
 void check_args(const char* op, const Matrix& w, const void* x, int64_t n_tokens, const float* y) {
   DUET_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kBF16 || w.dtype == DType::kF8E4M3 ||
-                 w.dtype == DType::kQ8,
+                 is_int_quantized(w.dtype),
              op << ": weight dtype " << dtype_name(w.dtype) << " is not supported");
   DUET_CHECK(w.dtype != DType::kF8E4M3 ||
                  (w.f8.scale_inv && w.f8.block_rows > 0 && w.f8.block_cols > 0 && !w.panels),
@@ -188,7 +188,7 @@ std::atomic<bool> g_batch_invariant{false};  // set_matmul_batch_invariant
 // ones, for f32 weights on an AVX-512 BF16 CPU too; vdpbf16ps and scalar read the rows). Never
 // while batch-invariant.
 bool reads_panels(simd::Isa isa, const Matrix& w, int64_t n_tokens) {
-  return w.dtype != DType::kQ8 && w.panels && n_tokens >= matmul_impl::kPanelMinTokens &&
+  return !is_int_quantized(w.dtype) && w.panels && n_tokens >= matmul_impl::kPanelMinTokens &&
          isa != simd::Isa::kScalar && !matmul_impl::rounds_x(isa, w.dtype) &&
          !g_batch_invariant.load(std::memory_order_relaxed);
 }
@@ -214,7 +214,7 @@ namespace matmul_impl {
 
 XRows direct_x(simd::Isa isa, const Matrix& w, XRows x, int64_t n_tokens, XBuffer& buf) {
   const int64_t cols = w.cols;
-  if (w.dtype == DType::kQ8) {  // int8 weights (matmul_q8.cpp)
+  if (is_int_quantized(w.dtype)) {  // int8 or int4 weights (matmul_q8.cpp)
     XRows q(static_cast<const float*>(nullptr));
     q.q8 = &matmul_q8::quantize_x(x, cols, n_tokens, buf.q8, matmul_q8::kernel_for(isa));
     return q;
@@ -242,7 +242,7 @@ void matmul_with(simd::Isa isa, Path path, ThreadPool& pool, const Matrix& w_in,
     std::fill(y, y + n_tokens * w_in.rows, 0.0f);
     return;
   }
-  if (w_in.dtype == DType::kQ8) {  // int8 weights (matmul_q8.cpp): batch-invariant as they are
+  if (is_int_quantized(w_in.dtype)) {  // int8/int4 weights (matmul_q8.cpp): batch-invariant
     matmul_q8::matmul_with(matmul_q8::kernel_for(isa), pool, w_in, x, n_tokens, y);
     return;
   }
@@ -280,7 +280,7 @@ void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, XRows x, int64_
     for (int64_t t = 0; t < n_tokens; ++t) std::fill_n(y + t * ldy, r_end - r_begin, 0.0f);
     return;
   }
-  if (w.dtype == DType::kQ8) {  // int8 weights (matmul_q8.cpp): batch-invariant as they are
+  if (is_int_quantized(w.dtype)) {  // int8/int4 weights (matmul_q8.cpp): batch-invariant
     matmul_q8::rows_from_f32(matmul_q8::kernel_for(isa), w, x, n_tokens, y, ldy, r_begin, r_end);
     return;
   }
@@ -292,7 +292,7 @@ void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, XRows x, int64_
 void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const float* x,
                     int64_t n_tokens, float* y) {
   check_args("matmul_xw", w, x, n_tokens, y);
-  DUET_CHECK(w.dtype != DType::kQ8, "matmul_xw: int8 weights are not supported");
+  DUET_CHECK(!is_int_quantized(w.dtype), "matmul_xw: int8 and int4 weights are not supported");
   check_isa(isa);
   if (n_tokens == 0 || w.cols == 0) return;
   if (w.rows == 0) {
@@ -334,7 +334,7 @@ void pack_panels_of(const W* w, int64_t rows, int64_t cols, W* dst) {
 
 void pack_panels(const Matrix& w, void* dst) {
   check_args("pack_panels", w, w.data, 1, static_cast<const float*>(dst));
-  DUET_CHECK(w.dtype != DType::kQ8, "pack_panels: int8 weights have no panels");
+  DUET_CHECK(!is_int_quantized(w.dtype), "pack_panels: int8 and int4 weights have no panels");
   if (w.rows == 0 || w.cols == 0) return;
   if (w.dtype == DType::kBF16) {
     pack_panels_of(static_cast<const uint16_t*>(w.data), w.rows, w.cols,
@@ -363,7 +363,7 @@ void matmul_xw(ThreadPool& pool, const Matrix& w, const float* x, int64_t n_toke
 void matmul_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y) {
   check_args("matmul_scalar", w, x, n_tokens, y);
   if (n_tokens == 0) return;
-  if (w.dtype == DType::kQ8) {
+  if (is_int_quantized(w.dtype)) {
     matmul_q8::rows_from_f32(matmul_q8::Kernel::kScalar, w, x, n_tokens, y, w.rows, 0, w.rows);
     return;
   }
@@ -372,7 +372,8 @@ void matmul_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y) 
 
 void matmul_xw_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y) {
   check_args("matmul_xw_scalar", w, x, n_tokens, y);
-  DUET_CHECK(w.dtype != DType::kQ8, "matmul_xw_scalar: int8 weights are not supported");
+  DUET_CHECK(!is_int_quantized(w.dtype),
+             "matmul_xw_scalar: int8 and int4 weights are not supported");
   if (n_tokens == 0) return;
   scalar_matmul_xw_range(w, x, n_tokens, y, 0, w.cols);
 }

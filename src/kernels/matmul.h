@@ -1,5 +1,5 @@
-// Matrix products of f32 activations with weight matrices (bf16, f32 or int8: DType::kQ8,
-// kernels/quantize.h), accumulating in f32.
+// Matrix products of f32 activations with weight matrices (bf16, f32, fp8, or int8 and int4:
+// DType::kQ8, kQ4, kernels/quantize.h), accumulating in f32.
 // The SIMD path (AVX-512 BF16, AVX-512, AVX2, scalar) is chosen once at run time from the CPU's
 // features. With AVX-512 BF16, products with bf16 weights round x to bf16 first (to nearest
 // even) and multiply bf16 pairs with vdpbf16ps, as llama.cpp and oneDNN do on such CPUs.
@@ -40,7 +40,7 @@ struct XRows {
   const float* base = nullptr;
   const float* const* rows = nullptr;
   const uint16_t* bf16 = nullptr;  // rounded rows, or null
-  const Q8Rows* q8 = nullptr;      // x quantized for kQ8 weights by direct_x, or null
+  const Q8Rows* q8 = nullptr;      // x quantized for kQ8/kQ4 weights by direct_x, or null
   // Contiguous or rounded rows: elements from one row to the next; 0 = the product's cols.
   int64_t ld = 0;
 };

@@ -118,7 +118,7 @@ struct XBuffer {
 // x as the kernels of isa best read it for a product with weights w of n_tokens rows:
 // - rounded to bf16 (round_x, into buf.bf16) where rounds_x(isa, w.dtype), for any token count
 //   and either path;
-// - quantized to int8 (matmul_q8::quantize_x, into buf.q8) for kQ8 weights;
+// - quantized to int8 (matmul_q8::quantize_x, into buf.q8) for kQ8 and kQ4 weights;
 // - x itself where isa's kernels read w from its panels (they broadcast x's elements in place);
 // - else as the direct path reads it: x itself where it reads it in place (few tokens, aligned
 //   rows, or the tiled path), else a copy in aligned rows in buf.f32.

@@ -19,8 +19,8 @@ namespace duet::matmul_q8 {
 namespace {
 
 constexpr int64_t kSuper = kQ8Align;  // columns per superblock: 4 groups
-constexpr int64_t kSuperBytes = 512;  // bytes of a block's superblock: 8 steps of 64
-constexpr int kSteps = 8;             // vectors per superblock
+constexpr int64_t kSuperBytes = 512;  // bytes of a block's kQ8 superblock: 8 steps of 64
+constexpr int kSteps = 8;             // vectors of x per superblock (of kQ8 weights; kQ4: 4)
 constexpr int kLanes = 16;            // (row, group) pairs per block's superblock
 
 // Rows per pool task in matmul_with: few enough to spread one expert's rows over the threads.
@@ -34,6 +34,11 @@ constexpr int64_t kMinParallelMacs = int64_t{1} << 17;
 //   VI dot(acc, w, x)         acc + the step's byte products, 4 per lane (x: 16 bytes)
 //   VF finish(acc, ws, xs, f) f + acc · d_w · d_x, per lane
 //   reduce(f, out)            out[r] = the sum of row r's 4 lanes
+// and for kQ4 weights, whose bytes are u = q + 8 in [0, 15] on every kernel (u · x pairs reach
+// 2 · 15 · 127 < 2^15, so vpmaddubsw takes them unsigned without saturating):
+//   VI init_u4(corr)          -8 · Σ q_x per group (corr / 16, exact)
+//   unpack_u4(w, lo, hi)      64 bytes of nibbles: steps k (low) and k + 4 (high), as bytes
+//   VI dot_u(acc, u, x)       acc + the step's products of unsigned weight bytes
 
 struct Avx512Vnni {
   using VI = __m512i;
@@ -48,6 +53,17 @@ struct Avx512Vnni {
   DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI dot(VI acc, W w, const int8_t* x) {
     const __m512i xb = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
     return _mm512_dpbusd_epi32(acc, w, xb);
+  }
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI init_u4(const int32_t* corr) {
+    return _mm512_srai_epi32(_mm512_loadu_si512(corr), 4);
+  }
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static void unpack_u4(const uint8_t* w, W& lo, W& hi) {
+    const __m512i v = _mm512_loadu_si512(w), nibble = _mm512_set1_epi8(0x0f);
+    lo = _mm512_and_si512(v, nibble);
+    hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+  }
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI dot_u(VI acc, W u, const int8_t* x) {
+    return dot(acc, u, x);
   }
   DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VF zero() { return _mm512_setzero_ps(); }
   DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VF finish(VI acc, const float* ws,
@@ -81,6 +97,19 @@ struct Avx512 {
     const __m512i signed_w =
         _mm512_mask_sub_epi8(w, _mm512_movepi8_mask(xb), _mm512_setzero_si512(), w);
     const __m512i pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(xb), signed_w);
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+  }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VI init_u4(const int32_t* corr) {
+    return _mm512_srai_epi32(_mm512_loadu_si512(corr), 4);
+  }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static void unpack_u4(const uint8_t* w, W& lo, W& hi) {
+    const __m512i v = _mm512_loadu_si512(w), nibble = _mm512_set1_epi8(0x0f);
+    lo = _mm512_and_si512(v, nibble);
+    hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+  }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VI dot_u(VI acc, W u, const int8_t* x) {
+    const __m512i xb = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+    const __m512i pairs = _mm512_maddubs_epi16(u, xb);
     return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
   }
   DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VF zero() { return _mm512_setzero_ps(); }
@@ -126,6 +155,29 @@ struct Avx2 {
     }
     return acc;
   }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VI init_u4(const int32_t* corr) {
+    const auto* p = reinterpret_cast<const __m256i*>(corr);
+    return {{_mm256_srai_epi32(_mm256_loadu_si256(p), 4),
+             _mm256_srai_epi32(_mm256_loadu_si256(p + 1), 4)}};
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static void unpack_u4(const uint8_t* w, W& lo, W& hi) {
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    const auto* p = reinterpret_cast<const __m256i*>(w);
+    for (int i = 0; i < 2; ++i) {
+      const __m256i v = _mm256_loadu_si256(p + i);
+      lo.h[i] = _mm256_and_si256(v, nibble);
+      hi.h[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+    }
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VI dot_u(VI acc, const W& u, const int8_t* x) {
+    const __m256i xb =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+    for (int i = 0; i < 2; ++i) {
+      const __m256i pairs = _mm256_maddubs_epi16(u.h[i], xb);
+      acc.h[i] = _mm256_add_epi32(acc.h[i], _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+    }
+    return acc;
+  }
   DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VF zero() {
     return {{_mm256_setzero_ps(), _mm256_setzero_ps()}};
   }
@@ -151,7 +203,7 @@ struct Avx2 {
 
 // A register block's operands: one block of 4 weight rows, up to kTokens tokens.
 struct Block {
-  const uint8_t* w;      // the block's values
+  const uint8_t* w;      // the block's values (kQ8 or kQ4, as the block function)
   const float* ws;       // the block's scales
   const int8_t* x;       // token t0's values
   const float* xs;       // token t0's scales
@@ -185,14 +237,14 @@ using K = Avx2;
 #undef DUET_SIMD_TARGET
 }  // namespace avx2
 
-BlockFn block_fn(Kernel k, int n_tokens) {
+BlockFn block_fn(Kernel k, DType dtype, int n_tokens) {
   switch (k) {
     case Kernel::kAvx512Vnni:
-      return avx512vnni::block_fn(n_tokens);
+      return avx512vnni::block_fn(dtype, n_tokens);
     case Kernel::kAvx512:
-      return avx512::block_fn(n_tokens);
+      return avx512::block_fn(dtype, n_tokens);
     case Kernel::kAvx2:
-      return avx2::block_fn(n_tokens);
+      return avx2::block_fn(dtype, n_tokens);
     case Kernel::kScalar:
       break;
   }
@@ -202,6 +254,7 @@ BlockFn block_fn(Kernel k, int n_tokens) {
 void simd_rows(Kernel k, const Matrix& w, const Q8Rows& x, int64_t n_tokens, float* y, int64_t ldy,
                int64_t r_begin, int64_t r_end) {
   const int64_t ld = x.ld, n_super = ld / kSuper;
+  const int64_t block_bytes = kQ8BlockRows * ld / (w.dtype == DType::kQ4 ? 2 : 1);
   const auto* wq = static_cast<const uint8_t*>(w.data);
   for (int64_t rb = r_begin / kQ8BlockRows; rb * kQ8BlockRows < r_end; ++rb) {
     const int64_t r0 = rb * kQ8BlockRows;
@@ -209,7 +262,7 @@ void simd_rows(Kernel k, const Matrix& w, const Q8Rows& x, int64_t n_tokens, flo
     const int r_count = static_cast<int>(std::min(r0 + kQ8BlockRows, r_end) - r0) - r_first;
     for (int64_t t = 0; t < n_tokens;) {
       const int n_tok = static_cast<int>(std::min<int64_t>(kTokens, n_tokens - t));
-      const Block b{wq + r0 * ld,
+      const Block b{wq + rb * block_bytes,
                     w.scales + rb * n_super * kLanes,
                     x.q + t * ld,
                     x.scales + t * n_super * kLanes,
@@ -219,7 +272,7 @@ void simd_rows(Kernel k, const Matrix& w, const Q8Rows& x, int64_t n_tokens, flo
                     ldy,
                     r_first,
                     r_count};
-      block_fn(k, n_tok)(b);
+      block_fn(k, w.dtype, n_tok)(b);
       t += n_tok;
     }
   }
@@ -248,7 +301,7 @@ int64_t x_offset(int64_t k) {
 }
 
 void check_q8(const char* op, const Matrix& w) {
-  DUET_CHECK(w.dtype == DType::kQ8 && (w.rows * w.cols == 0 || (w.data && w.scales)),
+  DUET_CHECK(is_int_quantized(w.dtype) && (w.rows * w.cols == 0 || (w.data && w.scales)),
              op << ": weights " << dtype_name(w.dtype) << " [" << w.rows << ", " << w.cols
                 << "] at " << w.data << ", scales at " << w.scales);
 }

@@ -1,29 +1,49 @@
 // Private to matmul_q8.cpp, included once per instruction set inside a namespace that defines
 // K (the vector operations of one kernel) and DUET_SIMD_TARGET (its target attribute): the
-// register block of the int8 products.
+// register block of the products with int8 and int4 weights.
 
-// One block of 4 weight rows × kT tokens. Per superblock, the int32 sums of its 16 (row, group)
-// pairs build up over 8 steps for each token, each step's weights loaded once for the kT tokens;
+// One block of 4 weight rows × kT tokens of kQ8 weights (kBits 8) or kQ4 ones (kBits 4). Per
+// superblock, the int32 sums of its 16 (row, group) pairs build up over 8 steps for each token,
+// each step's weights loaded (kQ4: unpacked, two steps from one vector) once for the kT tokens;
 // then they are scaled into the token's f32 accumulator.
-template <int kT>
+template <int kT, int kBits>
 DUET_SIMD_TARGET void block(const Block& b) {
   using VF = typename K::VF;
   using VI = typename K::VI;
+  using W = typename K::W;
+  constexpr int64_t kBytes = kSuperBytes * kBits / 8;  // of a block's superblock
   const int64_t n_super = b.ld / kSuper;
   VF accf[kT];
 #pragma GCC unroll 8
   for (int t = 0; t < kT; ++t) accf[t] = K::zero();
   for (int64_t s = 0; s < n_super; ++s) {
     VI acc[kT];
-#pragma GCC unroll 8
-    for (int t = 0; t < kT; ++t) acc[t] = K::init(b.corr + (t * n_super + s) * kLanes);
-    const uint8_t* w = b.w + s * kSuperBytes;
+    const int32_t* corr = b.corr + s * kLanes;
+    const uint8_t* w = b.w + s * kBytes;
     const int8_t* x = b.x + s * kSuper;
+    if constexpr (kBits == 8) {
 #pragma GCC unroll 8
-    for (int k = 0; k < kSteps; ++k) {
-      const typename K::W wk = K::prep(w + k * 64);
+      for (int t = 0; t < kT; ++t) acc[t] = K::init(corr + t * n_super * kLanes);
 #pragma GCC unroll 8
-      for (int t = 0; t < kT; ++t) acc[t] = K::dot(acc[t], wk, x + t * b.ld + k * 16);
+      for (int k = 0; k < kSteps; ++k) {
+        const W wk = K::prep(w + k * 64);
+#pragma GCC unroll 8
+        for (int t = 0; t < kT; ++t) acc[t] = K::dot(acc[t], wk, x + t * b.ld + k * 16);
+      }
+    } else {
+      static_assert(kBits == 4);
+#pragma GCC unroll 8
+      for (int t = 0; t < kT; ++t) acc[t] = K::init_u4(corr + t * n_super * kLanes);
+#pragma GCC unroll 4
+      for (int k = 0; k < kSteps / 2; ++k) {
+        W lo, hi;
+        K::unpack_u4(w + k * 64, lo, hi);
+#pragma GCC unroll 8
+        for (int t = 0; t < kT; ++t) {
+          acc[t] = K::dot_u(acc[t], lo, x + t * b.ld + k * 16);
+          acc[t] = K::dot_u(acc[t], hi, x + t * b.ld + (k + kSteps / 2) * 16);
+        }
+      }
     }
 #pragma GCC unroll 8
     for (int t = 0; t < kT; ++t) {
@@ -38,9 +58,12 @@ DUET_SIMD_TARGET void block(const Block& b) {
   }
 }
 
-// block<n_tokens> for n_tokens in [1, kTokens].
-inline BlockFn block_fn(int n_tokens) {
+// block<n_tokens, bits of dtype> for n_tokens in [1, kTokens], dtype kQ8 or kQ4.
+inline BlockFn block_fn(DType dtype, int n_tokens) {
   static_assert(kTokens == 4);
-  static constexpr BlockFn kTable[kTokens] = {&block<1>, &block<2>, &block<3>, &block<4>};
-  return kTable[n_tokens - 1];
+  static constexpr BlockFn kQ8Table[kTokens] = {&block<1, 8>, &block<2, 8>, &block<3, 8>,
+                                                &block<4, 8>};
+  static constexpr BlockFn kQ4Table[kTokens] = {&block<1, 4>, &block<2, 4>, &block<3, 4>,
+                                                &block<4, 4>};
+  return (dtype == DType::kQ4 ? kQ4Table : kQ8Table)[n_tokens - 1];
 }

@@ -1,7 +1,7 @@
-// Private to src/kernels and its tests: products with int8 weights (DType::kQ8, quantize.h).
-// x is quantized too, per token in the weights' groups (scale max|x| / 127, as llama.cpp's Q8_0
-// × Q8_0 dot product does), so each group's dot product is exact in int32 and only the scaling
-// and the sum over groups run in f32:
+// Private to src/kernels and its tests: products with int8 or int4 weights (DType::kQ8, kQ4,
+// quantize.h). x is quantized to int8, per token in the weights' groups (scale max|x| / 127, as
+// llama.cpp's Q8_0 × Q8_0 and Q4_0 × Q8_0 dot products do), so each group's dot product is exact
+// in int32 and only the scaling and the sum over groups run in f32:
 //   y[t, r] = Σ_g d_w[r, g] · d_x[t, g] · Σ_{k in g} q_w[r, k] · q_x[t, k].
 // Every kernel computes the same integer sums of each group from the same quantized x; they
 // differ only in the order of the f32 additions.
@@ -17,7 +17,8 @@
 
 namespace duet {
 
-// x quantized for a product with kQ8 weights of `cols` columns: n_tokens rows of ld = q8_ld(cols)
+// x quantized for a product with kQ8 or kQ4 weights of `cols` columns: n_tokens rows of
+// ld = q8_ld(cols)
 // values, in the order of the weights' superblocks (kernels/quantize.h).
 struct Q8Rows {
   // [n_tokens, ld / 128, 8, 4, 4] int8 q_x, zero past cols: bytes [16k + 4j, 16k + 4j + 4) of
@@ -27,7 +28,7 @@ struct Q8Rows {
   // [n_tokens, ld / 128, 16] f32: lane 4r + j holds the scale d_x of group j of the superblock.
   const float* scales = nullptr;
   // [n_tokens, ld / 128, 16] int32: lane 4r + j holds -128 · Σ q_x over group j, which takes the
-  // +128 of the weights' bytes back out of a vpdpbusd sum.
+  // +128 of the weights' bytes back out of a vpdpbusd sum (kQ4: corr / 16 takes their +8 out).
   const int32_t* corr = nullptr;
   int64_t ld = 0;
 };
@@ -35,6 +36,8 @@ struct Q8Rows {
 namespace matmul_q8 {
 
 // The kernels, one per instruction set; each SIMD one is tested against kScalar.
+// kQ4 weights run the same kernels, their nibbles unpacked to bytes q + 8, which every kernel
+// multiplies unsigned (vpmaddubsw or vpdpbusd) with x, started from -8 · Σ x.
 enum class Kernel {
   kScalar,      // plain loops, integer group sums, f64 accumulation: the reference
   kAvx2,        // vpmaddubsw + vpmaddwd on |x| and w with x's signs, two 32-byte halves
@@ -76,7 +79,7 @@ void rows_with(Kernel k, const Matrix& w, const Q8Rows& x, int64_t n_tokens, flo
 void rows_from_f32(Kernel k, const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
                    int64_t r_begin, int64_t r_end);
 
-// matmul() for kQ8 weights: x quantized once, rows shared out over pool.
+// matmul() for kQ8 and kQ4 weights: x quantized once, rows shared out over pool.
 void matmul_with(Kernel k, ThreadPool& pool, const Matrix& w, const float* x, int64_t n_tokens,
                  float* y);
 

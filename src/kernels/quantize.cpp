@@ -18,7 +18,7 @@ float weight_value(DType dtype, const void* row, int64_t k) {
   return bf16_to_f32(h);
 }
 
-// Offsets of weight (r, k) and of its group's scale in the layout of quantize.h.
+// Offsets of weight (r, k) and of its group's scale in the kQ8 layout of quantize.h.
 int64_t value_offset(int64_t ld, int64_t r, int64_t k) {
   const int64_t lane = (r % kQ8BlockRows) * 4 + (k % kQ8Align) / kQ8Group;
   return (r / kQ8BlockRows) * kQ8BlockRows * ld + (k / kQ8Align) * 512 + (k % kQ8Group) / 4 * 64 +
@@ -29,17 +29,41 @@ int64_t scale_offset(int64_t ld, int64_t r, int64_t k) {
   return (r / kQ8BlockRows) * kQ8BlockRows * (ld / kQ8Group) + (k / kQ8Align) * 16 + lane;
 }
 
+// kQ4: the byte of weight (r, k), and whether it is the high nibble. Element i of a group sits
+// where kQ8 puts element i % 16, in half the bytes (kQ8's steps 0-3 and 4-7 share a vector).
+int64_t q4_offset(int64_t ld, int64_t r, int64_t k) {
+  const int64_t lane = (r % kQ8BlockRows) * 4 + (k % kQ8Align) / kQ8Group;
+  return (r / kQ8BlockRows) * kQ8BlockRows * ld / 2 + (k / kQ8Align) * 256 +
+         (k % (kQ8Group / 2)) / 4 * 64 + lane * 4 + k % 4;
+}
+bool q4_high(int64_t k) {
+  return k % kQ8Group >= kQ8Group / 2;
+}
+
 void check_q8(const Matrix& w, int64_t r, int64_t k) {
-  DUET_CHECK(w.dtype == DType::kQ8 && r >= 0 && r < w.rows && k >= 0 && k < q8_ld(w.cols),
+  DUET_CHECK(is_int_quantized(w.dtype) && r >= 0 && r < w.rows && k >= 0 && k < q8_ld(w.cols),
              "q8 element (" << r << ", " << k << ") of " << dtype_name(w.dtype) << " [" << w.rows
                             << ", " << w.cols << "]");
+}
+
+// The f32 or bf16 weights of the group starting at k0 of a row of `cols`, zero past cols.
+void load_group(DType dtype, const void* row, int64_t cols, int64_t k0, float* w) {
+  DUET_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
+             "quantize: weight dtype " << dtype_name(dtype));
+  const int64_t n = std::clamp<int64_t>(cols - k0, 0, kQ8Group);
+  for (int64_t i = 0; i < kQ8Group; ++i) w[i] = i < n ? weight_value(dtype, row, k0 + i) : 0.0f;
 }
 
 }  // namespace
 
 int q8_value(const Matrix& w, int64_t r, int64_t k) {
   check_q8(w, r, k);
-  return int(static_cast<const uint8_t*>(w.data)[value_offset(q8_ld(w.cols), r, k)]) - 128;
+  const auto* data = static_cast<const uint8_t*>(w.data);
+  if (w.dtype == DType::kQ4) {
+    const uint8_t b = data[q4_offset(q8_ld(w.cols), r, k)];
+    return int(q4_high(k) ? b >> 4 : b & 0x0f) - 8;
+  }
+  return int(data[value_offset(q8_ld(w.cols), r, k)]) - 128;
 }
 
 float q8_scale(const Matrix& w, int64_t r, int64_t k) {
@@ -48,17 +72,13 @@ float q8_scale(const Matrix& w, int64_t r, int64_t k) {
 }
 
 void quantize_row_q8(DType dtype, const void* row, int64_t cols, int8_t* q, float* scales) {
-  DUET_CHECK(dtype == DType::kF32 || dtype == DType::kBF16,
-             "quantize_row_q8: weight dtype " << dtype_name(dtype));
   const int64_t ld = q8_ld(cols);
   float w[kQ8Group];
   for (int64_t g = 0; g < ld / kQ8Group; ++g) {
-    const int64_t k0 = g * kQ8Group, n = std::clamp<int64_t>(cols - k0, 0, kQ8Group);
+    const int64_t k0 = g * kQ8Group;
+    load_group(dtype, row, cols, k0, w);
     float amax = 0.0f;
-    for (int64_t i = 0; i < kQ8Group; ++i) {
-      w[i] = i < n ? weight_value(dtype, row, k0 + i) : 0.0f;
-      amax = std::max(amax, std::fabs(w[i]));
-    }
+    for (float v : w) amax = std::max(amax, std::fabs(v));
     const float d = amax / 127.0f;
     scales[g] = d;
     for (int64_t i = 0; i < kQ8Group; ++i) {
@@ -68,43 +88,71 @@ void quantize_row_q8(DType dtype, const void* row, int64_t cols, int8_t* q, floa
   }
 }
 
-void Q8Matrix::FreeAligned::operator()(void* p) const {
+void quantize_row_q4(DType dtype, const void* row, int64_t cols, int8_t* q, float* scales) {
+  const int64_t ld = q8_ld(cols);
+  float w[kQ8Group];
+  for (int64_t g = 0; g < ld / kQ8Group; ++g) {
+    const int64_t k0 = g * kQ8Group;
+    load_group(dtype, row, cols, k0, w);
+    float m = 0.0f;  // the first weight of largest magnitude
+    for (float v : w) m = std::fabs(v) > std::fabs(m) ? v : m;
+    const float d = m / -8.0f;
+    scales[g] = d;
+    for (int64_t i = 0; i < kQ8Group; ++i) {
+      const float v = d != 0.0f ? round_even(w[i] / d) : 0.0f;
+      q[k0 + i] = static_cast<int8_t>(std::clamp(v, -8.0f, 7.0f));
+    }
+  }
+}
+
+void QuantizedMatrix::FreeAligned::operator()(void* p) const {
   std::free(p);
 }
 
-Q8Matrix::Q8Matrix(const Matrix& w) {
+QuantizedMatrix::QuantizedMatrix(const Matrix& w, DType to) {
+  DUET_CHECK(is_int_quantized(to), "QuantizedMatrix: to " << dtype_name(to));
   DUET_CHECK(w.rows >= 0 && w.cols >= 0 && (w.rows * w.cols == 0 || w.data),
-             "Q8Matrix: [" << w.rows << ", " << w.cols << "] at " << w.data);
+             "QuantizedMatrix: [" << w.rows << ", " << w.cols << "] at " << w.data);
+  const bool q4 = to == DType::kQ4;
   const int64_t ld = q8_ld(w.cols), n_groups = ld / kQ8Group;
   const int64_t padded_rows = (w.rows + kQ8BlockRows - 1) / kQ8BlockRows * kQ8BlockRows;
-  const size_t q_bytes = static_cast<size_t>(padded_rows * ld);
+  const size_t q_bytes = static_cast<size_t>(padded_rows * ld / (q4 ? 2 : 1));
   const size_t bytes = q_bytes + static_cast<size_t>(padded_rows * n_groups) * sizeof(float);
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
-  DUET_CHECK(p, "Q8Matrix: out of memory for " << bytes << " bytes");
+  DUET_CHECK(p, "QuantizedMatrix: out of memory for " << bytes << " bytes");
   mem_.reset(p);
   auto* q = static_cast<uint8_t*>(p);
   auto* scales = reinterpret_cast<float*>(q + q_bytes);
-  std::memset(q, 0x80, q_bytes);  // padding: value 0
+  std::memset(q, q4 ? 0x88 : 0x80, q_bytes);  // padding: value 0
   std::fill_n(scales, padded_rows * n_groups, 0.0f);
   const size_t elem = dtype_size(w.dtype);
   std::vector<int8_t> row_q(static_cast<size_t>(ld));
   std::vector<float> row_scales(static_cast<size_t>(n_groups));
   for (int64_t r = 0; r < w.rows; ++r) {
-    quantize_row_q8(w.dtype, static_cast<const char*>(w.data) + r * w.cols * elem, w.cols,
-                    row_q.data(), row_scales.data());
-    for (int64_t k = 0; k < ld; ++k) q[value_offset(ld, r, k)] = uint8_t(row_q[k] + 128);
+    const void* row = static_cast<const char*>(w.data) + r * w.cols * elem;
+    if (q4) {
+      quantize_row_q4(w.dtype, row, w.cols, row_q.data(), row_scales.data());
+      for (int64_t k = 0; k < ld; ++k) {
+        uint8_t& b = q[q4_offset(ld, r, k)];
+        const auto u = static_cast<uint8_t>(row_q[k] + 8);
+        b = q4_high(k) ? uint8_t((b & 0x0f) | (u << 4)) : uint8_t((b & 0xf0) | u);
+      }
+    } else {
+      quantize_row_q8(w.dtype, row, w.cols, row_q.data(), row_scales.data());
+      for (int64_t k = 0; k < ld; ++k) q[value_offset(ld, r, k)] = uint8_t(row_q[k] + 128);
+    }
     for (int64_t g = 0; g < n_groups; ++g)
       scales[scale_offset(ld, r, g * kQ8Group)] = row_scales[g];
   }
-  view_.dtype = DType::kQ8;
+  view_.dtype = to;
   view_.rows = w.rows;
   view_.cols = w.cols;
   view_.data = q;
   view_.scales = scales;
 }
 
-std::vector<float> dequantize_q8(const Matrix& w) {
-  DUET_CHECK(w.dtype == DType::kQ8, "dequantize_q8: dtype " << dtype_name(w.dtype));
+std::vector<float> dequantize_int(const Matrix& w) {
+  DUET_CHECK(is_int_quantized(w.dtype), "dequantize_int: dtype " << dtype_name(w.dtype));
   std::vector<float> out(static_cast<size_t>(w.rows * w.cols));
   for (int64_t r = 0; r < w.rows; ++r) {
     for (int64_t k = 0; k < w.cols; ++k)

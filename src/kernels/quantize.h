@@ -13,6 +13,17 @@
 // no shuffles; the 16 scales of a block's superblock are stored together in the same order:
 //   data   [rows / 4, ld / 128, 8, 16, 4] uint8, ld = q8_ld(cols)
 //   scales [rows / 4, ld / 128, 16] f32
+//
+// Group-wise symmetric int4 weights (DType::kQ4, --quantization int4): the same groups, each
+// stored as 4-bit values q in [-8, 7] and one f32 scale d = m / -8, m the group's weight of
+// largest magnitude (so m itself is exact, at -8), q = round(w / d) clamped to [-8, 7]: the 16
+// levels of llama.cpp's Q4_0, which has the same rule and an f16 scale.
+// Layout: the blocks, superblocks and scales of kQ8, each block's superblock in 4 vectors of 64
+// bytes: byte i of lane L = 4 · r + j of vector v holds q + 8 of elements 4v + i (low nibble)
+// and 16 + 4v + i (high nibble) of that row's group j, so the low nibbles of vector v are kQ8's
+// step v and the high nibbles its step v + 4:
+//   data   [rows / 4, ld / 128, 4, 16, 4] uint8 (two values each)
+//   scales [rows / 4, ld / 128, 16] f32
 #pragma once
 
 #include <cstdint>
@@ -34,27 +45,43 @@ inline float round_even(float v) {
   return (v + kMagic) - kMagic;
 }
 
-// Value q (in [-127, 127]) and scale d of weight (r, k) of a kQ8 matrix: w ≈ d · q.
+// Quantizes row r of `cols` f32 or bf16 weights into q [q8_ld(cols)] int4 values (in [-8, 7],
+// one an int8) and scales [q8_ld(cols) / kQ8Group] f32, as kQ4 stores them; zero past cols.
+void quantize_row_q4(DType dtype, const void* row, int64_t cols, int8_t* q, float* scales);
+
+// Value q (in [-127, 127] for kQ8, [-8, 7] for kQ4) and scale d of weight (r, k) of a kQ8 or kQ4
+// matrix: w ≈ d · q.
 int q8_value(const Matrix& w, int64_t r, int64_t k);
 float q8_scale(const Matrix& w, int64_t r, int64_t k);
 
 // A quantized copy of a weight matrix, owning its memory (64-byte aligned).
-class Q8Matrix {
+class QuantizedMatrix {
  public:
-  // w (kF32 or kBF16, rows as stored; panels ignored) quantized row by row.
-  explicit Q8Matrix(const Matrix& w);
-  // The kQ8 view, valid as long as this lives.
+  // w (kF32 or kBF16, rows as stored; panels ignored) quantized row by row to `to` (kQ8, kQ4).
+  QuantizedMatrix(const Matrix& w, DType to);
+  // The kQ8 or kQ4 view, valid as long as this lives.
   const Matrix& view() const { return view_; }
 
  private:
   struct FreeAligned {
     void operator()(void* p) const;
   };
-  std::unique_ptr<void, FreeAligned> mem_;  // values, then scales (the layout above)
+  std::unique_ptr<void, FreeAligned> mem_;  // values, then scales (the layouts above)
   Matrix view_;
 };
 
-// w (kQ8) back to f32: [w.rows, w.cols], element (r, c) = scale · q. For tests and references.
-std::vector<float> dequantize_q8(const Matrix& w);
+class Q8Matrix : public QuantizedMatrix {
+ public:
+  explicit Q8Matrix(const Matrix& w) : QuantizedMatrix(w, DType::kQ8) {}
+};
+
+class Q4Matrix : public QuantizedMatrix {
+ public:
+  explicit Q4Matrix(const Matrix& w) : QuantizedMatrix(w, DType::kQ4) {}
+};
+
+// w (kQ8 or kQ4) back to f32: [w.rows, w.cols], element (r, c) = scale · q. For tests and
+// references.
+std::vector<float> dequantize_int(const Matrix& w);
 
 }  // namespace duet

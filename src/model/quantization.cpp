@@ -9,11 +9,25 @@ namespace duet {
 Quantization parse_quantization(const std::string& name) {
   if (name == "none") return Quantization::kNone;
   if (name == "int8") return Quantization::kInt8;
-  DUET_ERROR("--quantization " << name << ": expected none or int8");
+  if (name == "int4") return Quantization::kInt4;
+  DUET_ERROR("--quantization " << name << ": expected none, int8 or int4");
 }
 
 const char* quantization_name(Quantization q) {
-  return q == Quantization::kInt8 ? "int8" : "none";
+  switch (q) {
+    case Quantization::kInt8:
+      return "int8";
+    case Quantization::kInt4:
+      return "int4";
+    case Quantization::kNone:
+      break;
+  }
+  return "none";
+}
+
+DType quantized_dtype(Quantization q) {
+  DUET_CHECK(q != Quantization::kNone, "quantized_dtype: no quantization");
+  return q == Quantization::kInt4 ? DType::kQ4 : DType::kQ8;
 }
 
 bool quantized_at_load(const std::string& name) {

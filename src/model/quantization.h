@@ -4,16 +4,21 @@
 #include <cstdint>
 #include <string>
 
+#include "core/dtype.h"
+
 namespace duet {
 
 enum class Quantization {
   kNone,  // weights as the checkpoint stores them
   kInt8,  // DType::kQ8 (kernels/quantize.h): groups of 32 columns, an f32 scale each
+  kInt4,  // DType::kQ4 (kernels/quantize.h): the same groups of 4-bit values
 };
 
-// "none" | "int8"; anything else throws duet::Error naming the value and the choices.
+// "none" | "int8" | "int4"; anything else throws duet::Error naming the value and the choices.
 Quantization parse_quantization(const std::string& name);
 const char* quantization_name(Quantization q);
+// The weight layout of q (not kNone): kQ8 or kQ4.
+DType quantized_dtype(Quantization q);
 
 // Whether the loader quantizes the matrix `name`: every linear layer's weights (routed and
 // shared experts, dense MLPs, attention projections, the output head) except those read other

@@ -68,6 +68,7 @@ Matrix CheckpointSource::view(const std::string& name, int64_t rows, int64_t col
     case DType::kF8E4M3:
       return fp8_view(name, t, rows, cols);
     case DType::kQ8:
+    case DType::kQ4:
       break;  // never a file's dtype
   }
   throw Error(set_.file_of(name) + ": tensor '" + name + "': unsupported dtype");
@@ -106,9 +107,9 @@ void release_pages(const void* data, size_t bytes) {
 }  // namespace
 
 Matrix CheckpointSource::quantized(const std::string& name, const Matrix& m) {
-  auto it = q8_.find(name);
-  if (it == q8_.end()) {
-    it = q8_.emplace(name, Q8Matrix(m)).first;
+  auto it = quantized_copies_.find(name);
+  if (it == quantized_copies_.end()) {
+    it = quantized_copies_.try_emplace(name, m, quantized_dtype(quantized_.quantization)).first;
     const uint64_t before = bytes_by_name_[name], after = it->second.view().nbytes();
     if (converted_.count(name) == 0) release_pages(m.data, before);
     quantized_.n_matrices += 1;
@@ -123,7 +124,7 @@ Matrix CheckpointSource::matrix(const std::string& name, int64_t rows, int64_t c
                                 Layout layout) {
   Matrix m = view(name, rows, cols);
   // An fp8 checkpoint's fp8 weights are one byte each already: left as they are.
-  if (quantized_.quantization == Quantization::kInt8 && quantized_at_load(name) &&
+  if (quantized_.quantization != Quantization::kNone && quantized_at_load(name) &&
       m.dtype != DType::kF8E4M3) {
     return quantized(name, m);
   }
@@ -148,6 +149,7 @@ const float* CheckpointSource::vector(const std::string& name, int64_t n) {
         throw Error(set_.file_of(name) + ": tensor '" + name +
                     "': is F8_E4M3; fp8 checkpoints keep vectors (norms, biases) in bf16 or f32");
       case DType::kQ8:
+      case DType::kQ4:
         break;  // never a file's dtype
     }
   }

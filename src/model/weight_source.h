@@ -70,7 +70,7 @@ class CheckpointSource final : public WeightSource {
   Matrix fp8_view(const std::string& name, const TensorView& t, int64_t rows, int64_t cols);
   // m with panels: packed once per name, into owned 64-byte aligned memory.
   Matrix with_panels(const std::string& name, Matrix m);
-  // m quantized (kQ8), once per name.
+  // m quantized (kQ8 or kQ4, as the quantization), once per name.
   Matrix quantized(const std::string& name, const Matrix& m);
 
   struct FreeAligned {
@@ -85,7 +85,7 @@ class CheckpointSource final : public WeightSource {
   std::map<std::string, std::unique_ptr<void, FreeAligned>> panels_;  // packed copies, by name
   uint64_t packed_bytes_ = 0;
   std::map<std::string, uint64_t> bytes_by_name_;
-  std::map<std::string, Q8Matrix> q8_;  // quantized copies, by name
+  std::map<std::string, QuantizedMatrix> quantized_copies_;  // by name
   QuantizationReport quantized_;
 };
 

@@ -20,12 +20,17 @@ namespace duet::test {
 // row's scale. Tests that expect the same greedy tokens from two numerics use them. Chosen and
 // checked by the NumPy reference (tests/reference/decisive_prompts.py, the `decisive_prompts`
 // test), stored in tests/engine/decisive_prompts.json: 3 prompts of 5, 9 and 13 tokens.
-inline std::vector<std::vector<int32_t>> decisive_prompts(const std::string& arch, DType dtype) {
+// With `quantization` "int4": prompts on which the model with its int4-quantized matrices
+// dequantized decides so firmly (the 4-bit model departs further from the original than those
+// roundings move it, so the original's prompts need not be its).
+inline std::vector<std::vector<int32_t>> decisive_prompts(const std::string& arch, DType dtype,
+                                                          const std::string& quantization = "") {
   const std::string path = std::string(DUET_SOURCE_DIR) + "/tests/engine/decisive_prompts.json";
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read " + path);
   const nlohmann::json all = nlohmann::json::parse(in);
-  const std::string key = arch + (dtype == DType::kF32 ? "_f32" : "_bf16");
+  const std::string key = arch + (dtype == DType::kF32 ? "_f32" : "_bf16") +
+                          (quantization.empty() ? "" : "_" + quantization);
   if (!all["prompts"].contains(key)) throw std::runtime_error(path + " has no prompts for " + key);
   return all["prompts"][key].get<std::vector<std::vector<int32_t>>>();
 }

@@ -1,7 +1,7 @@
-// --quantization int8 in whole forward passes: the greedy tokens of a model quantized at load
-// equal those of the same model with its weights replaced by their dequantized values (so the
-// two differ only by the rounding of x to int8 inside the products), and expert parallelism with
-// quantized experts gives the single-rank tokens.
+// --quantization int8 and int4 in whole forward passes: the greedy tokens of a model quantized at
+// load equal those of the same model with its weights replaced by their dequantized values (so
+// the two differ only by the rounding of x to int8 inside the products), and expert parallelism
+// with quantized experts gives the single-rank tokens.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -21,9 +21,9 @@
 namespace duet {
 namespace {
 
-// A copy of the model in `dir` whose matrices that --quantization int8 quantizes hold the f32
-// values of their quantized form (d · q); every other tensor and file as it was.
-std::string dequantized_copy(const std::string& dir) {
+// A copy of the model in `dir` whose matrices that --quantization quantizes hold the f32 values
+// of their quantized form (d · q) under q; every other tensor and file as it was.
+std::string dequantized_copy(const std::string& dir, Quantization q) {
   namespace fs = std::filesystem;
   const std::string out = test::make_temp_dir("duet-dequantized-");
   for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
@@ -42,7 +42,7 @@ std::string dequantized_copy(const std::string& dir) {
       m.rows = t.dim(0);
       m.cols = t.dim(1);
       m.data = t.data;
-      const std::vector<float> v = dequantize_q8(Q8Matrix(m).view());
+      const std::vector<float> v = dequantize_int(QuantizedMatrix(m, quantized_dtype(q)).view());
       d.dtype = DType::kF32;
       d.bytes.resize(v.size() * sizeof(float));
       std::memcpy(d.bytes.data(), v.data(), d.bytes.size());
@@ -56,24 +56,26 @@ std::string dequantized_copy(const std::string& dir) {
   return out;
 }
 
-LoadOptions int8_options() {
+LoadOptions quantized_options(Quantization q) {
   LoadOptions o;
-  o.quantization = Quantization::kInt8;
+  o.quantization = q;
   return o;
 }
 
-class QuantizedGenerateTest : public ::testing::TestWithParam<std::tuple<std::string, DType>> {};
+class QuantizedGenerateTest
+    : public ::testing::TestWithParam<std::tuple<std::string, DType, Quantization>> {};
 
-// On the decisive prompts (whose margins exceed what rounding x moves), every architecture with
-// f32 and bf16 weights; on every instruction set (tests/cmake/isa.cmake runs this suite per set).
+// On the decisive prompts (whose margins exceed what rounding x moves; for int4 those of the
+// dequantized int4 model), every architecture with f32 and bf16 weights; on every instruction
+// set (tests/cmake/isa.cmake runs this suite per set).
 TEST_P(QuantizedGenerateTest, GreedyTokensEqualTheDequantizedModel) {
-  const auto& [arch, weights] = GetParam();
+  const auto& [arch, weights, quant] = GetParam();
   const std::string dir = test::tiny_model_dir(arch, weights);
-  std::unique_ptr<Model> q8 = Model::load(dir, int8_options());
-  std::unique_ptr<Model> deq = Model::load(dequantized_copy(dir));
+  std::unique_ptr<Model> q8 = Model::load(dir, quantized_options(quant));
+  std::unique_ptr<Model> deq = Model::load(dequantized_copy(dir, quant));
   std::unique_ptr<Model> plain = Model::load(dir);
   const QuantizationReport& r = q8->quantization();
-  EXPECT_EQ(r.quantization, Quantization::kInt8);
+  EXPECT_EQ(r.quantization, quant);
   EXPECT_GT(r.n_matrices, 0);
   EXPECT_GT(r.bytes_after, 0u);  // the tiny models' 32- and 64-wide rows pad to 128 columns
   EXPECT_EQ(q8->weight_bytes(), plain->weight_bytes() - r.bytes_before + r.bytes_after -
@@ -81,7 +83,8 @@ TEST_P(QuantizedGenerateTest, GreedyTokensEqualTheDequantizedModel) {
   EXPECT_EQ(q8->weight_dtype(), weights);  // the KV cache follows the checkpoint's dtype
 
   std::vector<GenerateRequest> reqs;
-  for (std::vector<int32_t>& prompt : test::decisive_prompts(arch, weights)) {
+  for (std::vector<int32_t>& prompt :
+       test::decisive_prompts(arch, weights, quant == Quantization::kInt4 ? "int4" : "")) {
     reqs.emplace_back();
     reqs.back().prompt = std::move(prompt);
     reqs.back().max_tokens = 8;
@@ -93,20 +96,22 @@ TEST_P(QuantizedGenerateTest, GreedyTokensEqualTheDequantizedModel) {
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, want[i].tokens) << i;
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, QuantizedGenerateTest,
-                         ::testing::Combine(::testing::Values("qwen3_moe", "deepseek_v2",
-                                                              "mixtral"),
-                                            ::testing::Values(DType::kF32, DType::kBF16)),
-                         [](const ::testing::TestParamInfo<std::tuple<std::string, DType>>& info) {
-                           return std::get<0>(info.param) + (std::get<1>(info.param) == DType::kBF16
-                                                                 ? "_bf16_weights"
-                                                                 : "_f32_weights");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Archs, QuantizedGenerateTest,
+    ::testing::Combine(::testing::Values("qwen3_moe", "deepseek_v2", "mixtral"),
+                       ::testing::Values(DType::kF32, DType::kBF16),
+                       ::testing::Values(Quantization::kInt8, Quantization::kInt4)),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, DType, Quantization>>& info) {
+      return std::get<0>(info.param) +
+             (std::get<1>(info.param) == DType::kBF16 ? "_bf16_weights_" : "_f32_weights_") +
+             quantization_name(std::get<2>(info.param));
+    });
 
 struct EpCase {
   const char* arch;
   int world;
   All2AllBackend backend;
+  Quantization quantization = Quantization::kInt8;
 };
 
 class QuantizedEpTest : public ::testing::TestWithParam<EpCase> {};
@@ -118,7 +123,7 @@ TEST_P(QuantizedEpTest, ExpertParallelEqualsSingleRank) {
   const std::vector<GenerateRequest> reqs = test::ep_requests(5);
   std::vector<std::vector<int32_t>> want;
   {
-    std::unique_ptr<Model> m = Model::load(dir, int8_options());
+    std::unique_ptr<Model> m = Model::load(dir, quantized_options(c.quantization));
     ThreadPool pool(1);
     Generator g(*m, pool);
     for (const GenerateResult& r : g.generate(reqs)) want.push_back(r.tokens);
@@ -126,7 +131,7 @@ TEST_P(QuantizedEpTest, ExpertParallelEqualsSingleRank) {
   std::mutex mu;
   run_ranks(c.world, [&](DistContext& ctx) {
     const ExpertPlacement place = place_experts(8, ctx.world_size());
-    LoadOptions opt = int8_options();
+    LoadOptions opt = quantized_options(c.quantization);
     opt.expert_begin = place.begin(ctx.rank());
     opt.expert_end = place.end(ctx.rank());
     std::unique_ptr<Model> m = Model::load(dir, opt);
@@ -148,18 +153,22 @@ TEST_P(QuantizedEpTest, ExpertParallelEqualsSingleRank) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Archs, QuantizedEpTest,
-                         ::testing::Values(EpCase{"qwen3_moe", 2, All2AllBackend::kHighThroughput},
-                                           EpCase{"qwen3_moe", 4, All2AllBackend::kLowLatency},
-                                           EpCase{"deepseek_v2", 2, All2AllBackend::kLowLatency},
-                                           EpCase{"deepseek_v3", 2,
-                                                  All2AllBackend::kHighThroughput},
-                                           EpCase{"mixtral", 2, All2AllBackend::kHighThroughput}),
-                         [](const ::testing::TestParamInfo<EpCase>& info) {
-                           return std::string(info.param.arch) + "_ep" +
-                                  std::to_string(info.param.world) + "_" +
-                                  all2all_backend_name(info.param.backend);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Archs, QuantizedEpTest,
+    ::testing::Values(EpCase{"qwen3_moe", 2, All2AllBackend::kHighThroughput},
+                      EpCase{"qwen3_moe", 4, All2AllBackend::kLowLatency},
+                      EpCase{"deepseek_v2", 2, All2AllBackend::kLowLatency},
+                      EpCase{"deepseek_v3", 2, All2AllBackend::kHighThroughput},
+                      EpCase{"mixtral", 2, All2AllBackend::kHighThroughput},
+                      EpCase{"qwen3_moe", 2, All2AllBackend::kHighThroughput, Quantization::kInt4},
+                      EpCase{"qwen3_moe", 4, All2AllBackend::kLowLatency, Quantization::kInt4},
+                      EpCase{"deepseek_v3", 2, All2AllBackend::kLowLatency, Quantization::kInt4},
+                      EpCase{"mixtral", 2, All2AllBackend::kHighThroughput, Quantization::kInt4}),
+    [](const ::testing::TestParamInfo<EpCase>& info) {
+      return std::string(info.param.arch) + "_ep" + std::to_string(info.param.world) + "_" +
+             all2all_backend_name(info.param.backend) +
+             (info.param.quantization == Quantization::kInt4 ? "_int4" : "");
+    });
 
 }  // namespace
 }  // namespace duet

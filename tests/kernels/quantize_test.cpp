@@ -1,5 +1,5 @@
-// int8 weights (DType::kQ8): the quantization of weights and of x, and every product kernel
-// against the scalar one and against the dequantized f32 matrix.
+// int8 and int4 weights (DType::kQ8, kQ4): the quantization of weights and of x, and every
+// product kernel against the scalar one and against the dequantized f32 matrix, for both.
 #include "kernels/quantize.h"
 
 #include <gtest/gtest.h>
@@ -30,6 +30,14 @@ Matrix f32_matrix(const std::vector<float>& v, int64_t rows, int64_t cols) {
   m.data = v.data();
   return m;
 }
+
+// The parameter of the tests that run on both formats.
+class QuantizedKernelTest : public ::testing::TestWithParam<DType> {
+ protected:
+  QuantizedMatrix quantize(const std::vector<float>& v, int64_t rows, int64_t cols) const {
+    return QuantizedMatrix(f32_matrix(v, rows, cols), GetParam());
+  }
+};
 
 // Normal values; each group of kQ8Group columns of a row gets a magnitude of its own (2^-60 ..
 // 2^60 where `extreme`, else 2^-4 .. 2^4), and about one group in eight is all zero.
@@ -104,7 +112,9 @@ TEST(QuantizeTest, RowIsScaledByItsGroupMaximumAndRoundedToNearest) {
   for (size_t k = 5; k < q.size(); ++k) EXPECT_EQ(q[k], 0) << k;
 }
 
-TEST(QuantizeTest, DequantizedIsWithinHalfAStepAndBf16Matches) {
+// Within half a step, but for int4's weights of the sign opposite to the group's extreme and
+// within half a step of its magnitude (+8 steps, clamped to 7: within a step).
+TEST_P(QuantizedKernelTest, DequantizedIsWithinHalfAStepAndBf16Matches) {
   std::mt19937 rng(5);
   for (int64_t cols : {1, 31, 32, 33, 100, 257}) {
     const int64_t rows = 7;
@@ -114,33 +124,104 @@ TEST(QuantizeTest, DequantizedIsWithinHalfAStepAndBf16Matches) {
     std::vector<float> w16_f32(w.size());
     for (size_t i = 0; i < w.size(); ++i) w16_f32[i] = bf16_to_f32(w16[i]);
 
-    Q8Matrix q(f32_matrix(w16_f32, rows, cols));
+    QuantizedMatrix q = quantize(w16_f32, rows, cols);
     Matrix bf = f32_matrix(w16_f32, rows, cols);
     bf.dtype = DType::kBF16;
     bf.data = w16.data();
-    Q8Matrix qb(bf);
-    EXPECT_EQ(q.view().nbytes(), uint64_t((rows + 3) / 4 * 4 * q8_ld(cols) / 32 * 36));
-    const std::vector<float> d = dequantize_q8(q.view()), db = dequantize_q8(qb.view());
+    QuantizedMatrix qb(bf, GetParam());
+    const uint64_t group_bytes = GetParam() == DType::kQ4 ? 16 + 4 : 32 + 4;
+    EXPECT_EQ(q.view().nbytes(), uint64_t((rows + 3) / 4 * 4 * q8_ld(cols) / 32) * group_bytes);
+    const std::vector<float> d = dequantize_int(q.view()), db = dequantize_int(qb.view());
     EXPECT_EQ(d, db) << "bf16 and its f32 widening quantize alike";
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t k = 0; k < cols; ++k) {
-        const float scale = q8_scale(q.view(), r, k);
-        EXPECT_LE(std::fabs(d[r * cols + k] - w16_f32[r * cols + k]), 0.5f * scale * 1.0001f)
+        const float scale = std::fabs(q8_scale(q.view(), r, k));
+        const bool clamped = GetParam() == DType::kQ4 && q8_value(q.view(), r, k) == 7;
+        EXPECT_LE(std::fabs(d[r * cols + k] - w16_f32[r * cols + k]),
+                  (clamped ? 1.0f : 0.5f) * scale * 1.0001f)
             << "cols " << cols << " r " << r << " k " << k;
       }
     }
   }
 }
 
+// Weights on a group's grid (d · q, one q at the format's extreme, d of any magnitude) come back
+// exactly, from f32 and from bf16: the scale is found exactly and every weight lands on its q.
+TEST_P(QuantizedKernelTest, RoundTripIsExactOnTheGrid) {
+  const bool q4 = GetParam() == DType::kQ4;
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int> q_of(q4 ? -8 : -127, q4 ? 7 : 127), exponent(-60, 60);
+  std::uniform_int_distribution<int> mantissa(8, 15), sign(0, 1);
+  for (int64_t cols : {32, 45, 128, 300}) {
+    const int64_t rows = 6;
+    std::vector<float> w(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t g = 0; g * kQ8Group < cols; ++g) {
+        // 4 significant bits: d · q is exact in bf16 for |q| ≤ 8 and in f32 for any q here.
+        const float d =
+            (sign(rng) ? -1.0f : 1.0f) * std::ldexp(float(mantissa(rng)), exponent(rng));
+        const int64_t k0 = g * kQ8Group, n = std::min(kQ8Group, cols - k0);
+        for (int64_t i = 0; i < n; ++i) w[r * cols + k0 + i] = d * float(q_of(rng));
+        w[r * cols + k0 + n / 2] = d * (q4 ? -8.0f : (sign(rng) ? 127.0f : -127.0f));
+      }
+    }
+    QuantizedMatrix q = quantize(w, rows, cols);
+    EXPECT_EQ(dequantize_int(q.view()), w) << "cols " << cols;
+    if (!q4) continue;
+    std::vector<uint16_t> w16(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      w16[i] = f32_to_bf16(w[i]);
+      ASSERT_EQ(bf16_to_f32(w16[i]), w[i]);
+    }
+    Matrix bf = f32_matrix(w, rows, cols);
+    bf.dtype = DType::kBF16;
+    bf.data = w16.data();
+    EXPECT_EQ(dequantize_int(QuantizedMatrix(bf, GetParam()).view()), w) << "bf16 cols " << cols;
+  }
+}
+
 // Slices start at a block of 4 rows (the layout interleaves a block's rows).
-TEST(QuantizeTest, RowSliceKeepsGroupsAndScales) {
+TEST_P(QuantizedKernelTest, RowSliceKeepsGroupsAndScales) {
   std::mt19937 rng(8);
   std::vector<float> w = grouped_values(rng, 9, 170, false);
-  Q8Matrix q(f32_matrix(w, 9, 170));
-  const std::vector<float> all = dequantize_q8(q.view());
-  const std::vector<float> part = dequantize_q8(q.view().row_slice(4, 5));
+  QuantizedMatrix q = quantize(w, 9, 170);
+  const std::vector<float> all = dequantize_int(q.view());
+  const std::vector<float> part = dequantize_int(q.view().row_slice(4, 5));
   EXPECT_EQ(part, std::vector<float>(all.begin() + 4 * 170, all.end()));
   EXPECT_THROW(q.view().row_slice(3, 4), std::logic_error);
+}
+
+// int4: the scale maps the group's weight of largest magnitude to -8 (the first, on a tie of
+// magnitudes), the others rounded to nearest even and clamped to [-8, 7].
+TEST(QuantizeTest, Int4RowMapsTheExtremeToMinus8) {
+  std::vector<float> row(70, 0.0f);
+  row[0] = -2.0f;     // the extreme, first of two: -8 (d = 0.25)
+  row[1] = 2.0f;      // +8 → clamped to 7
+  row[2] = 0.375f;    // 1.5 → 2 (to even)
+  row[3] = 0.125f;    // 0.5 → 0 (to even)
+  row[4] = -0.875f;   // -3.5 → -4 (to even)
+  row[5] = 1.875f;    // 7.5 → 8 (to even) → 7
+  row[6] = -1.625f;   // -6.5 → -6 (to even)
+  row[32] = 0.5f;     // group 1: a positive extreme, d = -0.0625
+  row[33] = -0.25f;   // 4
+  row[64] = -1e-30f;  // group 2: a tiny extreme, still exact
+  std::vector<int8_t> q(q8_ld(70), 99);
+  std::vector<float> scales(q8_ld(70) / kQ8Group, 99.0f);
+  quantize_row_q4(DType::kF32, row.data(), 70, q.data(), scales.data());
+  EXPECT_EQ(scales[0], 0.25f);
+  EXPECT_EQ(scales[1], -0.0625f);
+  EXPECT_EQ(scales[2], 1e-30f / 8.0f);
+  EXPECT_EQ(scales[3], 0.0f);
+  const std::vector<int> want = {-8, 7, 2, 0, -4, 7, -6};
+  for (size_t k = 0; k < want.size(); ++k) EXPECT_EQ(q[k], want[k]) << k;
+  EXPECT_EQ(q[32], -8);
+  EXPECT_EQ(q[33], 4);
+  EXPECT_EQ(q[64], -8);
+  for (size_t k = 7; k < q.size(); ++k) {
+    if (k != 32 && k != 33 && k != 64) {
+      EXPECT_EQ(q[k], 0) << k;
+    }
+  }
 }
 
 TEST(QuantizeTest, XIsWithinHalfAStepOfItsGroupAndPaddedWithZeros) {
@@ -187,14 +268,15 @@ TEST(QuantizeTest, XQuantizationIsTheSameOnEveryKernel) {
 // Every SIMD kernel against the scalar one, on the same quantized x, to kernel_tolerance: ragged
 // column counts (part of a group, of a 64-byte chunk), every token block size, row counts that
 // leave a remainder of the 4-row block, groups of extreme and zero scale.
-TEST(QuantizeTest, SimdKernelsMatchScalar) {
+TEST_P(QuantizedKernelTest, SimdKernelsMatchScalar) {
   std::mt19937 rng(42);
   for (bool extreme : {false, true}) {
     for (int64_t cols : {32, 40, 64, 96, 100, 160, 1003}) {
       for (int64_t rows : {1, 4, 5, 13}) {
-        Q8Matrix q(f32_matrix(grouped_values(rng, rows, cols, extreme), rows, cols));
+        QuantizedMatrix q = quantize(grouped_values(rng, rows, cols, extreme), rows, cols);
         const Matrix& w = q.view();
-        for (int64_t n_tokens : {1, 2, 3, 4, 5, 9, 17}) {
+        for (int64_t n_tokens : {1, 2, 3, 4, 5, 9, 17, 130}) {
+          if (n_tokens == 130 && cols != 160 && cols != 1003) continue;
           std::vector<float> x = grouped_values(rng, n_tokens, cols, extreme);
           matmul_q8::Buffer buf;
           const Q8Rows xq = matmul_q8::quantize_x(x.data(), cols, n_tokens, buf);
@@ -220,10 +302,10 @@ TEST(QuantizeTest, SimdKernelsMatchScalar) {
 
 // Row ranges that start and end inside blocks of 4 rows, written at a stride wider than the
 // range: each kernel writes exactly the range's rows, as the scalar one computes them.
-TEST(QuantizeTest, RowRangesWriteOnlyTheirRows) {
+TEST_P(QuantizedKernelTest, RowRangesWriteOnlyTheirRows) {
   std::mt19937 rng(9);
   const int64_t rows = 23, cols = 200, ldy = 24;
-  Q8Matrix q(f32_matrix(grouped_values(rng, rows, cols, false), rows, cols));
+  QuantizedMatrix q = quantize(grouped_values(rng, rows, cols, false), rows, cols);
   for (int64_t n_tokens : {1, 5}) {
     std::vector<float> x = grouped_values(rng, n_tokens, cols, false);
     matmul_q8::Buffer buf;
@@ -254,11 +336,11 @@ TEST(QuantizeTest, RowRangesWriteOnlyTheirRows) {
 // A token's products are the same bits alone and in a batch of any size, on every kernel and
 // through matmul() on every instruction set: each accumulator sums in the same order whatever the
 // token block, and x is quantized per token (so --batch-invariant needs nothing more of int8).
-TEST(QuantizeTest, ProductsAreBatchInvariant) {
+TEST_P(QuantizedKernelTest, ProductsAreBatchInvariant) {
   ThreadPool pool(2);
   std::mt19937 rng(21);
   const int64_t rows = 70, cols = 300, n_tokens = 11;
-  Q8Matrix q(f32_matrix(grouped_values(rng, rows, cols, false), rows, cols));
+  QuantizedMatrix q = quantize(grouped_values(rng, rows, cols, false), rows, cols);
   std::vector<float> x = grouped_values(rng, n_tokens, cols, false);
   for (Isa isa : all_isas()) {
     std::vector<float> batch(n_tokens * rows), alone(rows);
@@ -277,13 +359,13 @@ TEST(QuantizeTest, ProductsAreBatchInvariant) {
 // by the rounding of x to int8, at most half of x's step in each group times Σ |w| there, plus
 // f32 rounding. Through matmul_with on every instruction set (pool and calling thread), and
 // matmul_scalar.
-TEST(QuantizeTest, ProductIsTheDequantizedProductUpToTheRoundingOfX) {
+TEST_P(QuantizedKernelTest, ProductIsTheDequantizedProductUpToTheRoundingOfX) {
   ThreadPool pool(3);
   std::mt19937 rng(7);
   for (int64_t cols : {40, 96, 1003}) {
     for (int64_t rows : {3, 300}) {
-      Q8Matrix q(f32_matrix(grouped_values(rng, rows, cols, false), rows, cols));
-      const std::vector<float> deq = dequantize_q8(q.view());
+      QuantizedMatrix q = quantize(grouped_values(rng, rows, cols, false), rows, cols);
+      const std::vector<float> deq = dequantize_int(q.view());
       for (int64_t n_tokens : {1, 6, 33}) {
         std::vector<float> x = grouped_values(rng, n_tokens, cols, false);
         std::vector<float> ref(static_cast<size_t>(n_tokens * rows));
@@ -322,14 +404,14 @@ TEST(QuantizeTest, ProductIsTheDequantizedProductUpToTheRoundingOfX) {
   }
 }
 
-TEST(QuantizeTest, ZeroWeightsOrZeroXGiveExactZeros) {
+TEST_P(QuantizedKernelTest, ZeroWeightsOrZeroXGiveExactZeros) {
   ThreadPool pool(2);
   const int64_t rows = 6, cols = 96, n_tokens = 5;
   std::vector<float> zeros(rows * cols, 0.0f);
   std::mt19937 rng(1);
   std::vector<float> x = grouped_values(rng, n_tokens, cols, false);
-  Q8Matrix zq(f32_matrix(zeros, rows, cols));
-  Q8Matrix q(f32_matrix(grouped_values(rng, rows, cols, false), rows, cols));
+  QuantizedMatrix zq = quantize(zeros, rows, cols);
+  QuantizedMatrix q = quantize(grouped_values(rng, rows, cols, false), rows, cols);
   std::vector<float> x0(n_tokens * cols, 0.0f);
   for (Isa isa : all_isas()) {
     std::vector<float> y(rows * n_tokens, 1.0f);
@@ -345,15 +427,15 @@ TEST(QuantizeTest, ZeroWeightsOrZeroXGiveExactZeros) {
 
 // The grouped products (MoE experts) on int8 weights: gathered rows of x, a row range per task,
 // the gated pair and the scatter into output rows, each as matmul_scalar on the same weights.
-TEST(QuantizeTest, GroupedProductsMatchScalar) {
+TEST_P(QuantizedKernelTest, GroupedProductsMatchScalar) {
   ThreadPool pool(3);
   std::mt19937 rng(11);
   const int64_t n_embd = 96, n_ff = 160, n_tokens = 7;
-  std::vector<Q8Matrix> gate, up, down;
+  std::vector<QuantizedMatrix> gate, up, down;
   for (int e = 0; e < 2; ++e) {
-    gate.emplace_back(f32_matrix(grouped_values(rng, n_ff, n_embd, false), n_ff, n_embd));
-    up.emplace_back(f32_matrix(grouped_values(rng, n_ff, n_embd, false), n_ff, n_embd));
-    down.emplace_back(f32_matrix(grouped_values(rng, n_embd, n_ff, false), n_embd, n_ff));
+    gate.push_back(quantize(grouped_values(rng, n_ff, n_embd, false), n_ff, n_embd));
+    up.push_back(quantize(grouped_values(rng, n_ff, n_embd, false), n_ff, n_embd));
+    down.push_back(quantize(grouped_values(rng, n_embd, n_ff, false), n_embd, n_ff));
   }
   std::vector<float> x = grouped_values(rng, n_tokens, n_embd, false);
   std::vector<const float*> gathered;  // tokens in reverse order
@@ -407,16 +489,21 @@ TEST(QuantizeTest, GroupedProductsMatchScalar) {
   }
 }
 
-TEST(QuantizeTest, RefusesWhatHasNoInt8Kernel) {
+TEST_P(QuantizedKernelTest, RefusesWhatHasNoKernel) {
   ThreadPool pool(1);
   std::vector<float> w(4 * 32, 1.0f), x(4 * 32, 1.0f), y(4 * 32);
-  Q8Matrix q(f32_matrix(w, 4, 32));
+  QuantizedMatrix q = quantize(w, 4, 32);
   EXPECT_THROW(matmul_xw(pool, q.view(), x.data(), 1, y.data()), Error);
   EXPECT_THROW(matmul_xw_scalar(q.view(), x.data(), 1, y.data()), Error);
   std::vector<int8_t> dst(64 * 32);
   EXPECT_THROW(pack_panels(q.view(), dst.data()), Error);
-  EXPECT_FALSE(matmul_reads_panels(DType::kQ8));
+  EXPECT_FALSE(matmul_reads_panels(GetParam()));
 }
+
+INSTANTIATE_TEST_SUITE_P(Formats, QuantizedKernelTest, ::testing::Values(DType::kQ8, DType::kQ4),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(dtype_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace duet

@@ -7,16 +7,19 @@
 namespace duet {
 namespace {
 
-TEST(QuantizationTest, ParsesNoneAndInt8AndRefusesOthersByName) {
+TEST(QuantizationTest, ParsesNoneInt8AndInt4AndRefusesOthersByName) {
   EXPECT_EQ(parse_quantization("none"), Quantization::kNone);
   EXPECT_EQ(parse_quantization("int8"), Quantization::kInt8);
-  for (const char* bad : {"", "INT8", "int4", "q8_0"}) {
+  EXPECT_EQ(parse_quantization("int4"), Quantization::kInt4);
+  EXPECT_EQ(quantized_dtype(Quantization::kInt8), DType::kQ8);
+  EXPECT_EQ(quantized_dtype(Quantization::kInt4), DType::kQ4);
+  for (const char* bad : {"", "INT8", "int2", "q4_0"}) {
     try {
       parse_quantization(bad);
       ADD_FAILURE() << bad << " accepted";
     } catch (const Error& e) {
       EXPECT_EQ(std::string(e.what()),
-                std::string("--quantization ") + bad + ": expected none or int8");
+                std::string("--quantization ") + bad + ": expected none, int8 or int4");
     }
   }
 }
@@ -41,6 +44,8 @@ TEST(QuantizationTest, DescribesWhatWasQuantized) {
   EXPECT_EQ(describe(QuantizationReport{}), "none");
   EXPECT_EQ(describe({Quantization::kInt8, 3, 2 << 20, 1 << 20}),
             "int8: 3 matrices, 2.0 MiB -> 1.0 MiB");
+  EXPECT_EQ(describe({Quantization::kInt4, 3, 4 << 20, 1 << 20}),
+            "int4: 3 matrices, 4.0 MiB -> 1.0 MiB");
 }
 
 }  // namespace

@@ -16,8 +16,13 @@ tests/engine/tiny_models.h makes it) and each prompt followed by its greedy cont
     every greedy step's top-1/top-2 logit gap is at least MIN_LOGIT_GAP times max(1, max |logit|):
     both well above how far the roundings move them (ROUTE_MOVE / LOGIT_MOVE, measured below).
 
+A key ending in `_int4` holds prompts decisive for the model whose matrices --quantization int4
+quantizes are replaced by their dequantized values (the 4-bit model departs further from the
+original than bf16 roundings move it, so the original's decisive prompts need not be its).
+
     /usr/bin/python3 tests/reference/decisive_prompts.py --duet build/duet check
-    /usr/bin/python3 tests/reference/decisive_prompts.py --duet build/duet find [--candidates N]
+    /usr/bin/python3 tests/reference/decisive_prompts.py --duet build/duet find [--candidates N] \
+        [--quantization int4]
 """
 
 import argparse
@@ -28,12 +33,15 @@ import subprocess
 import sys
 import tempfile
 
+import shutil
+
 import numpy as np
 
 sys.dont_write_bytecode = True
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from ref_model import greedy, load_model, read_config, top2_gap  # noqa: E402
+from safetensors_np import TensorStore, write_model_dir  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROMPTS_FILE = os.path.join(HERE, "..", "engine", "decisive_prompts.json")
@@ -55,6 +63,51 @@ def make_tiny(duet, tmp, arch, dtype):
         subprocess.run([duet, "make-model", path, "--arch", arch, "--preset", "tiny", "--seed", str(SEED),
                         "--dtype", dtype], check=True, capture_output=True)
     return path
+
+
+def quantized_at_load(name):
+    """As model/quantization.cpp: every matrix but embeddings, routers and MLA's kv_b_proj."""
+    return not name.endswith(("embed_tokens.weight", "mlp.gate.weight", "block_sparse_moe.gate.weight",
+                              "self_attn.kv_b_proj.weight"))
+
+
+def dequantized_int4(w):
+    """w [rows, cols] quantized as kernels/quantize.h's kQ4 and back, in f32: per group of 32
+    columns, d = m / -8 (m the first weight of largest magnitude), q = round(w / d) to nearest
+    even, clamped to [-8, 7]."""
+    w = np.asarray(w, dtype=np.float32)
+    rows, cols = w.shape
+    pad = (-cols) % 32
+    g = np.pad(w, ((0, 0), (0, pad))).reshape(rows, -1, 32)
+    m = np.take_along_axis(g, np.argmax(np.abs(g), axis=2)[..., None], axis=2)
+    d = m / np.float32(-8.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(d != 0, np.clip(np.rint(g / d), -8, 7), 0).astype(np.float32)
+    return (d * q).reshape(rows, -1)[:, :cols]
+
+
+def make_int4(model_dir):
+    """A copy of model_dir with its int4-quantized matrices dequantized (f32)."""
+    out = model_dir + "-int4"
+    if not os.path.exists(out):
+        store = TensorStore(model_dir)
+        tensors = {}
+        for name in store.names():
+            w = store.get(name, np.float32)
+            tensors[name] = dequantized_int4(w) if w.ndim == 2 and quantized_at_load(name) else w
+        write_model_dir(out, tensors)
+        for f in os.listdir(model_dir):
+            if not f.endswith((".safetensors", ".index.json")):
+                shutil.copy(os.path.join(model_dir, f), out)
+    return out
+
+
+def model_for(duet, tmp, key):
+    """The tiny model a key of the prompts file names: <arch>_<dtype>[_int4]."""
+    int4 = key.endswith("_int4")
+    arch, dtype = key.removesuffix("_int4").rsplit("_", 1)
+    model_dir = make_tiny(duet, tmp, arch, dtype)
+    return make_int4(model_dir) if int4 else model_dir
 
 
 def run(model_dir, prompt, kv_bf16, act_bf16):
@@ -85,8 +138,7 @@ def check(duet):
     failures = 0
     with tempfile.TemporaryDirectory(prefix="duet_decisive_") as tmp:
         for key, prompts in sorted(load_prompts()["prompts"].items()):
-            arch, dtype = key.rsplit("_", 1)
-            model_dir = make_tiny(duet, tmp, arch, dtype)
+            model_dir = model_for(duet, tmp, key)
             for prompt in prompts:
                 ok, margin, gap = judge(model_dir, prompt)
                 print(f"{key} {prompt}: routing margin {margin:.3g}, logit gap {gap:.3g} "
@@ -95,13 +147,14 @@ def check(duet):
     return failures
 
 
-def find(duet, n_candidates):
+def find(duet, n_candidates, quantization):
     """Searches prompt formulas for each architecture and weight dtype; prints the JSON."""
     out = {}
+    suffix = "" if quantization == "none" else "_" + quantization
     with tempfile.TemporaryDirectory(prefix="duet_decisive_") as tmp:
         for arch in ("qwen3_moe", "deepseek_v2", "mixtral"):
             for dtype in ("f32", "bf16"):
-                model_dir = make_tiny(duet, tmp, arch, dtype)
+                model_dir = model_for(duet, tmp, f"{arch}_{dtype}{suffix}")
                 n_vocab = int(read_config(model_dir)["vocab_size"])
                 chosen = []
                 for length in PROMPT_LENS:
@@ -119,7 +172,7 @@ def find(duet, n_candidates):
                         raise SystemExit(f"no decisive prompt of length {length} for {arch} {dtype}")
                     print(f"{arch}_{dtype} len {length}: margin {best[2]:.3g} gap {best[3]:.3g}", file=sys.stderr)
                     chosen.append(best[1])
-                out[f"{arch}_{dtype}"] = chosen
+                out[f"{arch}_{dtype}{suffix}"] = chosen
     print(json.dumps({"prompts": out}, indent=1))
 
 
@@ -128,11 +181,13 @@ def main():
     ap.add_argument("--duet", default=os.environ.get("DUET"), required=False)
     ap.add_argument("command", choices=["check", "find"])
     ap.add_argument("--candidates", type=int, default=400)
+    ap.add_argument("--quantization", choices=["none", "int4"], default="none",
+                    help="find: prompts for the models dequantized from this quantization")
     args = ap.parse_args()
     if not args.duet:
         ap.error("--duet PATH is needed (make-model writes the tiny models)")
     if args.command == "find":
-        find(os.path.abspath(args.duet), args.candidates)
+        find(os.path.abspath(args.duet), args.candidates, args.quantization)
         return 0
     return 1 if check(os.path.abspath(args.duet)) else 0
 
