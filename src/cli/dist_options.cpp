@@ -69,6 +69,8 @@ void check_overlap(const DistOptions& o) {
     DUET_ERROR("--enable-single-batch-overlap, --sbo-combine-chunks, --sbo-shared-experts and "
                "--all2all-dtype shape the experts' all-to-all and need --enable-expert-parallel");
   }
+  if (!(o.dist_timeout >= 1.0 && o.dist_timeout <= 3600.0))
+    DUET_ERROR("--dist-timeout must be in [1, 3600] seconds, got " << o.dist_timeout);
   if (o.dbo_decode_token_threshold < 2 || o.dbo_prefill_token_threshold < 2)
     DUET_ERROR("--dbo-decode-token-threshold and --dbo-prefill-token-threshold must be >= 2 "
                "(two micro-batches of at least one token)");
@@ -157,6 +159,9 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
                   "Cores of each rank kept for its communication thread, the compute pool pinned "
                   "to the others (default 0: they share the cores, unpinned)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--dist-timeout", o.dist_timeout,
+                  "Seconds a rank may be silent (no heartbeat), or every rank's collectives make "
+                  "no progress, before the others stop with an error (default 4; 1 to 3600)");
   cmd->add_option("--all2all-backend", o.all2all,
                   "Expert dispatch algorithm: high_throughput (default) | low_latency")
       ->check(CLI::IsMember({"high_throughput", "low_latency"}));
@@ -165,10 +170,14 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
       ->check(CLI::PositiveNumber);
 }
 
+std::chrono::milliseconds dist_watchdog(const DistOptions& o) {
+  return std::chrono::milliseconds(static_cast<int64_t>(o.dist_timeout * 1000.0));
+}
+
 void launch_ranks(const DistOptions& o, const std::string& model_dir,
                   const std::function<void(DistContext*)>& fn) {
   if (o.backend == "mpi" && launched_by_mpirun()) {
-    DistContext ctx = make_mpi_context();
+    DistContext ctx = make_mpi_context(dist_watchdog(o));
     const int world = ctx.world_size();
     try {
       if (o.data_parallel_size > 0 && o.data_parallel_size != world) {
@@ -188,7 +197,7 @@ void launch_ranks(const DistOptions& o, const std::string& model_dir,
   if (world == 1) {
     fn(nullptr);
   } else if (o.backend == "inproc") {
-    run_ranks(world, [&](DistContext& ctx) { fn(&ctx); });
+    run_ranks(world, [&](DistContext& ctx) { fn(&ctx); }, dist_watchdog(o));
   } else {
     if (!mpi_available())
       DUET_ERROR(

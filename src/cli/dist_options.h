@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -48,7 +49,13 @@ struct DistOptions {
   std::string sbo_shared_experts = "auto";  // --sbo-shared-experts: auto | dispatch | combine
   std::string all2all_dtype = "f32";     // --all2all-dtype: f32 | bf16
   int comm_cores = 0;  // --comm-cores: cores of each rank kept for its communication thread
+  // --dist-timeout: how long a rank may be silent, or every rank's collectives make no progress,
+  // before the others give up (the watchdog time; SGLang's --dist-timeout).
+  double dist_timeout = 4.0;
 };
+
+// The watchdog time --dist-timeout gives.
+std::chrono::milliseconds dist_watchdog(const DistOptions& o);
 
 // What the single-batch overlap flags of `o` come to: the combine's chunks (low_latency steps)
 // and where the shared experts run (unset: the executor's order). Without

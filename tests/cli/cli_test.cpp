@@ -88,6 +88,8 @@ TEST_F(CliTest, BadInputIsOneLineErrors) {
   expect_error(run_duet("generate " + dir_), "--prompt");
   expect_error(run_duet("serve " + dir_ + " --port 0 --header-timeout 2"),
                "is neither 0 nor at least 5 seconds");
+  expect_error(run_duet("generate " + dir_ + " --prompt-ids 1 --dist-timeout 0.5"),
+               "--dist-timeout");
   expect_error(run_duet("make-model /tmp/x --arch qwen3_moe --hf-overrides '[1]'"),
                "--hf-overrides");
 }

@@ -10,6 +10,12 @@ if(MPI_CXX_FOUND)
     set_tests_properties(serve_dead_rank_${_name}_mpi PROPERTIES TIMEOUT 120 LABELS "mpi"
                          PASS_REGULAR_EXPRESSION "PASS: error after")
   endforeach()
+  # --dist-timeout 8: a hung rank is given up on after 8 s, not the default 4.
+  add_test(NAME serve_dead_rank_stop_timeout_mpi
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/dist/serve_dead_rank.sh $<TARGET_FILE:duet>
+                   STOP 8)
+  set_tests_properties(serve_dead_rank_stop_timeout_mpi PROPERTIES TIMEOUT 120 LABELS "mpi"
+                       PASS_REGULAR_EXPRESSION "PASS: error after")
 endif()
 
 # The same client against two in-process ranks with each overlap mode, thresholds low enough that

@@ -2,17 +2,28 @@
 # `duet serve` on two MPI ranks; rank 1 is stopped (SIGSTOP, a hung host) or killed (SIGKILL, a
 # crashed one) in the middle of streamed requests and a non-streamed one. The streams must end with
 # an error event, the non-streamed request with HTTP 503, and new requests must get HTTP 503
-# within the 10 s limit, never hang.
-# Usage: serve_dead_rank.sh DUET_BINARY STOP|KILL
+# within the 10 s limit, never hang. With TIMEOUT, the server runs with --dist-timeout TIMEOUT and
+# the error must come no sooner than TIMEOUT − 1 s (the option took effect: the default is 4 s)
+# and within TIMEOUT + 6 s.
+# Usage: serve_dead_rank.sh DUET_BINARY STOP|KILL [TIMEOUT]
 set -euo pipefail
 duet=$(realpath "$1")
 signal=${2:-STOP}
+timeout_s=${3:-}
+extra=()
+min_ms=0
+limit_ms=10000
+if [ -n "$timeout_s" ]; then
+  extra=(--dist-timeout "$timeout_s")
+  min_ms=$(( (timeout_s - 1) * 1000 ))
+  limit_ms=$(( (timeout_s + 6) * 1000 ))
+fi
 source "$(dirname "$0")/../server/serve_lib.sh"
 serve_test_setup duet-dead-rank KILL
 
 "$duet" make-model "$work/model" --arch qwen3_moe --preset tiny --seed 7 >/dev/null
 "$duet" serve "$work/model" --host 127.0.0.1 --port 0 --served-model-name tiny \
-  --data-parallel-size 2 --enable-expert-parallel >"$work/server.out" 2>"$work/server.err" &
+  --data-parallel-size 2 --enable-expert-parallel "${extra[@]}" >"$work/server.out" 2>"$work/server.err" &
 server_pid=$!
 
 serve_wait_healthy 200
@@ -50,7 +61,7 @@ done
 kill "-$signal" "$rank1"
 start=$(date +%s%N)
 wait_streams=0
-for _ in $(seq 1 150); do  # up to 15 s
+for _ in $(seq 1 $(( limit_ms / 100 + 50 ))); do  # up to the limit and 5 s
   if grep -q '"error"' "$work/stream1.txt" && grep -q '"error"' "$work/stream2.txt"; then
     wait_streams=1
     break
@@ -64,7 +75,8 @@ if [ "$wait_streams" != 1 ]; then
   tail -c 400 "$work"/stream*.txt >&2
   exit 1
 fi
-[ "$elapsed_ms" -lt 10000 ] || { echo "FAIL: the error took more than 10 s" >&2; exit 1; }
+[ "$elapsed_ms" -lt "$limit_ms" ] || { echo "FAIL: the error took more than $limit_ms ms" >&2; exit 1; }
+[ "$elapsed_ms" -ge "$min_ms" ] || { echo "FAIL: the error came before --dist-timeout ($min_ms ms)" >&2; exit 1; }
 wait "$whole_pid" || true
 echo "the request in flight, not streamed, got HTTP $(cat "$work/whole.status"): $(head -c 300 "$work/whole.json")"
 [ "$(cat "$work/whole.status")" = 503 ] || { echo "FAIL: expected 503 for the request in flight" >&2; exit 1; }
