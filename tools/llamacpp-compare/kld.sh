@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# llama.cpp's accuracy at 8 and 4 bits on our model, measured as `duet bench accuracy` measures
+# duet's: the model's bf16 GGUF is the reference; llama-quantize makes Q8_0 and Q4_0 GGUFs of it;
+# llama-perplexity --kl-divergence-base writes the reference's log-probabilities on TEXT (chunks
+# of CTX tokens, positions CTX/2 to CTX-2 of each), then --kl-divergence scores each GGUF against
+# them. Also scores the bf16 GGUF against itself (the floor: the base file keeps log-probabilities
+# as 16-bit integers) and checks that llama.cpp's tokenizer gives duet's token ids for TEXT.
+# Prints one line per GGUF: mean KLD, 99% KLD, max KLD, "Same top p" (top-1 agreement).
+#
+# Usage (from the repo root): tools/llamacpp-compare/kld.sh [MODEL_DIR] [TEXT] [CTX]
+#   MODEL_DIR  default models/qwen3-moe-small (bf16 qwen3_moe, as to_gguf.py reads)
+#   TEXT       default bench/data/accuracy_text.txt (duet bench accuracy's built-in text)
+#   CTX        default 512
+# Work files (GGUFs, the base log-probabilities, logs) go to $OUT (default /tmp/duet-kld):
+# about 1.0 + 0.5 + 0.3 GB of GGUFs and 0.3 GB of log-probabilities for the small preset.
+# THREADS (default 2) is llama.cpp's -t.
+set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+model_dir="${1:-$repo/models/qwen3-moe-small}"
+text="${2:-$repo/bench/data/accuracy_text.txt}"
+ctx="${3:-512}"
+out="${OUT:-/tmp/duet-kld}"
+threads="${THREADS:-2}"
+mkdir -p "$out"
+bin="$("$here/build-llamacpp.sh")"
+
+bf16="$out/bf16.gguf"
+[ -f "$bf16" ] || /usr/bin/python3 "$here/to_gguf.py" "$model_dir" "$bf16" >&2
+for q in Q8_0 Q4_0; do
+  gguf="$out/$(echo "$q" | tr A-Z a-z).gguf"
+  if [ ! -f "$gguf" ]; then
+    "$bin/llama-quantize" "$bf16" "$gguf" "$q" "$threads" >"$out/quantize_$q.log" 2>&1
+  fi
+  # What llama-quantize chose per tensor kind (e.g. the output head at a higher type).
+  echo "$q tensor types: $(grep -oE "converting to [a-z0-9_]+" "$out/quantize_$q.log" \
+      | sort | uniq -c | awk '{printf "%s %s, ", $1, $4}')" >&2
+done
+
+# The same tokens: llama.cpp's tokenizer of the GGUF against duet's of the model directory.
+"$bin/llama-tokenize" -m "$bf16" -f "$text" --ids --log-disable 2>/dev/null \
+    | tr -d '[] \n' >"$out/tokens_llama.txt"
+"$repo/build/duet" tokenize "$model_dir" <"$text" | tr -d '[] \n' >"$out/tokens_duet.txt"
+if cmp -s "$out/tokens_llama.txt" "$out/tokens_duet.txt"; then
+  echo "tokens: llama.cpp and duet give the same $(tr ',' '\n' <"$out/tokens_duet.txt" | wc -l) ids for $text" >&2
+else
+  echo "tokens: llama.cpp and duet DIFFER on $text (see $out/tokens_*.txt); the figures are not on the same tokens" >&2
+fi
+
+base="$out/base_c$ctx.kld"
+"$bin/llama-perplexity" -m "$bf16" -f "$text" -c "$ctx" -t "$threads" \
+    --kl-divergence-base "$base" >"$out/base.log" 2>&1
+printf "%-6s %12s %12s %12s %14s\n" "gguf" "mean KLD" "99% KLD" "max KLD" "same top p %"
+for name in bf16 q8_0 q4_0; do
+  log="$out/kld_$name.log"
+  "$bin/llama-perplexity" -m "$out/$name.gguf" -t "$threads" -c "$ctx" \
+      --kl-divergence-base "$base" --kl-divergence >"$log" 2>&1
+  awk -v name="$name" '
+    /^Mean    KLD:/ { mean = $3 " ± " $5 }
+    /^99.0%   KLD:/ { p99 = $3 }
+    /^Maximum KLD:/ { max = $3 }
+    /^Same top p:/ { top = $4 " ± " $6 }
+    END { printf "%-6s %20s %12s %12s %16s\n", name, mean, p99, max, top }' "$log"
+done
