@@ -7,6 +7,7 @@
 // figures on the same tokens compare). Prints per format the mean KL(ref || format) of the
 // next-token distributions, its 99% quantile and maximum, and top-1 agreement.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -55,12 +56,11 @@ std::string read_text(const std::string& path) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
-// "fp8 checkpoint dir/name": how a --compare directory's row is named.
-std::string compare_name(const std::string& dir, const Model& m) {
-  std::string base = std::filesystem::path(dir).lexically_normal().filename().string();
-  if (base.empty())
-    base = std::filesystem::path(dir).lexically_normal().parent_path().filename().string();
-  return std::string(dtype_name(m.weight_dtype())) + " " + base;
+// A --compare directory's row is named by the directory (e.g. qwen3-moe-small-fp8).
+std::string compare_name(const std::string& dir) {
+  const std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+  const std::string base = p.filename().string();
+  return base.empty() ? p.parent_path().filename().string() : base;
 }
 
 // The logits of every position of `chunk` [ctx] through `gen`: [ctx, n_vocab] f32.
@@ -75,7 +75,7 @@ std::vector<float> chunk_logits(Generator& gen, const std::vector<int32_t>& chun
 }
 
 void print_row(const std::string& name, uint64_t weight_bytes, const DivergenceStats& s) {
-  std::printf("  %-16s %9.1f %12.6f %10.6f %10.6f %10.6f %8.2f %6.2f %9lld\n", name.c_str(),
+  std::printf("  %-20s %9.1f %12.6f %10.6f %10.6f %10.6f %8.2f %6.2f %9lld\n", name.c_str(),
               double(weight_bytes) / 1048576.0, s.mean_kl(), s.mean_kl_stderr(),
               s.kl_quantile(0.99), s.kl_quantile(1.0), 100.0 * s.top1_agreement(),
               100.0 * s.top1_stderr(), (long long)s.n_tokens());
@@ -105,7 +105,7 @@ void run_accuracy(const AccuracyOptions& o) {
   for (const std::string& dir : o.compare) {
     Format f;
     f.model = Model::load(dir);
-    f.name = compare_name(dir, *f.model);
+    f.name = compare_name(dir);
     if (f.model->config().n_vocab != c.n_vocab)
       DUET_ERROR("--compare " << dir << ": vocabulary of " << f.model->config().n_vocab
                               << " ids, the reference's has " << c.n_vocab);
@@ -151,7 +151,14 @@ void run_accuracy(const AccuracyOptions& o) {
     }
   }
 
-  std::printf("  %-16s %9s %12s %10s %10s %10s %8s %6s %9s\n", "format", "MiB", "mean KL", "± s.e.",
+  // Every format's stats saw the same reference rows.
+  const DivergenceStats& any = formats[0].stats;
+  std::printf(
+      "reference distributions: mean entropy %.3f nats (uniform: ln %lld = %.3f), mean top-1 "
+      "probability %.4f\n",
+      any.mean_ref_entropy(), (long long)c.n_vocab, std::log(double(c.n_vocab)),
+      any.mean_ref_top_prob());
+  std::printf("  %-20s %9s %12s %10s %10s %10s %8s %6s %9s\n", "format", "MiB", "mean KL", "± s.e.",
               "99% KL", "max KL", "top-1 %", "± s.e.", "positions");
   for (const Format& f : formats) print_row(f.name, f.model->weight_bytes(), f.stats);
 }

@@ -34,16 +34,24 @@ TokenDivergence token_divergence(const float* ref, const float* other, int64_t n
   TokenDivergence d;
   const int64_t top_p = log_softmax(ref, n_vocab, "reference", lp);
   const int64_t top_q = log_softmax(other, n_vocab, "compared", lq);
-  double kl = 0;
-  for (size_t i = 0; i < lp.size(); ++i) kl += std::exp(lp[i]) * double(lp[i] - lq[i]);
+  double kl = 0, entropy = 0;
+  for (size_t i = 0; i < lp.size(); ++i) {
+    const double p = std::exp(lp[i]);
+    kl += p * double(lp[i] - lq[i]);
+    entropy -= p * double(lp[i]);
+  }
   d.kl = std::max(kl, 0.0);
   d.same_top = top_p == top_q;
+  d.ref_entropy = std::max(entropy, 0.0);
+  d.ref_top_prob = std::exp(double(lp[static_cast<size_t>(top_p)]));
   return d;
 }
 
 void DivergenceStats::add(const TokenDivergence& d) {
   kl_.push_back(d.kl);
   same_top_ += d.same_top;
+  ref_entropy_ += d.ref_entropy;
+  ref_top_prob_ += d.ref_top_prob;
 }
 
 double DivergenceStats::mean_kl() const {

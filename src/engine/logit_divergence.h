@@ -11,6 +11,10 @@ namespace duet {
 struct TokenDivergence {
   double kl = 0;          // KL(ref || other) in nats, >= 0
   bool same_top = false;  // argmax(ref) == argmax(other), the lowest id among equal maxima
+  // The reference's distribution: how flat it is (entropy in nats, at most ln n_vocab) and its
+  // top probability. A flat reference makes top-1 agreement fragile.
+  double ref_entropy = 0;
+  double ref_top_prob = 0;
 };
 
 // ref, other: [n_vocab] f32 logits of one position. Each is turned into log-probabilities by a
@@ -33,10 +37,17 @@ class DivergenceStats {
   // standard error of that fraction.
   double top1_agreement() const;
   double top1_stderr() const;
+  // Means over the positions of TokenDivergence::ref_entropy and ref_top_prob.
+  double mean_ref_entropy() const { return kl_.empty() ? 0.0 : ref_entropy_ / double(kl_.size()); }
+  double mean_ref_top_prob() const {
+    return kl_.empty() ? 0.0 : ref_top_prob_ / double(kl_.size());
+  }
 
  private:
   std::vector<double> kl_;  // [n_tokens] per position
   int64_t same_top_ = 0;
+  double ref_entropy_ = 0;   // summed over positions
+  double ref_top_prob_ = 0;  // summed over positions
 };
 
 }  // namespace duet

@@ -25,6 +25,8 @@ TEST(LogitDivergenceTest, KnownPair) {
   const TokenDivergence d = token_divergence(p.data(), q.data(), 3);
   EXPECT_NEAR(d.kl, 0.25 * std::log(2.0), 1e-6);
   EXPECT_FALSE(d.same_top);
+  EXPECT_NEAR(d.ref_entropy, 1.5 * std::log(2.0), 1e-6);  // 0.5 ln 2 + 2 * 0.25 ln 4
+  EXPECT_NEAR(d.ref_top_prob, 0.5, 1e-6);
   // The reference is the first argument: KL(q2 || p) differs from KL(p || q2).
   const std::vector<float> q2 = logits_of({0.8, 0.1, 0.1});
   const double want = 0.8 * std::log(0.8 / 0.5) + 2 * 0.1 * std::log(0.1 / 0.25);
@@ -39,6 +41,13 @@ TEST(LogitDivergenceTest, ShiftedLogitsAreStable) {
   const std::vector<float> p = logits_of({0.5, 0.25, 0.25}, 80.0);
   const std::vector<float> q = logits_of({0.25, 0.5, 0.25}, -30.0);
   EXPECT_NEAR(token_divergence(p.data(), q.data(), 3).kl, 0.25 * std::log(2.0), 1e-5);
+}
+
+TEST(LogitDivergenceTest, UniformReferenceHasMaximalEntropy) {
+  const std::vector<float> u(64, 3.0f);
+  const TokenDivergence d = token_divergence(u.data(), u.data(), 64);
+  EXPECT_NEAR(d.ref_entropy, std::log(64.0), 1e-5);
+  EXPECT_NEAR(d.ref_top_prob, 1.0 / 64, 1e-7);
 }
 
 TEST(LogitDivergenceTest, SameRowIsZeroAndAgrees) {
@@ -69,7 +78,7 @@ TEST(LogitDivergenceTest, StatsOverPositions) {
   EXPECT_EQ(s.n_tokens(), 0);
   EXPECT_EQ(s.mean_kl(), 0.0);
   EXPECT_EQ(s.top1_agreement(), 0.0);
-  for (double kl : {0.4, 0.1, 0.3, 0.2}) s.add({kl, kl < 0.35});
+  for (double kl : {0.4, 0.1, 0.3, 0.2}) s.add({kl, kl < 0.35, 10 * kl, kl});
   EXPECT_EQ(s.n_tokens(), 4);
   EXPECT_NEAR(s.mean_kl(), 0.25, 1e-12);
   // Sample standard deviation of (0.1, 0.2, 0.3, 0.4) is sqrt(0.05 / 3); over sqrt(4).
@@ -80,6 +89,8 @@ TEST(LogitDivergenceTest, StatsOverPositions) {
   EXPECT_EQ(s.kl_quantile(1.0), 0.4);
   EXPECT_NEAR(s.top1_agreement(), 0.75, 1e-12);
   EXPECT_NEAR(s.top1_stderr(), std::sqrt(0.75 * 0.25 / 3), 1e-12);
+  EXPECT_NEAR(s.mean_ref_entropy(), 2.5, 1e-12);
+  EXPECT_NEAR(s.mean_ref_top_prob(), 0.25, 1e-12);
 }
 
 }  // namespace
