@@ -39,7 +39,7 @@ for v in q8_0:Q8_0: q4_0:Q4_0: q4_0_pure:Q4_0:--pure; do
     "$bin/llama-quantize" $flags "$bf16" "$gguf" "$type" "$threads" >"$out/quantize_$name.log" 2>&1
   fi
   # What llama-quantize chose per tensor (counts per type).
-  echo "$name tensor types: $(grep -oE "converting to [a-z0-9_]+" "$out/quantize_$name.log" \
+  echo "$name tensor types: $(grep -oE "converting to [A-Za-z0-9_]+" "$out/quantize_$name.log" \
       | sort | uniq -c | awk '{printf "%s %s, ", $1, $4}')" >&2
 done
 
@@ -48,7 +48,7 @@ done
     | tr -d '[] \n' >"$out/tokens_llama.txt"
 "${DUET:-$repo/build/duet}" tokenize "$model_dir" <"$text" | tr -d '[] \n' >"$out/tokens_duet.txt"
 if cmp -s "$out/tokens_llama.txt" "$out/tokens_duet.txt"; then
-  echo "tokens: llama.cpp and duet give the same $(tr ',' '\n' <"$out/tokens_duet.txt" | wc -l) ids for $text" >&2
+  echo "tokens: llama.cpp and duet give the same $(awk -F, '{print NF}' "$out/tokens_duet.txt") ids for $text" >&2
 else
   echo "tokens: llama.cpp and duet DIFFER on $text (see $out/tokens_*.txt); the figures are not on the same tokens" >&2
 fi
