@@ -84,6 +84,7 @@ void print_row(const std::string& name, uint64_t weight_bytes, const DivergenceS
 void run_accuracy(const AccuracyOptions& o) {
   if (o.quantizations.empty() && o.compare.empty())
     DUET_ERROR("nothing to compare: give --quantizations, --compare or both");
+  const std::string text = read_text(o.text_file);  // a bad path fails before the loads
   ThreadPool pool(o.threads > 0 ? o.threads : available_cores());
   std::unique_ptr<Model> ref = Model::load(o.model_dir);
   Generator ref_gen(*ref, pool);
@@ -116,7 +117,7 @@ void run_accuracy(const AccuracyOptions& o) {
   // The text's tokens, cut into whole chunks. As llama-perplexity does, a tokenizer that adds BOS
   // to prompts gets BOS as each chunk's first token.
   const std::unique_ptr<Tokenizer> tok = Tokenizer::load(o.model_dir);
-  const std::vector<int32_t> tokens = tok->encode(read_text(o.text_file));
+  const std::vector<int32_t> tokens = tok->encode(text);
   int64_t n_chunks = static_cast<int64_t>(tokens.size()) / o.ctx;
   if (o.max_chunks > 0) n_chunks = std::min(n_chunks, o.max_chunks);
   if (n_chunks == 0)

@@ -86,8 +86,9 @@ TEST_F(BenchAccuracyTest, ReferenceAgainstItselfIsExactAndFormatsAreScored) {
     EXPECT_GE(v[5], 50.0) << other;
     EXPECT_EQ(v[7], 45.0) << other;
   }
-  // The int8 copy holds fewer bytes than the reference.
-  EXPECT_LT(row(r.out, "int8")[0], row(r.out, "none")[0]);
+  // The fp8 checkpoint holds fewer bytes than the bf16 one (int8 does not on the tiny model,
+  // whose 32- and 64-wide rows are padded to 128 columns).
+  EXPECT_LT(row(r.out, "fp8")[0], row(r.out, "none")[0]);
 }
 
 TEST_F(BenchAccuracyTest, TextFileIsRead) {
