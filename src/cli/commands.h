@@ -50,5 +50,6 @@ void add_bench_tokenizer(CLI::App& bench);  // bench_tokenizer.cpp
 void add_bench_all2all(CLI::App& bench);  // bench_all2all.cpp
 void add_bench_overlap(CLI::App& bench);  // bench_overlap.cpp
 void add_bench_soak(CLI::App& bench);     // bench_soak.cpp
+void add_bench_accuracy(CLI::App& bench);  // bench_accuracy.cpp
 
 }  // namespace duet

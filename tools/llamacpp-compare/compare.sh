@@ -13,7 +13,10 @@
 #   ROUNDS  default 2
 #   GGUF    default /tmp/qwen3-moe-small-bf16.gguf (several: each is run as its own llama.cpp row)
 # Logs go to $OUT (default /tmp/llamacpp-compare-logs); SHAPES picks the shapes (see below);
-# DUET_ALT_ARGS (e.g. "--no-repack") adds a second duet run per shape with those flags.
+# DUET_ARGS (e.g. "--quantization int8") adds flags to duet's run, for format-for-format runs
+# against a Q8_0 GGUF (kld.sh makes one); DUET_ALT_ARGS (e.g. "--no-repack" or
+# "--quantization int4") adds a second duet run per shape with those flags. MODEL_DIR: duet's
+# model (default models/qwen3-moe-small, the weights the GGUFs were made from).
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -24,7 +27,7 @@ ggufs=("$@")
 [ ${#ggufs[@]} -eq 0 ] && ggufs=(/tmp/qwen3-moe-small-bf16.gguf)
 out="${OUT:-/tmp/llamacpp-compare-logs}"
 mkdir -p "$out"
-model_dir="$repo/models/qwen3-moe-small"
+model_dir="${MODEL_DIR:-$repo/models/qwen3-moe-small}"
 threads=2
 
 # Busy share of all CPUs over 3 s, in percent, from /proc/stat.
@@ -96,9 +99,10 @@ for round in $(seq 1 "$rounds"); do
     done
     wait_quiet
     log="$out/duet_$tag.log"
+    # shellcheck disable=SC2086  # DUET_ARGS is a list of flags
     run_measured "$log" "$repo/build/duet" bench latency "$model_dir" --threads "$threads" \
-        --batch "$b" --prompt-len "$p" --gen-len "$g"
-    echo "$(date -u '+%F %T') duet b=$b p=$p g=$g: $(summary "$log")" \
+        --batch "$b" --prompt-len "$p" --gen-len "$g" ${DUET_ARGS:-}
+    echo "$(date -u '+%F %T') duet ${DUET_ARGS:-} b=$b p=$p g=$g: $(summary "$log")" \
          "others ${others_pct} %, $(grep -oE 'measured read bandwidth [0-9.]+ GB/s' "$log")"
     if [ -n "${DUET_ALT_ARGS:-}" ]; then
       wait_quiet
