@@ -197,7 +197,8 @@ void launch_ranks(const DistOptions& o, const std::string& model_dir,
   if (world == 1) {
     fn(nullptr);
   } else if (o.backend == "inproc") {
-    run_ranks(world, [&](DistContext& ctx) { fn(&ctx); }, dist_watchdog(o));
+    run_ranks(
+        world, [&](DistContext& ctx) { fn(&ctx); }, dist_watchdog(o));
   } else {
     if (!mpi_available())
       DUET_ERROR(

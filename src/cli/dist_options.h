@@ -6,8 +6,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-#include <cstdint>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -15,8 +15,8 @@
 
 #include "core/thread_pool.h"
 #include "dist/dist_context.h"
-#include "model/model.h"
 #include "engine/step_runner.h"
+#include "model/model.h"
 #include "moe/ep_dispatcher.h"
 #include "moe/expert_placement.h"
 

@@ -40,46 +40,6 @@ constexpr int64_t kMinParallelMacs = int64_t{1} << 17;
 //   unpack_u4(w, lo, hi)      64 bytes of nibbles: steps k (low) and k + 4 (high), as bytes
 //   VI dot_u(acc, u, x)       acc + the step's products of unsigned weight bytes
 
-struct Avx512Vnni {
-  using VI = __m512i;
-  using VF = __m512;
-  using W = __m512i;
-  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI init(const int32_t* corr) {
-    return _mm512_loadu_si512(corr);
-  }
-  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static W prep(const uint8_t* w) {
-    return _mm512_loadu_si512(w);
-  }
-  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI dot(VI acc, W w, const int8_t* x) {
-    const __m512i xb = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
-    return _mm512_dpbusd_epi32(acc, w, xb);
-  }
-  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI init_u4(const int32_t* corr) {
-    return _mm512_srai_epi32(_mm512_loadu_si512(corr), 4);
-  }
-  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static void unpack_u4(const uint8_t* w, W& lo, W& hi) {
-    const __m512i v = _mm512_loadu_si512(w), nibble = _mm512_set1_epi8(0x0f);
-    lo = _mm512_and_si512(v, nibble);
-    hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-  }
-  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI dot_u(VI acc, W u, const int8_t* x) {
-    return dot(acc, u, x);
-  }
-  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VF zero() { return _mm512_setzero_ps(); }
-  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VF finish(VI acc, const float* ws,
-                                                             const float* xs, VF f) {
-    const __m512 d = _mm512_mul_ps(_mm512_loadu_ps(ws), _mm512_loadu_ps(xs));
-    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), d, f);
-  }
-  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static void reduce(VF f, float* out) {
-    f = _mm512_add_ps(f, _mm512_shuffle_ps(f, f, 0xb1));
-    f = _mm512_add_ps(f, _mm512_shuffle_ps(f, f, 0x4e));  // each 128-bit lane: its row's sum
-    alignas(64) float tmp[16];
-    _mm512_store_ps(tmp, f);
-    for (int r = 0; r < 4; ++r) out[r] = tmp[4 * r];
-  }
-};
-
 // Without VNNI: |x| · (w with x's signs) by vpmaddubsw, whose pairs reach at most 2 · 127² < 2^15
 // (never saturating), then vpmaddwd by ones.
 struct Avx512 {
@@ -124,6 +84,24 @@ struct Avx512 {
     alignas(64) float tmp[16];
     _mm512_store_ps(tmp, f);
     for (int r = 0; r < 4; ++r) out[r] = tmp[4 * r];
+  }
+};
+
+// With VNNI: vpdpbusd takes the weights' bytes unsigned (q + 128) against x's signed bytes,
+// started from -128 · Σ q_x per group; the rest as without.
+struct Avx512Vnni : Avx512 {
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI init(const int32_t* corr) {
+    return _mm512_loadu_si512(corr);
+  }
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static W prep(const uint8_t* w) {
+    return _mm512_loadu_si512(w);
+  }
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI dot(VI acc, W w, const int8_t* x) {
+    const __m512i xb = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+    return _mm512_dpbusd_epi32(acc, w, xb);
+  }
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI dot_u(VI acc, W u, const int8_t* x) {
+    return dot(acc, u, x);
   }
 };
 

@@ -9,27 +9,14 @@
 #include <string>
 #include <vector>
 
+#include "cli/run_duet.h"
 #include "test_util.h"
 
 namespace duet {
 namespace {
 
-struct RunResult {
-  int exit_code = -1;  // -1: killed by a signal
-  std::string out;     // stdout and stderr together
-};
-
-RunResult run_duet(const std::string& args) {
-  const std::string cmd = std::string(DUET_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  RunResult r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  return r;
-}
+using test::RunResult;
+using test::run_duet;
 
 // The table row of `format`: MiB, mean KL, its s.e., 99% KL, max KL, top-1 %, its s.e.,
 // positions. Empty if there is no such row.

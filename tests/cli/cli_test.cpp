@@ -12,28 +12,14 @@
 
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
+#include "cli/run_duet.h"
 #include "test_util.h"
 
 namespace duet {
 namespace {
 
-struct RunResult {
-  int exit_code = -1;  // -1: killed by a signal
-  std::string out;     // stdout and stderr together
-};
-
-// Runs `duet args`; `env` (e.g. "PATH=/x") is put before the command.
-RunResult run_duet(const std::string& args, const std::string& env = "") {
-  const std::string cmd = env + " " + std::string(DUET_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  RunResult r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
-  return r;
-}
+using test::RunResult;
+using test::run_duet;
 
 class CliTest : public ::testing::Test {
  protected:
