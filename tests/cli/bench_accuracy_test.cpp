@@ -15,8 +15,8 @@
 namespace duet {
 namespace {
 
-using test::RunResult;
 using test::run_duet;
+using test::RunResult;
 
 // The table row of `format`: MiB, mean KL, its s.e., 99% KL, max KL, top-1 %, its s.e.,
 // positions. Empty if there is no such row.

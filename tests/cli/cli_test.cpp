@@ -10,16 +10,16 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "cli/run_duet.h"
 #include "core/thread_pool.h"
 #include "kernels/matmul.h"
-#include "cli/run_duet.h"
 #include "test_util.h"
 
 namespace duet {
 namespace {
 
-using test::RunResult;
 using test::run_duet;
+using test::RunResult;
 
 class CliTest : public ::testing::Test {
  protected:
