@@ -12,7 +12,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -220,8 +219,12 @@ class MpiChannel {
   // `then`, if given, is called for each request that completes, with its index and status; it
   // may post a follow-up into *next (a transfer's next chunk), which takes the finished one's
   // place and is waited for too.
-  using Then = std::function<void(int i, const MPI_Status& status, MPI_Request* next)>;
-  void wait_all(MPI_Request* reqs, int n, const char* what, const Then& then = nullptr) {
+  // A template, not std::function: the all-to-alls call it every layer.
+  void wait_all(MPI_Request* reqs, int n, const char* what) {
+    wait_all(reqs, n, what, [](int, const MPI_Status&, MPI_Request*) {});
+  }
+  template <class Then>
+  void wait_all(MPI_Request* reqs, int n, const char* what, const Then& then) {
     const Clock::time_point t0 = Clock::now();
     Clock::time_point next_verdict = t0 + watchdog_;
     auto nap = std::chrono::microseconds(2);
@@ -240,10 +243,10 @@ class MpiChannel {
       int got = 0;
       if (left > 0) {
         check_mpi(MPI_Testsome(n, reqs, &got, indices_.data(), some_.data()), what);
-        if (got == MPI_UNDEFINED) got = left;  // none active: every request is done
-        for (int i = 0; i < got && i < n; ++i) statuses_[size_t(indices_[i])] = some_[size_t(i)];
+        if (got == MPI_UNDEFINED) got = 0, left = 0;  // none active: every request is done
+        for (int i = 0; i < got; ++i) statuses_[size_t(indices_[i])] = some_[size_t(i)];
         left -= got;
-        for (int i = 0; then && i < got && i < n; ++i) {
+        for (int i = 0; i < got; ++i) {
           const int k = indices_[size_t(i)];
           then(k, statuses_[size_t(k)], &reqs[k]);
           left += reqs[k] != MPI_REQUEST_NULL;
@@ -353,7 +356,9 @@ class MpiOps final : public CollectiveOps {
     constexpr int kTag = 12;
     const int n = ch_.size();
     const int me = ch_.rank();
-    std::vector<int64_t> so(size_t(n) + 1, 0), ro(size_t(n) + 1, 0);  // offsets
+    std::vector<int64_t>& so = send_off_;
+    std::vector<int64_t>& ro = recv_off_;
+    so.assign(size_t(n) + 1, 0), ro.assign(size_t(n) + 1, 0);
     for (int r = 0; r < n; ++r) {
       so[r + 1] = so[r] + send_bytes[r];
       ro[r + 1] = ro[r] + recv_bytes[r];
@@ -396,7 +401,8 @@ class MpiOps final : public CollectiveOps {
     const int n = ch_.size();
     reqs_.assign(static_cast<size_t>(n), MPI_REQUEST_NULL);  // one receive per rank, then sends
     recv_bytes->assign(static_cast<size_t>(n), 0);
-    std::vector<int64_t> ro(size_t(n), 0);  // where each rank's part starts in recv
+    std::vector<int64_t>& ro = recv_off_;  // where each rank's part starts in recv
+    ro.assign(size_t(n), 0);
     for (int r = 1; r < n; ++r) ro[r] = ro[r - 1] + recv_capacity[r - 1];
     const auto post_receive = [&](int r, MPI_Request* req) {
       const int64_t room = recv_capacity[r] - (*recv_bytes)[r];
@@ -448,7 +454,8 @@ class MpiOps final : public CollectiveOps {
 
  private:
   MpiChannel ch_;
-  std::vector<MPI_Request> reqs_;  // the all-to-alls' requests, reused
+  std::vector<MPI_Request> reqs_;              // the all-to-alls' requests, reused
+  std::vector<int64_t> send_off_, recv_off_;  // [world_size + 1] their parts' offsets, reused
 };
 
 RankInfo rank_info() {

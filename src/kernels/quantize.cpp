@@ -71,38 +71,45 @@ float q8_scale(const Matrix& w, int64_t r, int64_t k) {
   return w.scales[scale_offset(q8_ld(w.cols), r, k)];
 }
 
-void quantize_row_q8(DType dtype, const void* row, int64_t cols, int8_t* q, float* scales) {
+namespace {
+
+// Quantizes one row group by group: each group's scale is scale_of(its kQ8Group weights), each
+// value the nearest-even multiple of it clamped to [lo, hi] (0 where the scale is 0).
+template <class ScaleOf>
+void quantize_groups(DType dtype, const void* row, int64_t cols, int8_t* q, float* scales,
+                     ScaleOf scale_of, float lo, float hi) {
   const int64_t ld = q8_ld(cols);
   float w[kQ8Group];
   for (int64_t g = 0; g < ld / kQ8Group; ++g) {
     const int64_t k0 = g * kQ8Group;
     load_group(dtype, row, cols, k0, w);
-    float amax = 0.0f;
-    for (float v : w) amax = std::max(amax, std::fabs(v));
-    const float d = amax / 127.0f;
+    const float d = scale_of(w);
     scales[g] = d;
     for (int64_t i = 0; i < kQ8Group; ++i) {
-      const float v = d > 0.0f ? round_even(w[i] / d) : 0.0f;
-      q[k0 + i] = static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
+      const float v = d != 0.0f ? round_even(w[i] / d) : 0.0f;
+      q[k0 + i] = static_cast<int8_t>(std::clamp(v, lo, hi));
     }
   }
 }
 
+}  // namespace
+
+void quantize_row_q8(DType dtype, const void* row, int64_t cols, int8_t* q, float* scales) {
+  const auto amax_over_127 = [](const float* w) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < kQ8Group; ++i) amax = std::max(amax, std::fabs(w[i]));
+    return amax / 127.0f;
+  };
+  quantize_groups(dtype, row, cols, q, scales, amax_over_127, -127.0f, 127.0f);
+}
+
 void quantize_row_q4(DType dtype, const void* row, int64_t cols, int8_t* q, float* scales) {
-  const int64_t ld = q8_ld(cols);
-  float w[kQ8Group];
-  for (int64_t g = 0; g < ld / kQ8Group; ++g) {
-    const int64_t k0 = g * kQ8Group;
-    load_group(dtype, row, cols, k0, w);
+  const auto first_largest_over_minus_8 = [](const float* w) {
     float m = 0.0f;  // the first weight of largest magnitude
-    for (float v : w) m = std::fabs(v) > std::fabs(m) ? v : m;
-    const float d = m / -8.0f;
-    scales[g] = d;
-    for (int64_t i = 0; i < kQ8Group; ++i) {
-      const float v = d != 0.0f ? round_even(w[i] / d) : 0.0f;
-      q[k0 + i] = static_cast<int8_t>(std::clamp(v, -8.0f, 7.0f));
-    }
-  }
+    for (int64_t i = 0; i < kQ8Group; ++i) m = std::fabs(w[i]) > std::fabs(m) ? w[i] : m;
+    return m / -8.0f;
+  };
+  quantize_groups(dtype, row, cols, q, scales, first_largest_over_minus_8, -8.0f, 7.0f);
 }
 
 void QuantizedMatrix::FreeAligned::operator()(void* p) const {
