@@ -55,26 +55,35 @@ uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, E
     act += n * w.gate.rows;
     bytes += mlp_bytes(w);
   }
-  gated_matmul_grouped(pool, scratch.gated);
   if (batch.chunk_ends.empty()) {
+    gated_matmul_grouped(pool, scratch.gated);
     matmul_grouped_scatter(pool, scratch.scatter, batch.clear);
     return bytes;
   }
-  // Chunked combine: the down projections of one chunk of experts at a time, each chunk's rows
-  // handed to the dispatcher as soon as they are final.
+  // Chunked combine: one chunk of experts at a time, gate/up and down, each chunk's rows handed
+  // to the dispatcher as soon as they are final, so the first rows leave after a chunk's share
+  // of the experts' work rather than after every gate/up product. Each expert's weights are
+  // still read once: a chunk holds whole experts.
   DUET_CHECK(batch.clear.size() == static_cast<size_t>(batch.n_rows()) && batch.chunk_done &&
                  batch.chunk_ends.back() == batch.n_local_expert,
              "chunked expert batch: " << batch.clear.size() << " clear rows of " << batch.n_rows()
                                       << ", chunks end at " << batch.chunk_ends.back());
+  // scratch.gated and scratch.scatter hold the experts with rows, in expert order: a chunk's
+  // experts are the groups whose rows fall in the chunk's rows.
+  std::vector<GatedGroup>& gated_part = scratch.gated_part;
   std::vector<ScatterGroup>& part = scratch.scatter_part;
-  size_t g = 0;  // scratch.scatter holds the experts with rows, in expert order
+  size_t g = 0;
   for (size_t c = 0; c < batch.chunk_ends.size(); ++c) {
     const int64_t l0 = c == 0 ? 0 : batch.chunk_ends[c - 1], l1 = batch.chunk_ends[c];
     const int64_t r0 = batch.offsets[l0], r1 = batch.offsets[l1];
     part.clear();
-    for (; g < scratch.scatter.size() && scratch.scatter[g].out < batch.out.data() + r1; ++g)
+    gated_part.clear();
+    for (; g < scratch.scatter.size() && scratch.scatter[g].out < batch.out.data() + r1; ++g) {
+      gated_part.push_back(scratch.gated[g]);
       part.push_back(scratch.scatter[g]);
+    }
     if (r1 > r0) {
+      gated_matmul_grouped(pool, gated_part);
       scratch.clear_part.assign(batch.clear.begin() + r0, batch.clear.begin() + r1);
       matmul_grouped_scatter(pool, part, scratch.clear_part);
     }
