@@ -49,8 +49,12 @@ struct ExpertBatch {
   // chunks finishes the rows of one chunk after another (zeroing their clear rows first) and
   // calls chunk_done(c) as soon as chunk c's output rows are final, in order, so the dispatcher
   // sends them while the next chunk computes. One that does not leaves them all to combine_send.
+  // When chunk_ready is set too, the inputs also arrive in these chunks: the runner calls
+  // chunk_ready(c), in order, before it reads any input row of chunk c (it returns once they are
+  // there), so the first chunks compute while the later ones travel. A runner must honour it.
   std::vector<int64_t> chunk_ends;
   std::function<void(int c)> chunk_done;
+  std::function<void(int c)> chunk_ready;
   int64_t n_rows() const { return offsets.empty() ? 0 : offsets.back(); }
   // Sizes x, out and weight for the rows `offsets` counts.
   void resize_rows() {

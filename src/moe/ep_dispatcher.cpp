@@ -45,7 +45,9 @@ std::string with_bytes(const char* what, const std::vector<int64_t>& bytes) {
 
 EpDispatcher::~EpDispatcher() {
   const std::chrono::milliseconds limit = 2 * comm_.watchdog() + std::chrono::minutes(1);
-  for (const CommHandle* h : {&counts_pending_, &pending_}) {
+  std::vector<const CommHandle*> handles = {&counts_pending_, &pending_};
+  for (const CommHandle& h : dispatch_chunks_) handles.push_back(&h);
+  for (const CommHandle* h : handles) {
     if (h->settle(limit)) continue;
     std::fprintf(stderr,
                  "error: rank %d: an expert transfer is still running %lld ms after it was given "
@@ -284,8 +286,9 @@ void EpDispatcher::ht_dispatch_recv() {
   // Where each source's records start in recv_: back to back, or each in its bounded room.
   const WireRows wire(opt_.row_dtype, D);
   const int64_t W = 2 * K + wire.words();
-  batch_.chunk_ends.clear();  // one combine transfer (see the header)
+  batch_.chunk_ends.clear();  // one transfer each way (see the header)
   batch_.chunk_done = nullptr;
+  batch_.chunk_ready = nullptr;
   if (wire.converted()) xin_.resize(static_cast<size_t>(n_rec * D));
   for (int s = 0, pos = 0; s < n_rank_; ++s) {
     if (s == rank_) continue;

@@ -114,6 +114,14 @@ class EpDispatcher final : public Dispatcher {
   void ll_dispatch_recv();
   void ll_combine_send();
   void ll_combine_recv();
+  // The step's chunks of local experts (ll_chunks_): the same on every rank, from the step's
+  // capacity; none when the combine is one transfer.
+  void ll_plan_chunks(int64_t L, int64_t row_words);
+  // Starts chunk c > 0 of a chunked dispatch: the rows for each rank's experts of chunk c, into
+  // the places the counts that chunk 0 brought give them.
+  CommHandle ll_dispatch_chunk(int c, int64_t BW);
+  // ExpertBatch::chunk_ready: waits for chunk c of the dispatch and widens its rows (bf16, fp8).
+  void ll_dispatch_chunk_ready(int c);
   // Posts the output rows of chunk c of the local experts to their tokens' ranks, and receives
   // chunk c of the other ranks' experts. REQUIRES: chunks before c posted, c's rows final.
   void ll_combine_chunk(int c);
@@ -190,6 +198,13 @@ class EpDispatcher final : public Dispatcher {
   std::vector<int64_t> row_wire_;    // bf16: [batch rows] word offset of each row's output in
                                      // back_ (or, for the own block, ret_)
   int posted_chunks_ = 0;            // chunked combine: chunks posted this layer
+  // Single-batch overlap: the step's chunks of local experts (ExpertBatch::chunk_ends), empty
+  // for one transfer each way. Both directions travel in these chunks: chunk 0 of the dispatch
+  // carries the counts and the first chunk's rows (in pending_), chunk c > 0 its rows
+  // (dispatch_chunks_[c], waited for by ll_dispatch_chunk_ready).
+  std::vector<int64_t> ll_chunks_;
+  std::vector<CommHandle> dispatch_chunks_;
+  std::vector<const float*> row_in_;  // bf16, fp8: [batch rows] each row's input on the wire
   // bf16 rows: the experts read f32 and write f32, so both sides are staged. xin_ [batch rows
   // (ll) or records (ht), n_embd] the widened inputs; xout_ [batch rows, n_embd] (ll) the
   // outputs before they are packed; back_wire_ [remote records, n_embd / 2 words] (ht) the

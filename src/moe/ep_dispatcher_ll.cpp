@@ -45,6 +45,41 @@ LlLayout ll_layout(int64_t L, int64_t K, int64_t row_words, int64_t C) {
 int64_t ll_pos(int r, int rank, int n_rank) {
   return r == rank ? n_rank - 1 : r < rank ? r : r - 1;
 }
+
+// One bounded all-to-all between runs of words inside the ll buffers (a chunk): send_bytes[r]
+// from send + send_at[r] to rank r, and from each rank s want[s] bytes into recv + recv_at[s];
+// the own rank's runs stay out (0 bytes). The runs lie in rank order, each room reaching to the
+// next rank's run. Throws naming `what`, the chunk and the rank whose part is not as long as
+// expected.
+void runs_all_to_all(CollectiveOps& ops, int rank, float* send, const std::vector<int64_t>& send_at,
+                     const std::vector<int64_t>& send_bytes, float* recv,
+                     const std::vector<int64_t>& recv_at, const std::vector<int64_t>& want,
+                     const char* what, int c) {
+  const int n_rank = static_cast<int>(want.size());
+  auto rooms = [&](const std::vector<int64_t>& at, const std::vector<int64_t>& bytes) {
+    std::vector<int64_t> room(want.size(), 0);
+    int prev = -1;
+    for (int r = 0; r < n_rank; ++r) {
+      if (r == rank) continue;
+      if (prev >= 0) room[prev] = (at[r] - at[prev]) * 4;
+      prev = r;
+    }
+    if (prev >= 0) room[prev] = bytes[prev];
+    return room;
+  };
+  const int first = rank == 0 ? 1 : 0;
+  float* s0 = n_rank > 1 ? send + send_at[first] : send;
+  float* r0 = n_rank > 1 ? recv + recv_at[first] : recv;
+  std::vector<int64_t> got(want.size(), 0);
+  ops.all_to_all_bounded(s0, send_bytes, rooms(send_at, send_bytes), r0, rooms(recv_at, want),
+                         &got);
+  for (int s = 0; s < n_rank; ++s) {
+    if (s != rank && got[s] != want[s]) {
+      DUET_ERROR(what << ", chunk " << c << ": rank " << s << " sent " << got[s]
+                      << " bytes, expected " << want[s]);
+    }
+  }
+}
 }  // namespace
 
 void EpDispatcher::ll_dispatch_send() {
@@ -97,7 +132,92 @@ void EpDispatcher::ll_dispatch_send() {
       slot_of_[t * K + k] = off;
     }
   }
-  ll_transfer("ep_dispatch(low_latency)", send_.data(), send_bytes_, recv_.data(), lay.BW);
+  ll_plan_chunks(L, RW);
+  if (ll_chunks_.empty()) {
+    ll_transfer("ep_dispatch(low_latency)", send_.data(), send_bytes_, recv_.data(), lay.BW);
+    return;
+  }
+  // Chunk 0: each buffer's counts and the rows of the first chunk's experts (the receiver learns
+  // the length from the message); then one transfer per later chunk.
+  std::vector<int64_t> first(static_cast<size_t>(n_rank_), 0);
+  for (int r = 0; r < n_rank_; ++r) {
+    if (r == rank_) continue;
+    int64_t rows = 0;
+    for (int64_t l = 0; l < ll_chunks_[0]; ++l) rows += count[r * L + l];
+    first[r] = (L + rows * RW) * 4;
+  }
+  ll_transfer("ep_dispatch(low_latency, chunk)", send_.data(), first, recv_.data(), lay.BW);
+  dispatch_chunks_.resize(ll_chunks_.size());
+  for (size_t c = 1; c < ll_chunks_.size(); ++c)
+    dispatch_chunks_[c] = ll_dispatch_chunk(static_cast<int>(c), lay.BW);
+}
+
+void EpDispatcher::ll_plan_chunks(int64_t L, int64_t row_words) {
+  ll_chunks_.clear();
+  int64_t n_chunks = std::min<int64_t>(opt_.combine_chunks, L);
+  if (opt_.min_chunk_bytes > 0) {  // the same on every rank: the step's capacity is planned
+    const int64_t rows_bytes = step_tokens_ * tokens_.n_expert_used * row_words * 4;
+    n_chunks = std::min(n_chunks, std::max<int64_t>(1, rows_bytes / opt_.min_chunk_bytes));
+  }
+  if (n_chunks > 1)
+    for (int64_t c = 1; c <= n_chunks; ++c) ll_chunks_.push_back(c * L / n_chunks);
+}
+
+// The sender knows its runs; the receiver's come from the counts that arrived with chunk 0,
+// read on the communication thread, which ran chunk 0 before this one.
+CommHandle EpDispatcher::ll_dispatch_chunk(int c, int64_t BW) {
+  const int64_t L = placement_.n_local(), l0 = ll_chunks_[c - 1], l1 = ll_chunks_[c];
+  const int64_t RW = WireRows(opt_.row_dtype, tokens_.n_embd).words();
+  const int64_t R = ll_layout(L, tokens_.n_expert_used, RW, step_tokens_).R;
+  const size_t n = static_cast<size_t>(n_rank_);
+  std::vector<int64_t> send_at(n, 0), send_bytes(n, 0);
+  for (int r = 0; r < n_rank_; ++r) {
+    int64_t before = 0, rows = 0;
+    for (int64_t l = 0; l < l1; ++l) (l < l0 ? before : rows) += sent_count_[r * L + l];
+    send_at[r] = ll_pos(r, rank_, n_rank_) * BW + L + before * RW;
+    send_bytes[r] = r == rank_ ? 0 : rows * RW * 4;
+  }
+  return comm_.start(
+      with_bytes("ep_dispatch(low_latency, chunk)", send_bytes),
+      [this, c, L, l0, l1, RW, R, BW, send_at = std::move(send_at),
+       send_bytes = std::move(send_bytes)](CollectiveOps& ops) {
+        const size_t n = static_cast<size_t>(n_rank_);
+        std::vector<int64_t> recv_at(n, 0), want(n, 0);
+        for (int s = 0; s < n_rank_; ++s) {
+          const int64_t at = ll_pos(s, rank_, n_rank_) * BW;
+          recv_at[s] = at + L;
+          if (s == rank_ || recv_bytes_[s] < L * 4) continue;  // short: dispatch_recv says so
+          int64_t before = 0, rows = 0;
+          for (int64_t l = 0; l < l1; ++l) {
+            const int64_t k = get_count(recv_.data() + at + l);
+            if (k < 0 || before + rows + k > R) {
+              DUET_ERROR("low_latency dispatch: rank " << s << " sent " << k
+                                                       << " rows for expert " << l
+                                                       << " (room for " << R - before - rows
+                                                       << ")");
+            }
+            (l < l0 ? before : rows) += k;
+          }
+          recv_at[s] = at + L + before * RW;
+          want[s] = rows * RW * 4;
+        }
+        runs_all_to_all(ops, rank_, send_.data(), send_at, send_bytes, recv_.data(), recv_at,
+                        want, "low_latency dispatch", c);
+      });
+}
+
+void EpDispatcher::ll_dispatch_chunk_ready(int c) {
+  if (c > 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    dispatch_chunks_[c].wait();
+    dispatch_chunks_[c] = CommHandle();
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const WireRows wire(opt_.row_dtype, tokens_.n_embd);
+  if (!wire.converted()) return;
+  const int64_t l0 = c == 0 ? 0 : ll_chunks_[c - 1], l1 = ll_chunks_[c];
+  for (int64_t r = batch_.offsets[l0]; r < batch_.offsets[l1]; ++r)
+    wire.get(row_in_[r], xin_.data() + r * tokens_.n_embd);
 }
 
 // One round between the fixed buffers (the own one, last, stays out): each part is the used
@@ -146,9 +266,14 @@ void EpDispatcher::ll_dispatch_recv() {
       rows += c;
       batch_.offsets[l + 1] += c;
     }
-    if (got != (L + rows * RW) * 4) {
-      DUET_ERROR("low_latency dispatch: rank " << s << " sent " << got << " bytes for " << rows
-                                               << " rows, expected " << (L + rows * RW) * 4);
+    // A chunked dispatch's first message carries the first chunk's rows (the own buffer is all
+    // there).
+    const int64_t arrived =
+        ll_chunks_.empty() || s == rank_ ? rows : blk_row_[s * L + ll_chunks_[0] - 1] +
+                                                      get_count(block(s) + ll_chunks_[0] - 1);
+    if (got != (L + arrived * RW) * 4) {
+      DUET_ERROR("low_latency dispatch: rank " << s << " sent " << got << " bytes for " << arrived
+                                               << " rows, expected " << (L + arrived * RW) * 4);
     }
   }
   for (int64_t l = 0; l < L; ++l) batch_.offsets[l + 1] += batch_.offsets[l];
@@ -160,6 +285,7 @@ void EpDispatcher::ll_dispatch_recv() {
     xin_.resize(static_cast<size_t>(batch_.n_rows() * D));
     xout_.resize(xin_.size());
     row_wire_.resize(static_cast<size_t>(batch_.n_rows()));
+    row_in_.resize(static_cast<size_t>(batch_.n_rows()));
   }
   int64_t row = 0;
   for (int64_t l = 0; l < L; ++l) {
@@ -168,8 +294,8 @@ void EpDispatcher::ll_dispatch_recv() {
       const float* in = (s == rank_ ? send_.data() : recv_.data()) + at;
       float* out = (s == rank_ ? ret_.data() : back_.data()) + at;
       for (int64_t j = 0, n = get_count(block(s) + l); j < n; ++j, ++row) {
-        if (wire.converted()) {
-          wire.get(in + j * RW, xin_.data() + row * D);
+        if (wire.converted()) {  // widened when it has arrived (ll_dispatch_chunk_ready)
+          row_in_[row] = in + j * RW;
           batch_.x[row] = xin_.data() + row * D;
           batch_.out[row] = xout_.data() + row * D;
           row_wire_[row] = at + j * RW;
@@ -184,16 +310,14 @@ void EpDispatcher::ll_dispatch_recv() {
   }
   posted_chunks_ = 0;
   combine_bytes_ = 0;  // the chunks add theirs
-  batch_.chunk_ends.clear();
+  batch_.chunk_ends = ll_chunks_;
   batch_.chunk_done = nullptr;
-  int64_t n_chunks = std::min<int64_t>(opt_.combine_chunks, L);
-  if (opt_.min_chunk_bytes > 0) {  // the same on every rank: the step's capacity is planned
-    const int64_t rows_bytes = step_tokens_ * tokens_.n_expert_used * RW * 4;
-    n_chunks = std::min(n_chunks, std::max<int64_t>(1, rows_bytes / opt_.min_chunk_bytes));
-  }
-  if (n_chunks > 1) {
-    for (int64_t c = 1; c <= n_chunks; ++c) batch_.chunk_ends.push_back(c * L / n_chunks);
+  batch_.chunk_ready = nullptr;
+  if (!ll_chunks_.empty()) {
     batch_.chunk_done = [this](int c) { ll_combine_chunk(c); };
+    batch_.chunk_ready = [this](int c) { ll_dispatch_chunk_ready(c); };
+  } else if (wire.converted()) {
+    for (int64_t r = 0; r < batch_.n_rows(); ++r) wire.get(row_in_[r], xin_.data() + r * D);
   }
 }
 
@@ -233,34 +357,11 @@ void EpDispatcher::ll_combine_chunk(int c) {
     recv_bytes[r] = r == rank_ ? 0 : rows_out * RW * 4;
     combine_bytes_ += (r == rank_ ? rows_out : rows_in) * RW * 4;
   }
-  // Rooms: from one rank's run to the next's (rank order; the own rank's room is empty).
-  auto rooms = [&](const std::vector<int64_t>& at, const std::vector<int64_t>& bytes) {
-    std::vector<int64_t> room(n, 0);
-    int prev = -1;
-    for (int r = 0; r < n_rank_; ++r) {
-      if (r == rank_) continue;
-      if (prev >= 0) room[prev] = (at[r] - at[prev]) * 4;
-      prev = r;
-    }
-    if (prev >= 0) room[prev] = bytes[prev];
-    return room;
-  };
-  const int first = rank_ == 0 ? 1 : 0;
-  float* send = n_rank_ > 1 ? back_.data() + send_at[first] : back_.data();
-  float* recv = n_rank_ > 1 ? ret_.data() + recv_at[first] : ret_.data();
-  pending_ = comm_.start(
-      with_bytes("ep_combine(low_latency, chunk)", send_bytes),
-      [this, send, recv, send_bytes, send_room = rooms(send_at, send_bytes),
-       recv_room = rooms(recv_at, recv_bytes), want = recv_bytes, c](CollectiveOps& ops) {
-        std::vector<int64_t> got(want.size(), 0);
-        ops.all_to_all_bounded(send, send_bytes, send_room, recv, recv_room, &got);
-        for (int s = 0; s < n_rank_; ++s) {
-          if (s != rank_ && got[s] != want[s]) {
-            DUET_ERROR("low_latency combine, chunk " << c << ": rank " << s << " sent " << got[s]
-                                                     << " bytes, expected " << want[s]);
-          }
-        }
-      });
+  pending_ = comm_.start(with_bytes("ep_combine(low_latency, chunk)", send_bytes),
+                         [this, send_at, send_bytes, recv_at, want = recv_bytes, c](CollectiveOps& ops) {
+                           runs_all_to_all(ops, rank_, back_.data(), send_at, send_bytes,
+                                           ret_.data(), recv_at, want, "low_latency combine", c);
+                         });
   ++posted_chunks_;
 }
 

@@ -62,8 +62,9 @@ uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, E
   }
   // Chunked combine: one chunk of experts at a time, gate/up and down, each chunk's rows handed
   // to the dispatcher as soon as they are final, so the first rows leave after a chunk's share
-  // of the experts' work rather than after every gate/up product. Each expert's weights are
-  // still read once: a chunk holds whole experts.
+  // of the experts' work rather than after every gate/up product; with a chunked dispatch, each
+  // chunk starts as soon as its inputs are in. Each expert's weights are still read once: a
+  // chunk holds whole experts.
   DUET_CHECK(batch.clear.size() == static_cast<size_t>(batch.n_rows()) && batch.chunk_done &&
                  batch.chunk_ends.back() == batch.n_local_expert,
              "chunked expert batch: " << batch.clear.size() << " clear rows of " << batch.n_rows()
@@ -76,6 +77,7 @@ uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, E
   for (size_t c = 0; c < batch.chunk_ends.size(); ++c) {
     const int64_t l0 = c == 0 ? 0 : batch.chunk_ends[c - 1], l1 = batch.chunk_ends[c];
     const int64_t r0 = batch.offsets[l0], r1 = batch.offsets[l1];
+    if (batch.chunk_ready) batch.chunk_ready(static_cast<int>(c));
     part.clear();
     gated_part.clear();
     for (; g < scratch.scatter.size() && scratch.scatter[g].out < batch.out.data() + r1; ++g) {

@@ -39,7 +39,8 @@ void mlp_forward(ThreadPool& pool, const MlpWeights& w, const float* x, int64_t 
 // its weights are read once; all experts' gate/up products share one pool job and all down
 // products another. experts[e] is local expert e. Returns the bytes of expert weights it read
 // (the experts that had rows). With chunks (ExpertBatch::chunk_ends), the experts run chunk by
-// chunk (gate/up, then down), calling batch.chunk_done after each.
+// chunk (gate/up, then down), calling batch.chunk_ready before each (if set) and
+// batch.chunk_done after.
 uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, ExpertBatch& batch,
                      MlpScratch& scratch);
 

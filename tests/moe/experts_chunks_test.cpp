@@ -1,9 +1,13 @@
-// run_experts with a chunked combine: the down projections run chunk by chunk of experts, and
-// chunk_done(c) comes, in order, exactly when every output row of chunk c is final and before
-// any row of a later chunk is written; the results equal the unchunked run's.
+// run_experts with a chunked combine: the experts run chunk by chunk, and chunk_done(c) comes, in
+// order, exactly when every output row of chunk c is final and before any row of a later chunk
+// is written; with a chunked dispatch, no input row of chunk c is read before chunk_ready(c);
+// the results equal the unchunked run's.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
 #include <random>
+#include <string>
 
 #include "moe/experts.h"
 
@@ -80,6 +84,62 @@ TEST(RunExpertsChunks, EachChunkIsFinalWhenAnnouncedAndResultsMatch) {
     ASSERT_EQ(seen.size(), ends.size());
     for (size_t c = 0; c < seen.size(); ++c) EXPECT_EQ(seen[c], static_cast<int>(c));
     for (size_t i = 0; i < got.size(); ++i) EXPECT_FLOAT_EQ(got[i], want[i]);
+  }
+}
+
+// The inputs of chunk c arrive only at chunk_ready(c) (NaN before): the results are right only
+// if the gate/up products of chunk c wait for it, and the calls alternate ready, done in order.
+TEST(RunExpertsChunks, ChunkInputsAreReadOnlyAfterChunkReady) {
+  const int64_t L = 6, D = 8, F = 16;
+  const ExpertSet es = make_experts(L, D, F);
+  const std::vector<int64_t> offsets = {0, 2, 2, 5, 6, 6, 9};  // experts 1 and 4 have no rows
+  const int64_t n_rows = offsets.back();
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> x(static_cast<size_t>(n_rows * D));
+  for (float& v : x) v = u(rng);
+  ThreadPool pool(2);
+  MlpScratch scratch;
+  auto run = [&](const std::vector<int64_t>& ends, std::vector<float>& live, std::string* order) {
+    ExpertBatch b;
+    b.n_local_expert = L;
+    b.n_embd = D;
+    b.offsets = offsets;
+    b.resize_rows();
+    std::vector<float> out(static_cast<size_t>(n_rows * D), 123.0f);
+    for (int64_t r = 0; r < n_rows; ++r) {
+      b.x[r] = live.data() + r * D;
+      b.out[r] = out.data() + r * D;
+      b.clear.push_back(out.data() + r * D);
+      b.weight[r] = 1.0f - 0.05f * r;
+    }
+    if (!ends.empty()) {
+      b.chunk_ends = ends;
+      b.chunk_ready = [&](int c) {
+        *order += "r" + std::to_string(c);
+        const int64_t r0 = offsets[c == 0 ? 0 : ends[c - 1]], r1 = offsets[ends[c]];
+        std::copy(x.begin() + r0 * D, x.begin() + r1 * D, live.begin() + r0 * D);
+      };
+      b.chunk_done = [&](int c) { *order += "d" + std::to_string(c); };
+    }
+    run_experts(pool, es.experts, b, scratch);
+    return out;
+  };
+  std::string none;
+  std::vector<float> all = x;
+  const std::vector<float> want = run({}, all, &none);
+  for (const std::vector<int64_t>& ends :
+       {std::vector<int64_t>{3, 6}, std::vector<int64_t>{1, 2, 4, 6}, std::vector<int64_t>{6}}) {
+    std::vector<float> live(x.size(), std::numeric_limits<float>::quiet_NaN());
+    std::string order, expect;
+    for (size_t c = 0; c < ends.size(); ++c)
+      expect += "r" + std::to_string(c) + "d" + std::to_string(c);
+    const std::vector<float> got = run(ends, live, &order);
+    EXPECT_EQ(order, expect);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_FALSE(std::isnan(got[i])) << "row " << i / D << " read before its chunk arrived";
+      EXPECT_FLOAT_EQ(got[i], want[i]);
+    }
   }
 }
 
