@@ -52,10 +52,13 @@ class FakeOps final : public CollectiveOps {
 
 constexpr int64_t kEmbd = 8, kTopk = 2, kTokens = 2;
 
-// The error rank 0's dispatch_recv throws when rank 1's part is `from_1`, or "".
-std::string dispatch_error(All2AllBackend backend, std::function<std::vector<float>()> from_1) {
+// The error rank 0's dispatch_recv throws when rank 1's part is `from_1`, or "". With chunks
+// (a chunked dispatch), from_1 gives each chunk's part in turn and every chunk is waited for.
+std::string dispatch_error(All2AllBackend backend, std::function<std::vector<float>()> from_1,
+                           int chunks = 1) {
   Communicator comm(std::make_unique<FakeOps>(std::move(from_1)), std::chrono::seconds(5));
-  EpDispatcher d(comm, place_experts(8, 2), EpDispatcherOptions{backend, 16});
+  EpDispatcher d(comm, place_experts(8, 2),
+                 EpDispatcherOptions{backend, 16, RowDtype::kF32, chunks});
   d.plan_step(kTokens);  // bounds the step: one round, no count exchange
   std::vector<float> x(kTokens * kEmbd, 1.0f), out(kTokens * kEmbd, 0.0f);
   const std::vector<int32_t> ids = {0, 5, 1, 6};  // each token: one expert per rank
@@ -63,7 +66,8 @@ std::string dispatch_error(All2AllBackend backend, std::function<std::vector<flo
   RoutedTokens t{x.data(), ids.data(), weights.data(), kTokens, kEmbd, kTopk, out.data()};
   d.dispatch_send(t);
   try {
-    d.dispatch_recv();
+    ExpertBatch& b = d.dispatch_recv();
+    for (size_t c = 0; c < b.chunk_ends.size(); ++c) b.chunk_ready(static_cast<int>(c));
   } catch (const Error& e) {
     return e.what();
   }
@@ -108,6 +112,30 @@ TEST(EpMalformedTest, LowLatencyCountsMustMatchTheBytes) {
   // A well-formed message passes.
   EXPECT_EQ(dispatch_error(All2AllBackend::kLowLatency, [&] { return counts({1, 1, 0, 0}, 2); }),
             "");
+}
+
+TEST(EpMalformedTest, LowLatencyChunksMustMatchTheCounts) {
+  // Two chunks of rank 0's experts 0-3: {0, 1} and {2, 3}. Chunk 0 carries rank 1's 4 counts and
+  // the rows of experts 0 and 1; chunk 1 the rows of experts 2 and 3.
+  auto parts = [](std::vector<std::vector<float>> p) {
+    auto next = std::make_shared<size_t>(0);
+    return [p, next] { return p.at((*next)++); };
+  };
+  std::vector<float> head;
+  for (int32_t v : {1, 0, 0, 1}) head.push_back(count_as_float(v)[0]);
+  std::vector<float> first = head, all = head;
+  first.resize(first.size() + kEmbd, 0.25f);  // expert 0's row
+  all.resize(all.size() + 2 * kEmbd, 0.25f);  // and expert 3's, sent too early
+  const std::vector<float> row(kEmbd, 0.5f), none;
+  EXPECT_EQ(dispatch_error(All2AllBackend::kLowLatency, parts({first, row}), 2), "");
+  // The whole buffer in chunk 0: more than the first chunk's rows.
+  std::string e = dispatch_error(All2AllBackend::kLowLatency, parts({all, none}), 2);
+  EXPECT_NE(e.find("rank 1 sent 80 bytes for 1 rows, expected 48"), std::string::npos) << e;
+  // Chunk 1 short of the row its count announced.
+  e = dispatch_error(All2AllBackend::kLowLatency, parts({first, none}), 2);
+  EXPECT_NE(e.find("low_latency dispatch, chunk 1: rank 1 sent 0 bytes, expected 32"),
+            std::string::npos)
+      << e;
 }
 
 }  // namespace
