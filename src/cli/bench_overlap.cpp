@@ -57,6 +57,10 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
         m.dist.enable_dbo = part == "dbo";
       } else if (part == "sbo") {
         m.dist.enable_single_batch_overlap = true;
+      } else if (part.size() > 3 && part.size() <= 6 && part.compare(0, 3, "sbo") == 0 &&
+                 part.find_first_not_of("0123456789", 3) == std::string::npos) {
+        m.dist.enable_single_batch_overlap = true;  // sboN: N chunks, whatever the step's size
+        m.dist.sbo_combine_chunks = std::stoi(part.substr(3));
       } else if (part == "bf16" || part == "fp8") {
         m.dist.all2all_dtype = part;
       } else if (part == "auto" || part == "thresholds") {
@@ -66,7 +70,7 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
       }
     }
     if (overlaps > 1) {
-      DUET_ERROR("--modes: '" << name << "' is not off, tbo or dbo (default off) with +sbo, "
+      DUET_ERROR("--modes: '" << name << "' is not off, tbo or dbo (default off) with +sbo (or +sboN: N chunks), "
                               << "+bf16 or +fp8 and/or +auto or +thresholds");
     }
     if (!m.dist.enable_single_batch_overlap) {  // the SBO flags apply to +sbo modes only
@@ -163,7 +167,8 @@ void add_bench_overlap(CLI::App& bench) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--modes", o->modes,
                   "Comma-separated modes, the first the baseline of 'vs': off | tbo | dbo, each "
-                  "optionally +sbo, +bf16, and +auto or +thresholds (--dbo-split) (default "
+                  "optionally +sbo (+sboN: N chunks, forced), +bf16 or +fp8, and +auto or "
+                  "+thresholds (--dbo-split) (default "
                   "off,tbo,dbo,sbo)");
   cmd->add_option("--threads", o->threads, "Compute threads per rank");
   add_dist_options(cmd, o->dist);

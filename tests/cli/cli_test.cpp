@@ -336,9 +336,10 @@ TEST_F(CliTest, BenchOverlapRunsSboAndBf16Modes) {
   RunResult r = run_duet("bench overlap " + dir_ +
                          " --batch 4 --gen-len 3 --rounds 1 --threads 1 --data-parallel-size 2 "
                          "--enable-expert-parallel --distributed-backend inproc --all2all-backend "
-                         "low_latency --modes off,sbo,bf16,tbo+sbo+bf16 --sbo-combine-chunks 2");
+                         "low_latency --modes off,sbo,bf16,tbo+sbo+bf16,sbo3 --sbo-combine-chunks 2");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  for (const char* row : {"\n1     off ", "\n1     sbo ", "\n1     bf16 ", "\n1     tbo+sbo+bf16 "})
+  for (const char* row :
+       {"\n1     off ", "\n1     sbo ", "\n1     bf16 ", "\n1     tbo+sbo+bf16 ", "\n1     sbo3 "})
     EXPECT_NE(r.out.find(row), std::string::npos) << row << " in " << r.out;
 }
 
