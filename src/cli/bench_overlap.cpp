@@ -63,6 +63,11 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
         m.dist.sbo_combine_chunks = std::stoi(part.substr(3));
       } else if (part == "bf16" || part == "fp8") {
         m.dist.all2all_dtype = part;
+      } else if (const size_t slash = part.find('/'); slash != std::string::npos) {
+        m.dist.all2all_dtype = part.substr(0, slash);  // e.g. fp8/bf16: dispatch/combine
+        m.dist.all2all_combine_dtype = part.substr(slash + 1);
+        parse_all2all_dtype(m.dist.all2all_dtype);
+        parse_all2all_dtype(m.dist.all2all_combine_dtype);
       } else if (part == "auto" || part == "thresholds") {
         m.dist.dbo_split = part;
       } else {
@@ -70,8 +75,9 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
       }
     }
     if (overlaps > 1) {
-      DUET_ERROR("--modes: '" << name << "' is not off, tbo or dbo (default off) with +sbo (or +sboN: N chunks), "
-                              << "+bf16 or +fp8 and/or +auto or +thresholds");
+      DUET_ERROR("--modes: '" << name << "' is not off, tbo or dbo (default off) with +sbo (or "
+                              << "+sboN: N chunks), +bf16, +fp8 or +D/C (e.g. +fp8/bf16) and/or "
+                              << "+auto or +thresholds");
     }
     if (!m.dist.enable_single_batch_overlap) {  // the SBO flags apply to +sbo modes only
       m.dist.sbo_combine_chunks = 0;
@@ -167,17 +173,19 @@ void add_bench_overlap(CLI::App& bench) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--modes", o->modes,
                   "Comma-separated modes, the first the baseline of 'vs': off | tbo | dbo, each "
-                  "optionally +sbo (+sboN: N chunks, forced), +bf16 or +fp8, and +auto or "
+                  "optionally +sbo (+sboN: N chunks, forced), +bf16, +fp8 or +D/C (dispatch/combine "
+                  "rows, e.g. +fp8/bf16), and +auto or "
                   "+thresholds (--dbo-split) (default "
                   "off,tbo,dbo,sbo)");
   cmd->add_option("--threads", o->threads, "Compute threads per rank");
   add_dist_options(cmd, o->dist);
   cmd->callback([o] {
     if (o->dist.enable_two_batch_overlap || o->dist.enable_dbo ||
-        o->dist.enable_single_batch_overlap || o->dist.all2all_dtype != "f32")
+        o->dist.enable_single_batch_overlap || o->dist.all2all_dtype != "f32" ||
+        !o->dist.all2all_combine_dtype.empty())
       DUET_ERROR("bench overlap runs every mode itself (--modes): leave out "
                  "--enable-two-batch-overlap, --enable-dbo, --enable-single-batch-overlap and "
-                 "--all2all-dtype");
+                 "--all2all-dtype / --all2all-combine-dtype");
     parse_modes(*o);  // a bad --modes fails before any rank starts
     launch_ranks(o->dist, o->model_dir, [&](DistContext* ctx) { run_overlap_rank(*o, ctx); });
   });

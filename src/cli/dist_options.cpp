@@ -58,16 +58,19 @@ void check_overlap(const DistOptions& o) {
                << " overlaps the experts' all-to-all and needs --enable-expert-parallel");
   }
   const bool sbo = o.enable_single_batch_overlap || o.sbo_combine_chunks > 1 ||
-                   o.sbo_shared_experts != "auto" || o.all2all_dtype != "f32";
+                   o.sbo_shared_experts != "auto" || o.all2all_dtype != "f32" ||
+                   !o.all2all_combine_dtype.empty();
   parse_all2all_dtype(o.all2all_dtype);
+  if (!o.all2all_combine_dtype.empty()) parse_all2all_dtype(o.all2all_combine_dtype);
   if (o.sbo_shared_experts != "auto" && o.sbo_shared_experts != "dispatch" &&
       o.sbo_shared_experts != "combine") {
     DUET_ERROR("--sbo-shared-experts: '" << o.sbo_shared_experts
                                          << "' is not auto, dispatch or combine");
   }
   if (sbo && !o.enable_expert_parallel) {
-    DUET_ERROR("--enable-single-batch-overlap, --sbo-combine-chunks, --sbo-shared-experts and "
-               "--all2all-dtype shape the experts' all-to-all and need --enable-expert-parallel");
+    DUET_ERROR("--enable-single-batch-overlap, --sbo-combine-chunks, --sbo-shared-experts, "
+               "--all2all-dtype and --all2all-combine-dtype shape the experts' all-to-all and "
+               "need --enable-expert-parallel");
   }
   if (!(o.dist_timeout >= 1.0 && o.dist_timeout <= 3600.0))
     DUET_ERROR("--dist-timeout must be in [1, 3600] seconds, got " << o.dist_timeout);
@@ -155,6 +158,9 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
                   "Element type of the rows dispatch and combine carry: f32 (default) | bf16 "
                   "(half the bytes; rows rounded to bf16) | fp8 (E4M3 with a scale per 128 "
                   "values, as DeepEP's fp8 dispatch: 0.27 of the bytes)");
+  cmd->add_option("--all2all-combine-dtype", o.all2all_combine_dtype,
+                  "The combine's rows, where they differ from --all2all-dtype's (e.g. fp8 "
+                  "dispatch with a bf16 combine, as DeepEP and DeepSeek-V3 run them)");
   cmd->add_option("--comm-cores", o.comm_cores,
                   "Cores of each rank kept for its communication thread, the compute pool pinned "
                   "to the others (default 0: they share the cores, unpinned)")
@@ -245,6 +251,8 @@ EpDispatcherOptions ep_dispatcher_options(const DistOptions& o) {
   eo.backend = parse_all2all_backend(o.all2all);
   eo.max_tokens_per_rank = o.ll_max_tokens;
   eo.row_dtype = parse_all2all_dtype(o.all2all_dtype);
+  if (!o.all2all_combine_dtype.empty())
+    eo.combine_dtype = parse_all2all_dtype(o.all2all_combine_dtype);
   eo.combine_chunks = resolve_sbo(o).combine_chunks;
   eo.min_chunk_bytes = resolve_sbo(o).min_chunk_bytes;
   return eo;
@@ -302,7 +310,11 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
                  rank, world, rm.placement.describe(rank).c_str(),
                  rm.model->weight_bytes() / 1048576.0, whole / 1048576.0,
                  resident_bytes() / 1048576.0, o.backend.c_str(), o.all2all.c_str(),
-                 o.all2all_dtype.c_str(), overlap_mode_name(rm.group.overlap),
+                 (o.all2all_combine_dtype.empty() || o.all2all_combine_dtype == o.all2all_dtype
+                      ? o.all2all_dtype
+                      : o.all2all_dtype + " dispatch / " + o.all2all_combine_dtype + " combine")
+                     .c_str(),
+                 overlap_mode_name(rm.group.overlap),
                  describe_sbo(o).c_str());
   }
   return rm;

@@ -339,7 +339,7 @@ void EpDispatcher::ht_dispatch_recv() {
 // The experts have reduced each record into one row in back_: it goes back as it is.
 void EpDispatcher::ht_combine_send() {
   const int64_t D = tokens_.n_embd;
-  const WireRows wire(opt_.row_dtype, D);
+  const WireRows wire(opt_.combine_rows(), D);
   const int64_t RW = wire.words();
   wire_bytes(recv_rows_, RW, &send_bytes_);
   wire_bytes(send_rows_, RW, &recv_bytes_);
@@ -364,7 +364,7 @@ void EpDispatcher::ht_combine_send() {
 // destination's records are in token order.
 void EpDispatcher::ht_combine_recv() {
   const int64_t D = tokens_.n_embd;
-  const WireRows wire(opt_.row_dtype, D);
+  const WireRows wire(opt_.combine_rows(), D);
   const int64_t n_self = send_rows_[rank_];
   scratch_.resize(static_cast<size_t>(n_rank_));
   int64_t* next = scratch_.data();  // [n_rank] the next record from each destination

@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -68,6 +69,10 @@ struct EpDispatcherOptions {
   // of a rank's returning rows at the step's capacity (step tokens · K rows), so that each chunk's
   // round of messages carries enough to be worth its cost. Every rank must use the same value.
   int64_t min_chunk_bytes = 0;
+  // The combine's, when it differs from the dispatch's (DeepEP's fp8 dispatch with a bf16
+  // combine); unset: row_dtype both ways.
+  std::optional<RowDtype> combine_dtype = std::nullopt;
+  RowDtype combine_rows() const { return combine_dtype.value_or(row_dtype); }
 };
 
 class EpDispatcher final : public Dispatcher {
@@ -192,6 +197,7 @@ class EpDispatcher final : public Dispatcher {
   // low_latency bookkeeping.
   std::vector<int64_t> slot_of_;  // [n_tokens, K] word offset of (t, k)'s row in ret_
   std::vector<int64_t> blk_row_;  // [n_rank, n_local] first row of (source, expert) in its buffer
+  std::vector<int64_t> rows_from_;  // [n_rank] rows each source sent this rank's experts
   std::vector<int64_t> back_bytes_;  // [n_rank] the combine's part for each rank
   int64_t ll_own_bytes_ = 0;         // the used start of the own buffer
   std::vector<int64_t> sent_count_;  // [n_rank, n_local] rows this rank sent to each expert

@@ -121,15 +121,17 @@ void EpDispatcher::ll_dispatch_send() {
     if (r == rank_) ll_own_bytes_ = used;
     dispatch_bytes_ += used;
   }
+  // The outputs come back in the same places in the combine's layout (its rows may be wider).
+  const LlLayout back = ll_layout(L, K, WireRows(opt_.combine_rows(), D).words(), C);
   slot_of_.resize(static_cast<size_t>(tokens_.n_tokens * K));
   for (int64_t t = 0; t < tokens_.n_tokens; ++t) {
     for (int64_t k = 0; k < K; ++k) {
       const int32_t e = tokens_.topk_ids[t * K + k];
       const int r = placement_.owner(e);
-      const int64_t off =
-          ll_pos(r, rank_, n_rank_) * lay.BW + L + next[r * L + (e - placement_.begin(r))]++ * RW;
-      wire.put(send_.data() + off, tokens_.x + t * D);
-      slot_of_[t * K + k] = off;
+      const int64_t pos = ll_pos(r, rank_, n_rank_);
+      const int64_t i = next[r * L + (e - placement_.begin(r))]++;
+      wire.put(send_.data() + pos * lay.BW + L + i * RW, tokens_.x + t * D);
+      slot_of_[t * K + k] = pos * back.BW + L + i * back.RW;
     }
   }
   ll_plan_chunks(L, RW);
@@ -246,6 +248,7 @@ void EpDispatcher::ll_dispatch_recv() {
     return (s == rank_ ? send_.data() : recv_.data()) + ll_pos(s, rank_, n_rank_) * lay.BW;
   };
   blk_row_.resize(static_cast<size_t>(n_rank_ * L));
+  rows_from_.assign(static_cast<size_t>(n_rank_), 0);
   batch_.offsets.assign(static_cast<size_t>(L + 1), 0);
   for (int s = 0; s < n_rank_; ++s) {
     // A message from another rank is the counts, then the rows they count: check both against
@@ -266,6 +269,7 @@ void EpDispatcher::ll_dispatch_recv() {
       rows += c;
       batch_.offsets[l + 1] += c;
     }
+    rows_from_[s] = rows;
     // A chunked dispatch's first message carries the first chunk's rows (the own buffer is all
     // there).
     const int64_t arrived =
@@ -279,28 +283,32 @@ void EpDispatcher::ll_dispatch_recv() {
   for (int64_t l = 0; l < L; ++l) batch_.offsets[l + 1] += batch_.offsets[l];
   batch_.resize_rows();
   batch_.clear.clear();
-  back_.resize(recv_.size());
-  ret_.resize(recv_.size());
-  if (wire.converted()) {
-    xin_.resize(static_cast<size_t>(batch_.n_rows() * D));
-    xout_.resize(xin_.size());
-    row_wire_.resize(static_cast<size_t>(batch_.n_rows()));
-    row_in_.resize(static_cast<size_t>(batch_.n_rows()));
-  }
+  const WireRows back_wire(opt_.combine_rows(), D);
+  const LlLayout back = ll_layout(L, tokens_.n_expert_used, back_wire.words(), step_tokens_);
+  back_.resize(static_cast<size_t>(n_rank_ * back.BW));
+  ret_.resize(back_.size());
+  const size_t n_rows = static_cast<size_t>(batch_.n_rows());
+  if (wire.converted()) xin_.resize(n_rows * static_cast<size_t>(D)), row_in_.resize(n_rows);
+  if (back_wire.converted()) xout_.resize(n_rows * static_cast<size_t>(D)), row_wire_.resize(n_rows);
   int64_t row = 0;
   for (int64_t l = 0; l < L; ++l) {
     for (int s = 0; s < n_rank_; ++s) {
-      const int64_t at = ll_pos(s, rank_, n_rank_) * lay.BW + L + blk_row_[s * L + l] * RW;
+      const int64_t pos = ll_pos(s, rank_, n_rank_);
+      const int64_t at = pos * lay.BW + L + blk_row_[s * L + l] * RW;
+      const int64_t back_at = pos * back.BW + L + blk_row_[s * L + l] * back.RW;
       const float* in = (s == rank_ ? send_.data() : recv_.data()) + at;
-      float* out = (s == rank_ ? ret_.data() : back_.data()) + at;
+      float* out = (s == rank_ ? ret_.data() : back_.data()) + back_at;
       for (int64_t j = 0, n = get_count(block(s) + l); j < n; ++j, ++row) {
         if (wire.converted()) {  // widened when it has arrived (ll_dispatch_chunk_ready)
           row_in_[row] = in + j * RW;
           batch_.x[row] = xin_.data() + row * D;
-          batch_.out[row] = xout_.data() + row * D;
-          row_wire_[row] = at + j * RW;
         } else {
           batch_.x[row] = in + j * D;
+        }
+        if (back_wire.converted()) {  // packed into its slot as it leaves
+          batch_.out[row] = xout_.data() + row * D;
+          row_wire_[row] = back_at + j * back.RW;
+        } else {
           batch_.out[row] = out + j * D;
         }
         batch_.clear.push_back(batch_.out[row]);
@@ -329,10 +337,12 @@ void EpDispatcher::ll_combine_chunk(int c) {
              "combine chunk " << c << " posted out of turn (" << posted_chunks_ << " of "
                               << batch_.chunk_ends.size() << " posted)");
   const int64_t D = tokens_.n_embd;
-  const WireRows wire(opt_.row_dtype, D);
+  const WireRows wire(opt_.combine_rows(), D);
   const LlLayout lay =
       ll_layout(placement_.n_local(), tokens_.n_expert_used, wire.words(), step_tokens_);
   const int64_t L = lay.L, RW = lay.RW;
+  const int64_t counts_bw =  // the dispatch's layout, where the counts arrived
+      ll_layout(L, tokens_.n_expert_used, WireRows(opt_.row_dtype, D).words(), step_tokens_).BW;
   const int64_t l0 = c == 0 ? 0 : batch_.chunk_ends[c - 1], l1 = batch_.chunk_ends[c];
   if (wire.converted()) {  // pack the chunk's outputs into their slots
     for (int64_t r = batch_.offsets[l0]; r < batch_.offsets[l1]; ++r) {
@@ -349,8 +359,10 @@ void EpDispatcher::ll_combine_chunk(int c) {
     int64_t before = 0, rows_out = 0;
     for (int64_t l = 0; l < l0; ++l) before += sent_count_[r * L + l];
     for (int64_t l = l0; l < l1; ++l) rows_out += sent_count_[r * L + l];
-    const int64_t rows_in = r == rank_ ? 0 : blk_row_[r * L + l1 - 1] - blk_row_[r * L + l0] +
-                                                 get_count(recv_.data() + (base - L) + l1 - 1);
+    const int64_t rows_in =
+        r == rank_ ? 0
+                   : blk_row_[r * L + l1 - 1] - blk_row_[r * L + l0] +
+                         get_count(recv_.data() + ll_pos(r, rank_, n_rank_) * counts_bw + l1 - 1);
     send_at[r] = base + blk_row_[r * L + l0] * RW;
     send_bytes[r] = r == rank_ ? 0 : rows_in * RW * 4;
     recv_at[r] = base + before * RW;
@@ -373,7 +385,7 @@ void EpDispatcher::ll_combine_send() {
       ll_combine_chunk(posted_chunks_);
     return;
   }
-  const WireRows wire(opt_.row_dtype, tokens_.n_embd);
+  const WireRows wire(opt_.combine_rows(), tokens_.n_embd);
   const LlLayout lay =
       ll_layout(placement_.n_local(), tokens_.n_expert_used, wire.words(), step_tokens_);
   if (wire.converted()) {
@@ -383,17 +395,23 @@ void EpDispatcher::ll_combine_send() {
                xout_.data() + r * tokens_.n_embd);
     }
   }
-  back_bytes_ = recv_bytes_;
+  // Each source gets as many rows back as it sent (its counts, then the rows: the counts' words
+  // travel unread, as the layout's).
+  const int64_t L = lay.L;
+  back_bytes_.assign(static_cast<size_t>(n_rank_), 0);
   combine_bytes_ = 0;
-  for (int64_t b : back_bytes_) combine_bytes_ += b;
-  combine_bytes_ += ll_own_bytes_;
+  for (int s = 0; s < n_rank_; ++s) {
+    const int64_t bytes = (L + rows_from_[s] * lay.RW) * 4;
+    if (s != rank_) back_bytes_[s] = bytes;
+    combine_bytes_ += bytes;
+  }
   ll_transfer("ep_combine(low_latency)", back_.data(), back_bytes_, ret_.data(), lay.BW);
 }
 
 // The weights are applied here, in k order, exactly as the single-rank dispatcher does.
 void EpDispatcher::ll_combine_recv() {
   const int64_t K = tokens_.n_expert_used, D = tokens_.n_embd;
-  const WireRows wire(opt_.row_dtype, D);
+  const WireRows wire(opt_.combine_rows(), D);
   for (int64_t t = 0; t < tokens_.n_tokens; ++t) {
     for (int64_t k = 0; k < K; ++k) {
       wire.add(ret_.data() + slot_of_[t * K + k], tokens_.topk_weights[t * K + k],

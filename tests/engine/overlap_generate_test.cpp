@@ -183,11 +183,18 @@ INSTANTIATE_TEST_SUITE_P(
 constexpr float kBf16RowsBound = 1e-2f;
 constexpr float kFp8RowsBound = 1e-1f;
 
-class Bf16RowsTest : public ::testing::TestWithParam<std::tuple<std::string, RowDtype>> {};
+// The rows of the dispatch and of the combine.
+struct RowsCase {
+  RowDtype rows;
+  RowDtype back_rows;
+};
+
+class Bf16RowsTest : public ::testing::TestWithParam<std::tuple<std::string, RowsCase>> {};
 
 TEST_P(Bf16RowsTest, GreedyTokensEqualAndLogitsWithinTheBound) {
   const std::string arch = std::get<0>(GetParam());
-  const RowDtype rows = std::get<1>(GetParam());
+  const RowDtype rows = std::get<1>(GetParam()).rows;
+  const RowDtype back_rows = std::get<1>(GetParam()).back_rows;
   const std::string dir = test::tiny_model_dir(arch);
   std::unique_ptr<Model> model = Model::load(dir);
   const std::vector<GenerateRequest> reqs = requests(arch);
@@ -209,6 +216,7 @@ TEST_P(Bf16RowsTest, GreedyTokensEqualAndLogitsWithinTheBound) {
           Communicator* comm = &ctx.comm();
           EpDispatcherOptions opt{backend, 64};
           opt.row_dtype = rows;
+          if (back_rows != rows) opt.combine_dtype = back_rows;
           g.dispatchers = [comm, place, opt](int) {
             return std::make_unique<EpDispatcher>(*comm, place, opt);
           };
@@ -232,11 +240,14 @@ TEST_P(Bf16RowsTest, GreedyTokensEqualAndLogitsWithinTheBound) {
             }
           }
         });
-        EXPECT_LE(worst, rows == RowDtype::kFp8 ? kFp8RowsBound : kBf16RowsBound)
+        const bool fp8 = rows == RowDtype::kFp8 || back_rows == RowDtype::kFp8;
+        EXPECT_LE(worst, fp8 ? kFp8RowsBound : kBf16RowsBound)
             << world << " ranks, " << all2all_backend_name(backend);
         EXPECT_GT(worst, 0.0f) << "the rows changed nothing: are they rounded?";
-        std::printf("%s rows %s, %d ranks, %s, %s: max logit error %.2e of the row's largest\n",
-                    all2all_dtype_name(rows), arch.c_str(), world, all2all_backend_name(backend),
+        std::printf("%s/%s rows %s, %d ranks, %s, %s: max logit error %.2e of the row's "
+                    "largest\n",
+                    all2all_dtype_name(rows), all2all_dtype_name(back_rows), arch.c_str(), world,
+                    all2all_backend_name(backend),
                     overlap_mode_name(mode), worst);
       }
     }
@@ -246,9 +257,13 @@ TEST_P(Bf16RowsTest, GreedyTokensEqualAndLogitsWithinTheBound) {
 INSTANTIATE_TEST_SUITE_P(
     Archs, Bf16RowsTest,
     ::testing::Combine(::testing::Values("qwen3_moe", "deepseek_v2", "mixtral"),
-                       ::testing::Values(RowDtype::kBF16, RowDtype::kFp8)),
-    [](const ::testing::TestParamInfo<std::tuple<std::string, RowDtype>>& info) {
-      return std::get<0>(info.param) + "_" + all2all_dtype_name(std::get<1>(info.param));
+                       ::testing::Values(RowsCase{RowDtype::kBF16, RowDtype::kBF16},
+                                         RowsCase{RowDtype::kFp8, RowDtype::kFp8},
+                                         RowsCase{RowDtype::kFp8, RowDtype::kBF16})),
+    [](const ::testing::TestParamInfo<std::tuple<std::string, RowsCase>>& info) {
+      const RowsCase& c = std::get<1>(info.param);
+      return std::get<0>(info.param) + "_" + all2all_dtype_name(c.rows) +
+             (c.back_rows != c.rows ? std::string("_") + all2all_dtype_name(c.back_rows) : "");
     });
 
 // An EpDispatcher of one micro-batch slot that, on the stalling rank, stops answering at its n-th

@@ -4,8 +4,11 @@
 // chunk failed to deliver would leave the previous step's value behind and show.
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include "core/dtype.h"
@@ -71,13 +74,13 @@ std::vector<float> run_step(Dispatcher& d, const Tokens& t,
   return out;
 }
 
-// What a rank's tokens come back as with bf16 or fp8 rows: each input row rounded; each output
-// row that travels rounded — under low_latency every (token, expert) row, under high_throughput
+// What a rank's tokens come back as with bf16 or fp8 rows: each input row rounded (`rows`); each
+// output row that travels rounded (`back_rows`) — under low_latency every (token, expert) row, under high_throughput
 // the sum of the token's experts on each other rank (its own rank's experts add theirs
 // unrounded).
 std::vector<float> rounded_reference(const Tokens& t, const ExpertPlacement& p, int rank,
-                                     All2AllBackend backend, RowDtype rows) {
-  const WireRows wire(rows, t.D);
+                                     All2AllBackend backend, RowDtype rows, RowDtype back_rows) {
+  const WireRows wire(rows, t.D), back(back_rows, t.D);
   std::vector<float> out(static_cast<size_t>(t.n * t.D), 0.5f);
   std::vector<float> x(static_cast<size_t>(t.D)), y(x.size());
   for (int64_t i = 0; i < t.n; ++i) {
@@ -88,7 +91,7 @@ std::vector<float> rounded_reference(const Tokens& t, const ExpertPlacement& p, 
       const int32_t e = t.ids[i * t.K + k];
       for (int64_t d = 0; d < t.D; ++d) y[d] = expert_fn(e, x[d]);
       if (backend == All2AllBackend::kLowLatency) {
-        wire.round(y.data(), y.data());
+        back.round(y.data(), y.data());
         for (int64_t d = 0; d < t.D; ++d) out[i * t.D + d] += t.w[i * t.K + k] * y[d];
       } else {
         for (int64_t d = 0; d < t.D; ++d) per_rank[p.owner(e)][d] += t.w[i * t.K + k] * y[d];
@@ -96,7 +99,7 @@ std::vector<float> rounded_reference(const Tokens& t, const ExpertPlacement& p, 
     }
     if (backend == All2AllBackend::kHighThroughput) {
       for (int r = 0; r < p.world_size; ++r) {
-        if (r != rank) wire.round(per_rank[r].data(), per_rank[r].data());
+        if (r != rank) back.round(per_rank[r].data(), per_rank[r].data());
         for (int64_t d = 0; d < t.D; ++d) out[i * t.D + d] += per_rank[r][d];
       }
     }
@@ -116,6 +119,7 @@ struct SboCase {
   int chunks;
   RowDtype rows;
   All2AllBackend backend;
+  std::optional<RowDtype> back_rows = std::nullopt;  // the combine's, if not `rows`
 };
 
 class EpDispatcherSboTest : public ::testing::TestWithParam<SboCase> {};
@@ -132,7 +136,9 @@ TEST_P(EpDispatcherSboTest, SameAsOneRank) {
       const ExpertPlacement p = place_experts(n_expert, c.world);
       EpDispatcherOptions opt{c.backend, 16};
       opt.row_dtype = c.rows;
+      opt.combine_dtype = c.back_rows;
       opt.combine_chunks = c.chunks;
+      const RowDtype back_rows = c.back_rows.value_or(c.rows);
       EpDispatcher ep(ctx.comm(), p, opt);
       LocalDispatcher local(n_expert);
       for (int step = 0; step < 3; ++step) {
@@ -147,13 +153,13 @@ TEST_P(EpDispatcherSboTest, SameAsOneRank) {
         });
         const std::string what = "shape " + std::to_string(static_cast<int>(shape)) + " rank " +
                                  std::to_string(r) + " step " + std::to_string(step);
-        if (c.rows != RowDtype::kF32) {
-          expect_near(got, rounded_reference(t, p, r, c.backend, c.rows), what);
+        if (c.rows != RowDtype::kF32 || back_rows != RowDtype::kF32) {
+          expect_near(got, rounded_reference(t, p, r, c.backend, c.rows, back_rows), what);
         } else {
           expect_near(got, run_step(local, t), what);
         }
         if (c.backend == All2AllBackend::kLowLatency && c.chunks > 1) {
-          const int64_t row_bytes = WireRows(c.rows, D).words() * 4;
+          const int64_t row_bytes = WireRows(back_rows, D).words() * 4;
           EXPECT_EQ(ep.last_combine_bytes(), rows * row_bytes) << what;
         }
       }
@@ -175,11 +181,22 @@ INSTANTIATE_TEST_SUITE_P(
                       SboCase{2, 1, RowDtype::kFp8, All2AllBackend::kLowLatency},
                       SboCase{4, 3, RowDtype::kFp8, All2AllBackend::kLowLatency},
                       SboCase{3, 1, RowDtype::kFp8, All2AllBackend::kHighThroughput},
-                      SboCase{4, 2, RowDtype::kF32, All2AllBackend::kHighThroughput}),
+                      SboCase{4, 2, RowDtype::kF32, All2AllBackend::kHighThroughput},
+                      // A combine in other rows than the dispatch (DeepEP's fp8 / bf16).
+                      SboCase{2, 2, RowDtype::kFp8, All2AllBackend::kLowLatency, RowDtype::kBF16},
+                      SboCase{4, 3, RowDtype::kFp8, All2AllBackend::kLowLatency, RowDtype::kBF16},
+                      SboCase{3, 1, RowDtype::kFp8, All2AllBackend::kLowLatency, RowDtype::kBF16},
+                      SboCase{3, 1, RowDtype::kFp8, All2AllBackend::kHighThroughput,
+                              RowDtype::kBF16},
+                      SboCase{2, 2, RowDtype::kBF16, All2AllBackend::kLowLatency, RowDtype::kF32},
+                      SboCase{3, 1, RowDtype::kF32, All2AllBackend::kLowLatency, RowDtype::kBF16},
+                      SboCase{2, 1, RowDtype::kF32, All2AllBackend::kHighThroughput,
+                              RowDtype::kFp8}),
     [](const ::testing::TestParamInfo<SboCase>& info) {
-      return std::string(all2all_backend_name(info.param.backend)) + "_ep" +
-             std::to_string(info.param.world) + "_chunks" + std::to_string(info.param.chunks) +
-             "_" + all2all_dtype_name(info.param.rows);
+      const SboCase& c = info.param;
+      return std::string(all2all_backend_name(c.backend)) + "_ep" + std::to_string(c.world) +
+             "_chunks" + std::to_string(c.chunks) + "_" + all2all_dtype_name(c.rows) +
+             (c.back_rows ? std::string("_back_") + all2all_dtype_name(*c.back_rows) : "");
     });
 
 // With min_chunk_bytes, the chunks follow the step's size, alike on every rank: a step planned
