@@ -143,13 +143,14 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
                   "Write a Chrome trace (Perfetto, chrome://tracing) of the steps, each "
                   "micro-batch's operations and the transfers; one file per rank (PATH.rankN)");
   cmd->add_flag("--enable-single-batch-overlap", o.enable_single_batch_overlap,
-                "Hide the all-to-all inside each batch (SGLang's SBO): the combine leaves in "
-                "chunks of experts while the rest compute (low_latency), the shared experts run "
-                "while it travels");
+                "Hide the all-to-all inside each batch (SGLang's SBO): dispatch and combine "
+                "travel in chunks of experts, each chunk computed while the others travel "
+                "(low_latency), the shared experts run while the combine's last chunk travels");
   cmd->add_option("--sbo-combine-chunks", o.sbo_combine_chunks,
-                  "Chunks of local experts the low_latency combine leaves in, each as soon as "
-                  "its experts ran, at most one per expert (1 = one transfer; default with SBO: "
-                  "up to 8, one per 128 KiB of the step's returning rows; else 1)")
+                  "Chunks of local experts low_latency's dispatch and combine travel in, each "
+                  "computed as soon as its rows arrive and sent back as soon as its experts ran, "
+                  "at most one per expert (1 = one transfer; default with SBO: up to 8, one per "
+                  "128 KiB of the step's returning rows; else 1)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--sbo-shared-experts", o.sbo_shared_experts,
                   "Where the shared experts run: while the dispatch or the combine travels "

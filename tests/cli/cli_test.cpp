@@ -336,10 +336,12 @@ TEST_F(CliTest, BenchOverlapRunsSboAndBf16Modes) {
   RunResult r = run_duet("bench overlap " + dir_ +
                          " --batch 4 --gen-len 3 --rounds 1 --threads 1 --data-parallel-size 2 "
                          "--enable-expert-parallel --distributed-backend inproc --all2all-backend "
-                         "low_latency --modes off,sbo,bf16,tbo+sbo+bf16,sbo3 --sbo-combine-chunks 2");
+                         "low_latency --modes off,sbo,bf16,tbo+sbo+bf16,sbo3,sbo+fp8/bf16 "
+                         "--sbo-combine-chunks 2");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* row :
-       {"\n1     off ", "\n1     sbo ", "\n1     bf16 ", "\n1     tbo+sbo+bf16 ", "\n1     sbo3 "})
+       {"\n1     off ", "\n1     sbo ", "\n1     bf16 ", "\n1     tbo+sbo+bf16 ", "\n1     sbo3 ",
+        "\n1     sbo+fp8/bf16 "})
     EXPECT_NE(r.out.find(row), std::string::npos) << row << " in " << r.out;
 }
 
@@ -356,6 +358,8 @@ TEST_F(CliTest, OverlapFlagsAreChecked) {
   expect_error(run_duet(args + "--enable-single-batch-overlap"), "need --enable-expert-parallel");
   expect_error(run_duet(args + "--all2all-dtype bf16"), "need --enable-expert-parallel");
   expect_error(run_duet(args + "--all2all-dtype fp4 --enable-expert-parallel"), "fp4");
+  expect_error(run_duet(args + "--all2all-combine-dtype bf16"), "need --enable-expert-parallel");
+  expect_error(run_duet(args + "--all2all-combine-dtype fp4 --enable-expert-parallel"), "fp4");
   expect_error(run_duet(args + "--sbo-shared-experts never --enable-expert-parallel"), "never");
   // More cores for communication than a rank has (2 ranks as threads share this machine's).
   const int cores = available_cores();
