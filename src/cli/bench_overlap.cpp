@@ -171,21 +171,23 @@ void add_bench_overlap(CLI::App& bench) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--rounds", o->rounds, "Rounds of the modes (default 2)")
       ->check(CLI::PositiveNumber);
-  cmd->add_option("--modes", o->modes,
-                  "Comma-separated modes, the first the baseline of 'vs': off | tbo | dbo, each "
-                  "optionally +sbo (+sboN: N chunks, forced), +bf16, +fp8 or +D/C (dispatch/combine "
-                  "rows, e.g. +fp8/bf16), and +auto or "
-                  "+thresholds (--dbo-split) (default "
-                  "off,tbo,dbo,sbo)");
+  cmd->add_option(
+      "--modes", o->modes,
+      "Comma-separated modes, the first the baseline of 'vs': off | tbo | dbo, each "
+      "optionally +sbo (+sboN: N chunks, forced), +bf16, +fp8 or +D/C (dispatch/combine "
+      "rows, e.g. +fp8/bf16), and +auto or "
+      "+thresholds (--dbo-split) (default "
+      "off,tbo,dbo,sbo)");
   cmd->add_option("--threads", o->threads, "Compute threads per rank");
   add_dist_options(cmd, o->dist);
   cmd->callback([o] {
     if (o->dist.enable_two_batch_overlap || o->dist.enable_dbo ||
         o->dist.enable_single_batch_overlap || o->dist.all2all_dtype != "f32" ||
         !o->dist.all2all_combine_dtype.empty())
-      DUET_ERROR("bench overlap runs every mode itself (--modes): leave out "
-                 "--enable-two-batch-overlap, --enable-dbo, --enable-single-batch-overlap and "
-                 "--all2all-dtype / --all2all-combine-dtype");
+      DUET_ERROR(
+          "bench overlap runs every mode itself (--modes): leave out "
+          "--enable-two-batch-overlap, --enable-dbo, --enable-single-batch-overlap and "
+          "--all2all-dtype / --all2all-combine-dtype");
     parse_modes(*o);  // a bad --modes fails before any rank starts
     launch_ranks(o->dist, o->model_dir, [&](DistContext* ctx) { run_overlap_rank(*o, ctx); });
   });

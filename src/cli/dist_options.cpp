@@ -68,9 +68,10 @@ void check_overlap(const DistOptions& o) {
                                          << "' is not auto, dispatch or combine");
   }
   if (sbo && !o.enable_expert_parallel) {
-    DUET_ERROR("--enable-single-batch-overlap, --sbo-combine-chunks, --sbo-shared-experts, "
-               "--all2all-dtype and --all2all-combine-dtype shape the experts' all-to-all and "
-               "need --enable-expert-parallel");
+    DUET_ERROR(
+        "--enable-single-batch-overlap, --sbo-combine-chunks, --sbo-shared-experts, "
+        "--all2all-dtype and --all2all-combine-dtype shape the experts' all-to-all and "
+        "need --enable-expert-parallel");
   }
   if (!(o.dist_timeout >= 1.0 && o.dist_timeout <= 3600.0))
     DUET_ERROR("--dist-timeout must be in [1, 3600] seconds, got " << o.dist_timeout);
@@ -315,8 +316,7 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
                       ? o.all2all_dtype
                       : o.all2all_dtype + " dispatch / " + o.all2all_combine_dtype + " combine")
                      .c_str(),
-                 overlap_mode_name(rm.group.overlap),
-                 describe_sbo(o).c_str());
+                 overlap_mode_name(rm.group.overlap), describe_sbo(o).c_str());
   }
   return rm;
 }

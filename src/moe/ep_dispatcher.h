@@ -197,7 +197,7 @@ class EpDispatcher final : public Dispatcher {
   // low_latency bookkeeping.
   std::vector<int64_t> slot_of_;  // [n_tokens, K] word offset of (t, k)'s row in ret_
   std::vector<int64_t> blk_row_;  // [n_rank, n_local] first row of (source, expert) in its buffer
-  std::vector<int64_t> rows_from_;  // [n_rank] rows each source sent this rank's experts
+  std::vector<int64_t> rows_from_;   // [n_rank] rows each source sent this rank's experts
   std::vector<int64_t> back_bytes_;  // [n_rank] the combine's part for each rank
   int64_t ll_own_bytes_ = 0;         // the used start of the own buffer
   std::vector<int64_t> sent_count_;  // [n_rank, n_local] rows this rank sent to each expert

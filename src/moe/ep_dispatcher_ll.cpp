@@ -179,33 +179,32 @@ CommHandle EpDispatcher::ll_dispatch_chunk(int c, int64_t BW) {
     send_at[r] = ll_pos(r, rank_, n_rank_) * BW + L + before * RW;
     send_bytes[r] = r == rank_ ? 0 : rows * RW * 4;
   }
-  return comm_.start(
-      with_bytes("ep_dispatch(low_latency, chunk)", send_bytes),
-      [this, c, L, l0, l1, RW, R, BW, send_at = std::move(send_at),
-       send_bytes = std::move(send_bytes)](CollectiveOps& ops) {
-        const size_t n = static_cast<size_t>(n_rank_);
-        std::vector<int64_t> recv_at(n, 0), want(n, 0);
-        for (int s = 0; s < n_rank_; ++s) {
-          const int64_t at = ll_pos(s, rank_, n_rank_) * BW;
-          recv_at[s] = at + L;
-          if (s == rank_ || recv_bytes_[s] < L * 4) continue;  // short: dispatch_recv says so
-          int64_t before = 0, rows = 0;
-          for (int64_t l = 0; l < l1; ++l) {
-            const int64_t k = get_count(recv_.data() + at + l);
-            if (k < 0 || before + rows + k > R) {
-              DUET_ERROR("low_latency dispatch: rank " << s << " sent " << k
-                                                       << " rows for expert " << l
-                                                       << " (room for " << R - before - rows
-                                                       << ")");
-            }
-            (l < l0 ? before : rows) += k;
-          }
-          recv_at[s] = at + L + before * RW;
-          want[s] = rows * RW * 4;
-        }
-        runs_all_to_all(ops, rank_, send_.data(), send_at, send_bytes, recv_.data(), recv_at,
-                        want, "low_latency dispatch", c);
-      });
+  return comm_.start(with_bytes("ep_dispatch(low_latency, chunk)", send_bytes),
+                     [this, c, L, l0, l1, RW, R, BW, send_at = std::move(send_at),
+                      send_bytes = std::move(send_bytes)](CollectiveOps& ops) {
+                       const size_t n = static_cast<size_t>(n_rank_);
+                       std::vector<int64_t> recv_at(n, 0), want(n, 0);
+                       for (int s = 0; s < n_rank_; ++s) {
+                         const int64_t at = ll_pos(s, rank_, n_rank_) * BW;
+                         recv_at[s] = at + L;
+                         if (s == rank_ || recv_bytes_[s] < L * 4)
+                           continue;  // short: dispatch_recv says so
+                         int64_t before = 0, rows = 0;
+                         for (int64_t l = 0; l < l1; ++l) {
+                           const int64_t k = get_count(recv_.data() + at + l);
+                           if (k < 0 || before + rows + k > R) {
+                             DUET_ERROR("low_latency dispatch: rank "
+                                        << s << " sent " << k << " rows for expert " << l
+                                        << " (room for " << R - before - rows << ")");
+                           }
+                           (l < l0 ? before : rows) += k;
+                         }
+                         recv_at[s] = at + L + before * RW;
+                         want[s] = rows * RW * 4;
+                       }
+                       runs_all_to_all(ops, rank_, send_.data(), send_at, send_bytes, recv_.data(),
+                                       recv_at, want, "low_latency dispatch", c);
+                     });
 }
 
 void EpDispatcher::ll_dispatch_chunk_ready(int c) {
@@ -273,8 +272,9 @@ void EpDispatcher::ll_dispatch_recv() {
     // A chunked dispatch's first message carries the first chunk's rows (the own buffer is all
     // there).
     const int64_t arrived =
-        ll_chunks_.empty() || s == rank_ ? rows : blk_row_[s * L + ll_chunks_[0] - 1] +
-                                                      get_count(block(s) + ll_chunks_[0] - 1);
+        ll_chunks_.empty() || s == rank_
+            ? rows
+            : blk_row_[s * L + ll_chunks_[0] - 1] + get_count(block(s) + ll_chunks_[0] - 1);
     if (got != (L + arrived * RW) * 4) {
       DUET_ERROR("low_latency dispatch: rank " << s << " sent " << got << " bytes for " << arrived
                                                << " rows, expected " << (L + arrived * RW) * 4);
@@ -289,7 +289,8 @@ void EpDispatcher::ll_dispatch_recv() {
   ret_.resize(back_.size());
   const size_t n_rows = static_cast<size_t>(batch_.n_rows());
   if (wire.converted()) xin_.resize(n_rows * static_cast<size_t>(D)), row_in_.resize(n_rows);
-  if (back_wire.converted()) xout_.resize(n_rows * static_cast<size_t>(D)), row_wire_.resize(n_rows);
+  if (back_wire.converted())
+    xout_.resize(n_rows * static_cast<size_t>(D)), row_wire_.resize(n_rows);
   int64_t row = 0;
   for (int64_t l = 0; l < L; ++l) {
     for (int s = 0; s < n_rank_; ++s) {
@@ -369,11 +370,12 @@ void EpDispatcher::ll_combine_chunk(int c) {
     recv_bytes[r] = r == rank_ ? 0 : rows_out * RW * 4;
     combine_bytes_ += (r == rank_ ? rows_out : rows_in) * RW * 4;
   }
-  pending_ = comm_.start(with_bytes("ep_combine(low_latency, chunk)", send_bytes),
-                         [this, send_at, send_bytes, recv_at, want = recv_bytes, c](CollectiveOps& ops) {
-                           runs_all_to_all(ops, rank_, back_.data(), send_at, send_bytes,
-                                           ret_.data(), recv_at, want, "low_latency combine", c);
-                         });
+  pending_ =
+      comm_.start(with_bytes("ep_combine(low_latency, chunk)", send_bytes),
+                  [this, send_at, send_bytes, recv_at, want = recv_bytes, c](CollectiveOps& ops) {
+                    runs_all_to_all(ops, rank_, back_.data(), send_at, send_bytes, ret_.data(),
+                                    recv_at, want, "low_latency combine", c);
+                  });
   ++posted_chunks_;
 }
 

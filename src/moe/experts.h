@@ -24,7 +24,7 @@ struct MlpScratch {
   std::vector<GatedGroup> gated;
   std::vector<MatmulGroup> down;
   std::vector<ScatterGroup> scatter;
-  std::vector<GatedGroup> gated_part;      // chunked combine: one chunk's groups
+  std::vector<GatedGroup> gated_part;  // chunked combine: one chunk's groups
   std::vector<ScatterGroup> scatter_part;
   std::vector<float*> clear_part;          // and their output rows to zero
 };
@@ -35,11 +35,11 @@ void mlp_forward(ThreadPool& pool, const MlpWeights& w, const float* x, int64_t 
 
 // Runs each local expert on its rows of the batch, read in place, and adds to the batch's output
 // rows the weighted sum of their rows' expert outputs (the reduction fused into the down
-// projection), after zeroing batch.clear. Each projection of each expert is one product over all of the expert's rows, so
-// its weights are read once; all experts' gate/up products share one pool job and all down
-// products another. experts[e] is local expert e. Returns the bytes of expert weights it read
-// (the experts that had rows). With chunks (ExpertBatch::chunk_ends), the experts run chunk by
-// chunk (gate/up, then down), calling batch.chunk_ready before each (if set) and
+// projection), after zeroing batch.clear. Each projection of each expert is one product over all of
+// the expert's rows, so its weights are read once; all experts' gate/up products share one pool job
+// and all down products another. experts[e] is local expert e. Returns the bytes of expert weights
+// it read (the experts that had rows). With chunks (ExpertBatch::chunk_ends), the experts run chunk
+// by chunk (gate/up, then down), calling batch.chunk_ready before each (if set) and
 // batch.chunk_done after.
 uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, ExpertBatch& batch,
                      MlpScratch& scratch);

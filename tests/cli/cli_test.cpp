@@ -339,9 +339,8 @@ TEST_F(CliTest, BenchOverlapRunsSboAndBf16Modes) {
                          "low_latency --modes off,sbo,bf16,tbo+sbo+bf16,sbo3,sbo+fp8/bf16 "
                          "--sbo-combine-chunks 2");
   ASSERT_EQ(r.exit_code, 0) << r.out;
-  for (const char* row :
-       {"\n1     off ", "\n1     sbo ", "\n1     bf16 ", "\n1     tbo+sbo+bf16 ", "\n1     sbo3 ",
-        "\n1     sbo+fp8/bf16 "})
+  for (const char* row : {"\n1     off ", "\n1     sbo ", "\n1     bf16 ", "\n1     tbo+sbo+bf16 ",
+                          "\n1     sbo3 ", "\n1     sbo+fp8/bf16 "})
     EXPECT_NE(r.out.find(row), std::string::npos) << row << " in " << r.out;
 }
 

@@ -244,11 +244,11 @@ TEST_P(Bf16RowsTest, GreedyTokensEqualAndLogitsWithinTheBound) {
         EXPECT_LE(worst, fp8 ? kFp8RowsBound : kBf16RowsBound)
             << world << " ranks, " << all2all_backend_name(backend);
         EXPECT_GT(worst, 0.0f) << "the rows changed nothing: are they rounded?";
-        std::printf("%s/%s rows %s, %d ranks, %s, %s: max logit error %.2e of the row's "
-                    "largest\n",
-                    all2all_dtype_name(rows), all2all_dtype_name(back_rows), arch.c_str(), world,
-                    all2all_backend_name(backend),
-                    overlap_mode_name(mode), worst);
+        std::printf(
+            "%s/%s rows %s, %d ranks, %s, %s: max logit error %.2e of the row's "
+            "largest\n",
+            all2all_dtype_name(rows), all2all_dtype_name(back_rows), arch.c_str(), world,
+            all2all_backend_name(backend), overlap_mode_name(mode), worst);
       }
     }
   }

@@ -4,8 +4,6 @@
 // chunk failed to deliver would leave the previous step's value behind and show.
 #include <gtest/gtest.h>
 
-#include <optional>
-
 #include <algorithm>
 #include <cmath>
 #include <optional>
@@ -75,9 +73,9 @@ std::vector<float> run_step(Dispatcher& d, const Tokens& t,
 }
 
 // What a rank's tokens come back as with bf16 or fp8 rows: each input row rounded (`rows`); each
-// output row that travels rounded (`back_rows`) — under low_latency every (token, expert) row, under high_throughput
-// the sum of the token's experts on each other rank (its own rank's experts add theirs
-// unrounded).
+// output row that travels rounded (`back_rows`) — under low_latency every (token, expert) row,
+// under high_throughput the sum of the token's experts on each other rank (its own rank's experts
+// add theirs unrounded).
 std::vector<float> rounded_reference(const Tokens& t, const ExpertPlacement& p, int rank,
                                      All2AllBackend backend, RowDtype rows, RowDtype back_rows) {
   const WireRows wire(rows, t.D), back(back_rows, t.D);
@@ -169,29 +167,28 @@ TEST_P(EpDispatcherSboTest, SameAsOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, EpDispatcherSboTest,
-    ::testing::Values(SboCase{2, 2, RowDtype::kF32, All2AllBackend::kLowLatency},
-                      SboCase{3, 4, RowDtype::kF32, All2AllBackend::kLowLatency},
-                      SboCase{4, 3, RowDtype::kF32, All2AllBackend::kLowLatency},
-                      SboCase{4, 2, RowDtype::kF32, All2AllBackend::kLowLatency},
-                      SboCase{1, 2, RowDtype::kF32, All2AllBackend::kLowLatency},
-                      SboCase{2, 1, RowDtype::kBF16, All2AllBackend::kLowLatency},
-                      SboCase{4, 3, RowDtype::kBF16, All2AllBackend::kLowLatency},
-                      SboCase{2, 1, RowDtype::kBF16, All2AllBackend::kHighThroughput},
-                      SboCase{3, 1, RowDtype::kBF16, All2AllBackend::kHighThroughput},
-                      SboCase{2, 1, RowDtype::kFp8, All2AllBackend::kLowLatency},
-                      SboCase{4, 3, RowDtype::kFp8, All2AllBackend::kLowLatency},
-                      SboCase{3, 1, RowDtype::kFp8, All2AllBackend::kHighThroughput},
-                      SboCase{4, 2, RowDtype::kF32, All2AllBackend::kHighThroughput},
-                      // A combine in other rows than the dispatch (DeepEP's fp8 / bf16).
-                      SboCase{2, 2, RowDtype::kFp8, All2AllBackend::kLowLatency, RowDtype::kBF16},
-                      SboCase{4, 3, RowDtype::kFp8, All2AllBackend::kLowLatency, RowDtype::kBF16},
-                      SboCase{3, 1, RowDtype::kFp8, All2AllBackend::kLowLatency, RowDtype::kBF16},
-                      SboCase{3, 1, RowDtype::kFp8, All2AllBackend::kHighThroughput,
-                              RowDtype::kBF16},
-                      SboCase{2, 2, RowDtype::kBF16, All2AllBackend::kLowLatency, RowDtype::kF32},
-                      SboCase{3, 1, RowDtype::kF32, All2AllBackend::kLowLatency, RowDtype::kBF16},
-                      SboCase{2, 1, RowDtype::kF32, All2AllBackend::kHighThroughput,
-                              RowDtype::kFp8}),
+    ::testing::Values(
+        SboCase{2, 2, RowDtype::kF32, All2AllBackend::kLowLatency},
+        SboCase{3, 4, RowDtype::kF32, All2AllBackend::kLowLatency},
+        SboCase{4, 3, RowDtype::kF32, All2AllBackend::kLowLatency},
+        SboCase{4, 2, RowDtype::kF32, All2AllBackend::kLowLatency},
+        SboCase{1, 2, RowDtype::kF32, All2AllBackend::kLowLatency},
+        SboCase{2, 1, RowDtype::kBF16, All2AllBackend::kLowLatency},
+        SboCase{4, 3, RowDtype::kBF16, All2AllBackend::kLowLatency},
+        SboCase{2, 1, RowDtype::kBF16, All2AllBackend::kHighThroughput},
+        SboCase{3, 1, RowDtype::kBF16, All2AllBackend::kHighThroughput},
+        SboCase{2, 1, RowDtype::kFp8, All2AllBackend::kLowLatency},
+        SboCase{4, 3, RowDtype::kFp8, All2AllBackend::kLowLatency},
+        SboCase{3, 1, RowDtype::kFp8, All2AllBackend::kHighThroughput},
+        SboCase{4, 2, RowDtype::kF32, All2AllBackend::kHighThroughput},
+        // A combine in other rows than the dispatch (DeepEP's fp8 / bf16).
+        SboCase{2, 2, RowDtype::kFp8, All2AllBackend::kLowLatency, RowDtype::kBF16},
+        SboCase{4, 3, RowDtype::kFp8, All2AllBackend::kLowLatency, RowDtype::kBF16},
+        SboCase{3, 1, RowDtype::kFp8, All2AllBackend::kLowLatency, RowDtype::kBF16},
+        SboCase{3, 1, RowDtype::kFp8, All2AllBackend::kHighThroughput, RowDtype::kBF16},
+        SboCase{2, 2, RowDtype::kBF16, All2AllBackend::kLowLatency, RowDtype::kF32},
+        SboCase{3, 1, RowDtype::kF32, All2AllBackend::kLowLatency, RowDtype::kBF16},
+        SboCase{2, 1, RowDtype::kF32, All2AllBackend::kHighThroughput, RowDtype::kFp8}),
     [](const ::testing::TestParamInfo<SboCase>& info) {
       const SboCase& c = info.param;
       return std::string(all2all_backend_name(c.backend)) + "_ep" + std::to_string(c.world) +
