@@ -80,6 +80,33 @@ void runs_all_to_all(CollectiveOps& ops, int rank, float* send, const std::vecto
     }
   }
 }
+// A chunked dispatch's receive runs for experts [l0, l1): where each source's rows of them go in
+// recv (word offsets) and their bytes, from the counts its chunk 0 brought (got0: chunk 0's
+// lengths; a source whose chunk 0 was too short for its counts expects nothing, dispatch_recv
+// reports it). Throws naming the source when its counts overflow the room.
+void ll_chunk_runs(const float* recv, const std::vector<int64_t>& got0, int rank,
+                   const LlLayout& lay, int64_t l0, int64_t l1, std::vector<int64_t>* at,
+                   std::vector<int64_t>* want) {
+  const int n_rank = static_cast<int>(got0.size());
+  at->assign(got0.size(), 0);
+  want->assign(got0.size(), 0);
+  for (int s = 0; s < n_rank; ++s) {
+    const int64_t base = ll_pos(s, rank, n_rank) * lay.BW;
+    (*at)[s] = base + lay.L;
+    if (s == rank || got0[s] < lay.L * 4) continue;
+    int64_t before = 0, rows = 0;
+    for (int64_t l = 0; l < l1; ++l) {
+      const int64_t k = get_count(recv + base + l);
+      if (k < 0 || before + rows + k > lay.R) {
+        DUET_ERROR("low_latency dispatch: rank " << s << " sent " << k << " rows for expert " << l
+                                                 << " (room for " << lay.R - before - rows << ")");
+      }
+      (l < l0 ? before : rows) += k;
+    }
+    (*at)[s] = base + lay.L + before * lay.RW;
+    (*want)[s] = rows * lay.RW * 4;
+  }
+}
 }  // namespace
 
 void EpDispatcher::ll_dispatch_send() {
@@ -182,26 +209,9 @@ CommHandle EpDispatcher::ll_dispatch_chunk(int c, int64_t BW) {
   return comm_.start(with_bytes("ep_dispatch(low_latency, chunk)", send_bytes),
                      [this, c, L, l0, l1, RW, R, BW, send_at = std::move(send_at),
                       send_bytes = std::move(send_bytes)](CollectiveOps& ops) {
-                       const size_t n = static_cast<size_t>(n_rank_);
-                       std::vector<int64_t> recv_at(n, 0), want(n, 0);
-                       for (int s = 0; s < n_rank_; ++s) {
-                         const int64_t at = ll_pos(s, rank_, n_rank_) * BW;
-                         recv_at[s] = at + L;
-                         if (s == rank_ || recv_bytes_[s] < L * 4)
-                           continue;  // short: dispatch_recv says so
-                         int64_t before = 0, rows = 0;
-                         for (int64_t l = 0; l < l1; ++l) {
-                           const int64_t k = get_count(recv_.data() + at + l);
-                           if (k < 0 || before + rows + k > R) {
-                             DUET_ERROR("low_latency dispatch: rank "
-                                        << s << " sent " << k << " rows for expert " << l
-                                        << " (room for " << R - before - rows << ")");
-                           }
-                           (l < l0 ? before : rows) += k;
-                         }
-                         recv_at[s] = at + L + before * RW;
-                         want[s] = rows * RW * 4;
-                       }
+                       std::vector<int64_t> recv_at, want;
+                       ll_chunk_runs(recv_.data(), recv_bytes_, rank_, {L, R, RW, BW}, l0, l1,
+                                     &recv_at, &want);
                        runs_all_to_all(ops, rank_, send_.data(), send_at, send_bytes, recv_.data(),
                                        recv_at, want, "low_latency dispatch", c);
                      });
