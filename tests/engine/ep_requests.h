@@ -22,4 +22,17 @@ inline std::vector<GenerateRequest> ep_requests(int n) {
   return reqs;
 }
 
+// The requests of `rank` when request i goes to rank i % world (data-parallel attention); *idx
+// gets their indices in reqs.
+inline std::vector<GenerateRequest> rank_share(const std::vector<GenerateRequest>& reqs, int rank,
+                                               int world, std::vector<size_t>* idx) {
+  std::vector<GenerateRequest> mine;
+  idx->clear();
+  for (size_t i = static_cast<size_t>(rank); i < reqs.size(); i += static_cast<size_t>(world)) {
+    mine.push_back(reqs[i]);
+    idx->push_back(i);
+  }
+  return mine;
+}
+
 }  // namespace duet::test

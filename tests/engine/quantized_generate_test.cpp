@@ -138,13 +138,9 @@ TEST_P(QuantizedEpTest, ExpertParallelEqualsSingleRank) {
     ThreadPool pool(1);
     EpDispatcher ep(ctx.comm(), place, {c.backend, 64});
     Generator gen(*m, pool, KvCacheDtype::kAuto, test::borrowing_group(ctx.coord(), ep));
-    std::vector<GenerateRequest> mine;
     std::vector<size_t> idx;
-    for (size_t i = static_cast<size_t>(ctx.rank()); i < reqs.size(); i += c.world) {
-      mine.push_back(reqs[i]);
-      idx.push_back(i);
-    }
-    const std::vector<GenerateResult> got = gen.generate(mine);
+    const std::vector<GenerateResult> got =
+        gen.generate(test::rank_share(reqs, ctx.rank(), c.world, &idx));
     std::lock_guard<std::mutex> lock(mu);
     EXPECT_GT(m->quantization().n_matrices, 0);
     for (size_t j = 0; j < idx.size(); ++j) {
