@@ -40,6 +40,7 @@ std::string describe_sbo(const DistOptions& o) {
     d += "combine in " + std::string(s.min_chunk_bytes > 0 ? "up to " : "") +
          std::to_string(s.combine_chunks) + " chunks";
     if (s.min_chunk_bytes > 0) d += " of " + std::to_string(s.min_chunk_bytes >> 10) + "+ KiB";
+    if (!s.chunk_micro_batches) d += " (whole steps only)";
   }
   if (s.shared_experts_at) {
     if (!d.empty()) d += ", ";
@@ -235,8 +236,10 @@ SboSettings resolve_sbo(const DistOptions& o) {
   s.combine_chunks = o.sbo_combine_chunks > 0          ? o.sbo_combine_chunks
                      : o.enable_single_batch_overlap ? kSboCombineChunks
                                                      : 1;
-  if (o.sbo_combine_chunks == 0 && o.enable_single_batch_overlap)
+  if (o.sbo_combine_chunks == 0 && o.enable_single_batch_overlap) {
     s.min_chunk_bytes = kSboMinChunkBytes;
+    s.chunk_micro_batches = false;
+  }
   if (o.sbo_shared_experts == "dispatch") {
     s.shared_experts_at = SharedExpertsAt::kDispatch;
   } else if (o.sbo_shared_experts == "combine") {
@@ -257,6 +260,7 @@ EpDispatcherOptions ep_dispatcher_options(const DistOptions& o) {
     eo.combine_dtype = parse_all2all_dtype(o.all2all_combine_dtype);
   eo.combine_chunks = resolve_sbo(o).combine_chunks;
   eo.min_chunk_bytes = resolve_sbo(o).min_chunk_bytes;
+  eo.chunk_micro_batches = resolve_sbo(o).chunk_micro_batches;
   return eo;
 }
 

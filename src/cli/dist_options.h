@@ -60,14 +60,15 @@ std::chrono::milliseconds dist_watchdog(const DistOptions& o);
 
 // What the single-batch overlap flags of `o` come to: the combine's chunks (low_latency steps)
 // and where the shared experts run (unset: the executor's order). Without
-// --enable-single-batch-overlap only what is forced; with it, the chunked combine
-// (up to kSboCombineChunks, one per kSboMinChunkBytes of the step's returning rows, unless
-// --sbo-combine-chunks forces a number) and the shared experts beside
+// --enable-single-batch-overlap only what is forced; with it, chunked transfers (up to
+// kSboCombineChunks, one per kSboMinChunkBytes of the step's returning rows, in steps not split
+// into micro-batches, unless --sbo-combine-chunks forces a number) and the shared experts beside
 // the combine, covering its last chunk, where the combine is chunked (low_latency), else beside
 // the dispatch.
 struct SboSettings {
   int combine_chunks = 1;
   int64_t min_chunk_bytes = 0;  // EpDispatcherOptions::min_chunk_bytes: SBO's choice only
+  bool chunk_micro_batches = true;  // EpDispatcherOptions::chunk_micro_batches: false by choice
   std::optional<SharedExpertsAt> shared_experts_at;
 };
 constexpr int kSboCombineChunks = 8;

@@ -84,7 +84,8 @@ StepRunner::Launch StepRunner::execute(const StepPlan& plan, ForwardInput& in, K
   } step_span{trace_, plan, Clock::now()};
   ++stats_.steps;
   // The step's shape, the same on every rank: a distributed dispatcher picks its algorithm.
-  for (int s = 0; s < runner_.n_slots(); ++s) runner_.dispatcher(s).plan_step(plan.padded_tokens);
+  for (int s = 0; s < runner_.n_slots(); ++s)
+    runner_.dispatcher(s).plan_step(plan.padded_tokens, plan.micro_batch);
   stats_.micro_batch_steps += plan.micro_batch;
   // The step gap and the forward pass's time, from here (the forward pass starts) to its end.
   // With the measured split choice, the plan's time too.

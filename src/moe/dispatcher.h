@@ -80,8 +80,11 @@ class Dispatcher {
   virtual double wait_seconds() const { return 0; }
   // The shape of the group's next step, which every rank learns from the step's sync before
   // the forward pass: the most tokens any rank runs. Lets a distributed dispatcher choose its
-  // algorithm for the step (all ranks choosing alike). Called between steps only.
-  virtual void plan_step(int64_t max_tokens_per_rank) { (void)max_tokens_per_rank; }
+  // algorithm for the step (all ranks choosing alike), and whether the step runs as two
+  // micro-batches (each with its own dispatcher). Called between steps only.
+  virtual void plan_step(int64_t max_tokens_per_rank, bool micro_batch = false) {
+    (void)max_tokens_per_rank, (void)micro_batch;
+  }
 };
 
 }  // namespace duet

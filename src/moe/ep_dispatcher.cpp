@@ -83,8 +83,9 @@ EpDispatcher::EpDispatcher(Communicator& comm, const ExpertPlacement& placement,
   batch_.n_local_expert = placement.n_local();
 }
 
-void EpDispatcher::plan_step(int64_t max_tokens_per_rank) {
+void EpDispatcher::plan_step(int64_t max_tokens_per_rank, bool micro_batch) {
   expect(Phase::kIdle, "plan_step");
+  step_micro_batch_ = micro_batch;
   const bool fits = max_tokens_per_rank <= opt_.max_tokens_per_rank;
   step_backend_ = opt_.backend == All2AllBackend::kLowLatency && fits
                       ? All2AllBackend::kLowLatency

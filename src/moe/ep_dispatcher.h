@@ -69,6 +69,9 @@ struct EpDispatcherOptions {
   // of a rank's returning rows at the step's capacity (step tokens · K rows), so that each chunk's
   // round of messages carries enough to be worth its cost. Every rank must use the same value.
   int64_t min_chunk_bytes = 0;
+  // false: a step split in two micro-batches travels unchunked, the other micro-batch hiding
+  // its transfers (there the chunks' extra messages cost more than they hide, measured).
+  bool chunk_micro_batches = true;
   // The combine's, when it differs from the dispatch's (DeepEP's fp8 dispatch with a bf16
   // combine); unset: row_dtype both ways.
   std::optional<RowDtype> combine_dtype = std::nullopt;
@@ -95,7 +98,7 @@ class EpDispatcher final : public Dispatcher {
 
   // Also sizes low_latency's buffers for the step: max_tokens_per_rank rows per token slot
   // instead of the configured capacity (every rank plans the same value).
-  void plan_step(int64_t max_tokens_per_rank) override;
+  void plan_step(int64_t max_tokens_per_rank, bool micro_batch = false) override;
 
   All2AllBackend backend() const { return opt_.backend; }
   // The algorithm the current step uses.
@@ -161,6 +164,7 @@ class EpDispatcher final : public Dispatcher {
   Phase phase_ = Phase::kIdle;
   All2AllBackend step_backend_;
   int64_t step_tokens_;  // low_latency: the step's capacity in tokens per rank
+  bool step_micro_batch_ = false;  // the step runs as two micro-batches
   int64_t planned_tokens_ = 0;  // the plan's most tokens on a rank; 0 before any plan
   bool ht_bounded_ = false;     // high_throughput without the count exchange (this dispatch)
   // The most receive buffer the one-round high_throughput may set aside (for the plan's bound).

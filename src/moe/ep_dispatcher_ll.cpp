@@ -183,6 +183,7 @@ void EpDispatcher::ll_dispatch_send() {
 
 void EpDispatcher::ll_plan_chunks(int64_t L, int64_t row_words) {
   ll_chunks_.clear();
+  if (step_micro_batch_ && !opt_.chunk_micro_batches) return;
   int64_t n_chunks = std::min<int64_t>(opt_.combine_chunks, L);
   if (opt_.min_chunk_bytes > 0) {  // the same on every rank: the step's capacity is planned
     const int64_t rows_bytes = step_tokens_ * tokens_.n_expert_used * row_words * 4;

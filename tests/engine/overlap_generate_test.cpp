@@ -282,7 +282,7 @@ class StallingSlot final : public Dispatcher {
   ExpertBatch& dispatch_recv() override { return inner_->dispatch_recv(); }
   void combine_send() override { inner_->combine_send(); }
   void combine_recv() override { inner_->combine_recv(); }
-  void plan_step(int64_t n) override { inner_->plan_step(n); }
+  void plan_step(int64_t n, bool micro_batch) override { inner_->plan_step(n, micro_batch); }
 
  private:
   std::unique_ptr<EpDispatcher> inner_;

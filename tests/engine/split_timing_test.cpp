@@ -162,7 +162,9 @@ class DelayingDispatcher final : public Dispatcher {
   }
   void combine_send() override { inner_->combine_send(); }
   void combine_recv() override { inner_->combine_recv(); }
-  void plan_step(int64_t max_tokens) override { inner_->plan_step(max_tokens); }
+  void plan_step(int64_t max_tokens, bool micro_batch) override {
+    inner_->plan_step(max_tokens, micro_batch);
+  }
 
  private:
   std::unique_ptr<Dispatcher> inner_;

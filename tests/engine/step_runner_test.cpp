@@ -37,12 +37,14 @@ class RecordingDispatcher final : public Dispatcher {
   ExpertBatch& dispatch_recv() override { return inner_->dispatch_recv(); }
   void combine_send() override { inner_->combine_send(); }
   void combine_recv() override { inner_->combine_recv(); }
-  void plan_step(int64_t max_tokens) override {
+  void plan_step(int64_t max_tokens, bool micro_batch) override {
     planned.push_back(max_tokens);
+    split.push_back(micro_batch);
     sent_.push_back(-1);
-    inner_->plan_step(max_tokens);
+    inner_->plan_step(max_tokens, micro_batch);
   }
-  std::vector<int64_t> planned;  // plan_step's argument, per step
+  std::vector<int64_t> planned;  // plan_step's arguments, per step
+  std::vector<bool> split;
   // Tokens of the last MoE layer's dispatch, per step (-1: none).
   const std::vector<int64_t>& sent() const { return sent_; }
 
@@ -190,6 +192,8 @@ TEST(StepRunnerSlotsTest, SplitStepsRunInBothSlots) {
       }
       steps.run(in, kv, false);
     }
+    // Both slots' dispatchers were told which steps were split (SBO keeps those unchunked).
+    for (RecordingDispatcher* d : rec) EXPECT_EQ(d->split, (std::vector<bool>{true, true, false}));
     std::lock_guard<std::mutex> lock(mu);
     sent[static_cast<size_t>(r)] = {rec[0]->sent(), rec[1]->sent()};
   });

@@ -19,7 +19,9 @@ class BorrowedDispatcher final : public Dispatcher {
   void combine_send() override { inner_.combine_send(); }
   void combine_recv() override { inner_.combine_recv(); }
   double wait_seconds() const override { return inner_.wait_seconds(); }
-  void plan_step(int64_t max_tokens_per_rank) override { inner_.plan_step(max_tokens_per_rank); }
+  void plan_step(int64_t max_tokens_per_rank, bool micro_batch) override {
+    inner_.plan_step(max_tokens_per_rank, micro_batch);
+  }
 
  private:
   Dispatcher& inner_;

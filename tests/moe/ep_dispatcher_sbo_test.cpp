@@ -219,6 +219,29 @@ TEST(EpDispatcherSboChunks, FewerChunksForSmallSteps) {
   });
 }
 
+// Told a step runs as two micro-batches, a dispatcher with chunk_micro_batches off (SBO's own
+// choice) moves it unchunked; forced chunks (the option on) stay.
+TEST(EpDispatcherSboChunks, SplitStepsUnchunkedUnlessForced) {
+  run_ranks(2, [](DistContext& ctx) {
+    const int64_t n_expert = 12, D = 6, K = 2;
+    for (bool chunk_split : {false, true}) {
+      EpDispatcherOptions opt{All2AllBackend::kLowLatency, 16};
+      opt.combine_chunks = 3;
+      opt.chunk_micro_batches = chunk_split;
+      EpDispatcher ep(ctx.comm(), place_experts(n_expert, 2), opt);
+      LocalDispatcher local(n_expert);
+      for (bool split : {true, false, true}) {
+        ep.plan_step(8, split);
+        const Tokens t = make_tokens(ctx.rank(), split, n_expert, 4, D, K, Shape::kRandom);
+        const size_t want = split && !chunk_split ? 0 : 3;
+        const std::vector<float> got = run_step(
+            ep, t, [&](ExpertBatch& b) { EXPECT_EQ(b.chunk_ends.size(), want) << split; });
+        expect_near(got, run_step(local, t), "split " + std::to_string(split));
+      }
+    }
+  });
+}
+
 // With bf16 rows, the rows the experts read are exactly the bf16 rounding of their tokens' rows,
 // wherever the expert lives (the rank's own tokens included), and a chunked combine with bf16
 // rows sends half the bytes of f32.
