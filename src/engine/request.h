@@ -56,6 +56,21 @@ class RequestStream {
   void finish(const std::string& reason, const std::string& text = "",
               const std::string& error = "");
 
+  // Engine side, in two halves: stage() and stage_finish() gather output that the reader does
+  // not see yet, without a lock or a wake-up; flush() hands all of it over at once and wakes the
+  // reader once. Waking a thread costs the engine thread a system call and often its core, so
+  // it stages while it processes a step's outputs and flushes once the next step is launched.
+  // Only the engine thread stages and flushes; a finish then comes after every staged token.
+  // stage() returns true when the stream had nothing staged (the caller then lists it to flush).
+  bool stage(const std::string& text, int32_t token);
+  bool stage_finish(const std::string& reason, const std::string& text = "",
+                    const std::string& error = "");
+  // Hands the staged output to the reader and, if `wake`, wakes it (else wake() must follow);
+  // false if nothing was staged.
+  bool flush(bool wake = true);
+  // Wakes the reader (after flush(false); any thread).
+  void wake() { cv_.notify_all(); }
+
   // Reader side: waits until there is output or the stream finished, at most `timeout`.
   // Returns what arrived since the last call (empty and unfinished on timeout).
   StreamDelta wait(std::chrono::milliseconds timeout);
@@ -72,6 +87,15 @@ class RequestStream {
   std::condition_variable cv_;
   StreamDelta pending_;  // GUARDED_BY(mu_)
   bool taken_final_ = false;  // GUARDED_BY(mu_): the finished delta was handed out
+  // Output staged and not flushed yet: engine thread only.
+  struct Staged {
+    std::string text;
+    std::vector<int32_t> tokens;
+    bool finished = false;
+    std::string reason, final_text, error;
+    bool empty() const { return tokens.empty() && text.empty() && !finished; }
+  };
+  Staged staged_;
 };
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };
