@@ -70,6 +70,11 @@ class RequestStream {
   bool flush(bool wake = true);
   // Wakes the reader (after flush(false); any thread).
   void wake() { cv_.notify_all(); }
+  // For a waker thread (StreamWaker): marks a wake-up as queued; false if one already was (its
+  // wake-up will hand over this output too). The waker clears it (wake_taken()) just before
+  // it wakes the reader.
+  bool queue_wake() { return !wake_queued_.exchange(true, std::memory_order_acq_rel); }
+  void wake_taken() { wake_queued_.store(false, std::memory_order_release); }
 
   // Reader side: waits until there is output or the stream finished, at most `timeout`.
   // Returns what arrived since the last call (empty and unfinished on timeout).
@@ -83,6 +88,7 @@ class RequestStream {
  private:
   const uint64_t id_;
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> wake_queued_{false};  // queue_wake(), wake_taken()
   std::mutex mu_;
   std::condition_variable cv_;
   StreamDelta pending_;  // GUARDED_BY(mu_)

@@ -14,6 +14,9 @@ StreamWaker::~StreamWaker() {
 }
 
 void StreamWaker::wake(std::vector<std::shared_ptr<RequestStream>>& streams) {
+  // A stream whose wake-up is still queued needs no second one: when the waker falls behind (its
+  // core is busy), each wake-up hands over several steps' tokens at once.
+  std::erase_if(streams, [](const std::shared_ptr<RequestStream>& s) { return !s->queue_wake(); });
   if (streams.empty()) return;
   bool was_empty = false;
   {
@@ -40,7 +43,10 @@ void StreamWaker::loop() {
       if (queued_.empty()) return;  // stop_
       batch.swap(queued_);
     }
-    for (const std::shared_ptr<RequestStream>& s : batch) s->wake();
+    for (const std::shared_ptr<RequestStream>& s : batch) {
+      s->wake_taken();  // output handed over from here on gets a wake-up of its own
+      s->wake();
+    }
   }
 }
 

@@ -29,7 +29,8 @@ class StreamWaker {
   StreamWaker& operator=(const StreamWaker&) = delete;
 
   // Takes the streams (whose output is already in place: RequestStream::flush(false)) and
-  // returns at once; `streams` is left empty. Each will be woken (notified) soon after.
+  // returns at once; `streams` is left empty. Each will be woken (notified) soon after, once
+  // for all the output it was handed over with until then.
   void wake(std::vector<std::shared_ptr<RequestStream>>& streams);
 
  private:

@@ -1,7 +1,8 @@
 // StreamWaker: streams handed over are woken on the waker's thread (a reader blocked on its
 // stream returns with the output flushed without a wake-up), the caller's list comes back empty,
 // batches handed over while the waker is busy are all woken, and the destructor wakes whatever
-// is still queued. A reader that is never woken waits for an hour: the test then times out.
+// is still queued; a stream handed over again while its wake-up is queued is not queued twice.
+// A reader that is never woken waits for an hour: the test then times out.
 #include "engine/stream_waker.h"
 
 #include <gtest/gtest.h>
@@ -77,6 +78,39 @@ TEST(StreamWaker, DestructorWakesWhatIsQueued) {
   r.thread.join();
   EXPECT_TRUE(r.got.finished);
   EXPECT_EQ(r.got.text, "end");
+}
+
+// A stream handed over again before its queued wake-up ran is not queued twice: the one
+// wake-up hands over everything flushed until then.
+TEST(StreamWaker, OneQueuedWakeUpPerStream) {
+  RequestStream s(1, 1);
+  EXPECT_TRUE(s.queue_wake());
+  EXPECT_FALSE(s.queue_wake()) << "a second wake-up queued while the first is pending";
+  s.wake_taken();
+  EXPECT_TRUE(s.queue_wake());
+  s.wake_taken();
+
+  Reader r(2);
+  r.start();
+  StreamWaker waker;
+  for (int32_t t = 0; t < 100; ++t) {
+    r.stream->stage("", t);
+    r.stream->flush(/*wake=*/false);
+    std::vector<std::shared_ptr<RequestStream>> one = {r.stream};
+    waker.wake(one);
+  }
+  r.thread.join();
+  // The reader took what had arrived when it woke: a prefix, in order.
+  ASSERT_FALSE(r.got.tokens.empty());
+  for (size_t i = 0; i < r.got.tokens.size(); ++i) EXPECT_EQ(r.got.tokens[i], int32_t(i));
+  // The rest is there for its next wait, which never blocks: every flush queued a wake-up or
+  // found one queued.
+  size_t total = r.got.tokens.size();
+  while (total < 100) {
+    const StreamDelta d = r.stream->wait(kForever);
+    for (size_t i = 0; i < d.tokens.size(); ++i) EXPECT_EQ(d.tokens[i], int32_t(total + i));
+    total += d.tokens.size();
+  }
 }
 
 }  // namespace
