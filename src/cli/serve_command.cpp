@@ -37,7 +37,6 @@ struct ServeOptions {
   int threads = 0;
   int http_threads = 0;
   double header_timeout = 30;  // --header-timeout
-  int http_nice = 10;          // --http-nice
   DistOptions dist;
 };
 
@@ -82,7 +81,6 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
   so.bos_id = model->config().bos_token_id;
   so.api_key = o.api_key;
   so.header_timeout_seconds = o.header_timeout;
-  so.http_nice = o.http_nice;
   if (so.api_key.empty()) {
     const char* env = std::getenv("DUET_API_KEY");
     if (env) so.api_key = env;
@@ -169,10 +167,6 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
   cmd->add_option("--http-threads", o->http_threads,
                   "Connections served at once (default max(128, 4 x max-num-seqs))");
-  cmd->add_option("--http-nice", o->http_nice,
-                  "Niceness the HTTP threads add to their priority, so that on busy cores they "
-                  "yield to the engine and the forward pass (0: none; default 10)")
-      ->check(CLI::Range(0, 19));
   cmd->add_option("--header-timeout", o->header_timeout,
                   "Seconds a connection has to send a whole request, headers and body (else HTTP "
                   "408 and closed); 0: no limit but httplib's 5 s per read; at least 5 (an idle "

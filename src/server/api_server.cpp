@@ -1,12 +1,8 @@
 #include "server/api_server.h"
 
 #include <httplib.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 
@@ -143,32 +139,6 @@ void reply_whole(Exchange& x, int fd, httplib::Response& res) {
   }
 }
 
-// httplib's thread pool whose threads lower their own priority (setpriority on the calling
-// thread's id: Linux nice is per thread) before their first connection.
-class NiceTaskQueue : public httplib::TaskQueue {
- public:
-  NiceTaskQueue(size_t n_threads, int nice) : pool_(n_threads), nice_(nice) {}
-  void enqueue(std::function<void()> fn) override {
-    pool_.enqueue([nice = nice_, fn = std::move(fn)] {
-      thread_local bool lowered = false;
-      if (!lowered) {
-        lowered = true;
-        // Raising the niceness needs no privilege; a failure only leaves the priority as is.
-        const auto tid = static_cast<id_t>(::gettid());
-        errno = 0;
-        const int now = ::getpriority(PRIO_PROCESS, tid);
-        if (errno == 0) (void)::setpriority(PRIO_PROCESS, tid, std::min(19, now + nice));
-      }
-      fn();
-    });
-  }
-  void shutdown() override { pool_.shutdown(); }
-
- private:
-  httplib::ThreadPool pool_;
-  const int nice_;
-};
-
 }  // namespace
 
 ApiServer::ApiServer(LlmEngine& engine, const Tokenizer* tokenizer,
@@ -176,11 +146,7 @@ ApiServer::ApiServer(LlmEngine& engine, const Tokenizer* tokenizer,
     : engine_(engine), tokenizer_(tokenizer), chat_template_(chat_template), opt_(options),
       http_(std::make_unique<httplib::Server>()) {
   const int n = std::max(8, opt_.http_threads);
-  const int nice = opt_.http_nice;
-  http_->new_task_queue = [n, nice]() -> httplib::TaskQueue* {
-    if (nice == 0) return new httplib::ThreadPool(static_cast<size_t>(n));
-    return new NiceTaskQueue(static_cast<size_t>(n), nice);
-  };
+  http_->new_task_queue = [n] { return new httplib::ThreadPool(static_cast<size_t>(n)); };
   http_->set_payload_max_length(kMaxBody);
   // httplib's default sets SO_REUSEPORT, which lets a second server bind the same port and
   // silently take half its connections; two duet instances must collide loudly instead.

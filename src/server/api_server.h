@@ -34,11 +34,6 @@ struct ApiServerOptions {
   // A connection must send a request's headers within this time (HeaderDeadline), else 408 and
   // closed; 0: no deadline (only httplib's per-read timeout).
   double header_timeout_seconds = 30;
-  // Niceness added to the HTTP threads (0: none): on a host whose cores are all busy they then
-  // yield to the engine and compute threads, so a forward pass is not held up by the writes of
-  // the previous step's tokens, and a thread that runs later writes every token its stream got
-  // meanwhile in one chunk. On idle cores it changes nothing.
-  int http_nice = 10;
 };
 
 class ApiServer {
