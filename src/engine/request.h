@@ -57,11 +57,12 @@ class RequestStream {
               const std::string& error = "");
 
   // Engine side, in two halves: stage() and stage_finish() gather output that the reader does
-  // not see yet, without a lock or a wake-up; flush() hands all of it over at once and wakes the
-  // reader once. Waking a thread costs the engine thread a system call and often its core, so
-  // it stages while it processes a step's outputs and flushes once the next step is launched.
-  // Only the engine thread stages and flushes; a finish then comes after every staged token.
-  // stage() returns true when the stream had nothing staged (the caller then lists it to flush).
+  // not see yet, without a lock or a wake-up; flush() hands all of it over at once, and the
+  // reader is woken once for it (by flush() itself, or by a StreamWaker). Waking a thread costs
+  // a system call and often the waker's core, so the engine thread stages while it processes a
+  // step's outputs and flushes once the next step is launched. Only the engine thread stages
+  // and flushes; a finish then comes after every staged token. stage() and stage_finish()
+  // return true when the stream had nothing staged (the caller then lists it to flush).
   bool stage(const std::string& text, int32_t token);
   bool stage_finish(const std::string& reason, const std::string& text = "",
                     const std::string& error = "");
