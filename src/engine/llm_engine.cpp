@@ -60,9 +60,9 @@ LlmEngine::LlmEngine(const Model& model, ThreadPool& pool, const Tokenizer* toke
       scheduler_(config.scheduler, kv_),
       steps_(model, pool, group),
       future_(future_slots(config)),
-      worker_(steps_, future_, model.config().n_vocab, config.overlap_schedule,
-              config.before_step),
-      num_scheduler_steps_(config.num_scheduler_steps) {
+      worker_(steps_, future_, model.config().n_vocab, config.overlap_schedule, config.before_step),
+      num_scheduler_steps_(config.num_scheduler_steps),
+      after_launch_(config.after_launch) {
   if (config.num_scheduler_steps < 1 || config.num_scheduler_steps > 64)
     DUET_ERROR("--num-scheduler-steps must be in [1, 64], got " << config.num_scheduler_steps);
   publish_state();
@@ -145,6 +145,7 @@ void LlmEngine::run() {
     std::vector<int64_t> load(static_cast<size_t>(steps_.coord().world_size()), 0);
     while (step(load)) {
     }
+    flush_streams();
     // Stopping: the steps in flight end (every rank launched the same ones); their output is
     // dropped, as the requests they belong to end with "abort".
     while (worker_.pending() > 0) worker_.wait();
@@ -168,6 +169,8 @@ void LlmEngine::run() {
 
 bool LlmEngine::step(std::vector<int64_t>& load) {
   free_retired();
+  // With no request running, the control plane may wait for new ones: nothing may stay staged.
+  if (live_.empty()) flush_streams();
   if (!exchange_control(load)) return false;
   reap_aborted();
 
@@ -181,11 +184,21 @@ bool LlmEngine::step(std::vector<int64_t>& load) {
           : 1;
   const StepPlan step_plan = steps_.agree_step(in, has_prefill, n_steps);
   if (step_plan.runs()) launch(plan, step_plan, std::move(in));
+  // The clients get the output processed last time now that the worker has its next step.
+  flush_streams();
 
   // Process outputs: overlapped, those of every job but the one just launched (it computes
-  // meanwhile); else all of them.
+  // meanwhile); else all of them. The output staged meanwhile reaches the clients before the
+  // engine thread waits for the worker (it would idle anyway), else at the next launch: a
+  // multi-step run streams each step's tokens as it ends unless the next step's are ready too.
   const int64_t keep = worker_.overlapped() && step_plan.runs() ? step_plan.n_steps : 0;
-  while (worker_.pending() > keep) generated += process_outputs(worker_.wait());
+  while (worker_.pending() > keep) {
+    if (!worker_.ready()) flush_streams();
+    generated += process_outputs(worker_.wait());
+  }
+  // Nothing computes meanwhile (or the other ranks' output travels to rank 0 now): no reason to
+  // hold the output back.
+  if (worker_.pending() == 0 || !steps_.solo()) flush_streams();
   exchange_outputs(load, prompt_tokens, generated, plan.preempted.size());
   if (steps_.solo() && !step_plan.runs() && worker_.pending() == 0 && !live_.empty()) {
     // Nothing could run (should not happen: every admitted request fits the pool alone).
@@ -242,7 +255,8 @@ void LlmEngine::launch(const SchedulerStep& plan, const StepPlan& step_plan, For
   job.in = std::move(in);
   launched_.push_back(std::move(rec));
   ++n_launched_;
-  worker_.launch(std::move(job));
+  const uint64_t id = worker_.launch(std::move(job));
+  if (after_launch_) after_launch_(id);
 }
 
 uint64_t LlmEngine::process_outputs(const StepOutput& out) {
@@ -296,10 +310,10 @@ bool LlmEngine::emit(Live& live, int32_t tok, int64_t n_gen) {
     reason = "length";
   }
   if (reason.empty()) {
-    live.stream->push(live.decoder ? live.text.take_ready() : std::string(), tok);
+    stage(live, live.decoder ? live.text.take_ready() : std::string(), tok);
     return false;
   }
-  live.stream->push("", tok);
+  stage(live, "", tok);
   std::string tail;
   if (live.decoder) {
     // What the decoder still held (an incomplete character) may itself complete a stop string.
@@ -308,6 +322,15 @@ bool LlmEngine::emit(Live& live, int32_t tok, int64_t n_gen) {
   }
   finish(seq.id, reason, tail);
   return true;
+}
+
+void LlmEngine::stage(Live& live, const std::string& text, int32_t tok) {
+  if (live.stream->stage(text, tok)) unflushed_.push_back(live.stream);
+}
+
+void LlmEngine::flush_streams() {
+  for (const std::shared_ptr<RequestStream>& s : unflushed_) s->flush(/*wake=*/false);
+  waker_.wake(unflushed_);
 }
 
 void LlmEngine::free_retired() {
@@ -320,7 +343,7 @@ void LlmEngine::finish(uint64_t id, const std::string& reason, const std::string
   Live& live = *it->second;
   scheduler_.remove(live.seq.get());
   metrics_.finished(reason, seconds(Clock::now() - live.arrival));  // before the reader wakes
-  live.stream->finish(reason, tail, error);
+  if (live.stream->stage_finish(reason, tail, error)) unflushed_.push_back(live.stream);
   retired_.emplace_back(n_launched_, std::move(it->second));
   live_.erase(it);
 }
@@ -333,6 +356,7 @@ void LlmEngine::reap_aborted() {
 }
 
 void LlmEngine::fail_all(const std::string& error) {
+  flush_streams();  // what was generated before the failure comes first
   std::vector<std::unique_ptr<Live>> queued;
   {
     std::lock_guard<std::mutex> lock(inbox_mu_);

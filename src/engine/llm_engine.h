@@ -6,7 +6,9 @@
 //   3. launch: the one step path (StepRunner) agrees on the step with every rank, and the step
 //      worker runs this rank's batch (or the dummy batch if it has none while another rank has
 //      work) and samples it;
-//   4. process outputs: detokenize, stop checks, push to each request's stream;
+//   4. process outputs: detokenize, stop checks, stage on each request's stream, which reaches
+//      the HTTP thread (and wakes it) once the next step is launched or before the engine
+//      thread waits for the worker;
 //   5. output return (llm_engine_dp.cpp): the other ranks send their requests' output to rank 0,
 //      which feeds the HTTP streams and the metrics.
 // With the overlapped scheduler (on by default) the step worker is a thread of its own: phase 3
@@ -25,6 +27,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -35,17 +38,18 @@
 #include "dist/coordinator.h"
 #include "engine/block_pool.h"
 #include "engine/engine_metrics.h"
-#include "engine/kv_dtype.h"
 #include "engine/future_map.h"
-#include "engine/step_runner.h"
-#include "engine/step_worker.h"
+#include "engine/kv_dtype.h"
 #include "engine/output_text.h"
 #include "engine/paged_kv_cache.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
+#include "engine/step_runner.h"
+#include "engine/step_worker.h"
+#include "engine/stream_waker.h"
 #include "model/model.h"
-#include "text/tokenizer.h"
 #include "moe/dispatcher.h"
+#include "text/tokenizer.h"
 
 namespace duet {
 
@@ -61,6 +65,8 @@ struct EngineConfig {
   int64_t num_scheduler_steps = 1;
   // Tests only: called on the step worker before each launched job (StepWorker::BeforeJob).
   StepWorker::BeforeJob before_step;
+  // Tests only: called on the engine thread right after each launch, with the job's number.
+  std::function<void(uint64_t job)> after_launch;
 };
 
 class LlmEngine {
@@ -153,6 +159,11 @@ class LlmEngine {
   // Emits `live`'s generated token number n_gen (from 1), already in seq.tokens; true when the
   // request finished.
   bool emit(Live& live, int32_t tok, int64_t n_gen);
+  // Stages a token and its text on `live`'s stream, to reach the client at the next
+  // flush_streams().
+  void stage(Live& live, const std::string& text, int32_t tok);
+  // Hands the staged output (tokens and finishes) to the HTTP threads; waker_ wakes them.
+  void flush_streams();
   // Frees the retired requests no step in flight can refer to any more.
   void free_retired();
   // Ends a request: its stream finishes, its KV blocks return to the pool, and its state moves to
@@ -175,6 +186,9 @@ class LlmEngine {
   StepWorker worker_;        // launch, wait: engine thread
   EngineMetrics metrics_;                           // internally locked
   std::map<uint64_t, std::unique_ptr<Live>> live_;  // engine thread only
+  // Streams with output staged since the last flush_streams(). Engine thread only.
+  std::vector<std::shared_ptr<RequestStream>> unflushed_;
+  StreamWaker waker_;  // wakes the HTTP threads of flushed streams
   // Finished requests' state, kept until every job launched before they finished has been
   // processed (a job in flight samples with their Sampler), with the count of jobs launched then.
   // Engine thread only.
@@ -192,6 +206,7 @@ class LlmEngine {
   uint64_t n_launched_ = 0;   // jobs launched; engine thread only
   uint64_t n_processed_ = 0;  // jobs whose every output was processed; engine thread only
   const int64_t num_scheduler_steps_;
+  const std::function<void(uint64_t job)> after_launch_;          // EngineConfig::after_launch
   std::map<uint64_t, Remote> remote_;                             // rank 0, engine thread only
   std::map<uint64_t, std::shared_ptr<RequestStream>> forwarded_;  // other ranks: output to send
   std::string stop_error_;                                        // GUARDED_BY(inbox_mu_)

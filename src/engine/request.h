@@ -56,6 +56,27 @@ class RequestStream {
   void finish(const std::string& reason, const std::string& text = "",
               const std::string& error = "");
 
+  // Engine side, in two halves: stage() and stage_finish() gather output that the reader does
+  // not see yet, without a lock or a wake-up; flush() hands all of it over at once, and the
+  // reader is woken once for it (by flush() itself, or by a StreamWaker). Waking a thread costs
+  // a system call and often the waker's core, so the engine thread stages while it processes a
+  // step's outputs and flushes once the next step is launched. Only the engine thread stages
+  // and flushes; a finish then comes after every staged token. stage() and stage_finish()
+  // return true when the stream had nothing staged (the caller then lists it to flush).
+  bool stage(const std::string& text, int32_t token);
+  bool stage_finish(const std::string& reason, const std::string& text = "",
+                    const std::string& error = "");
+  // Hands the staged output to the reader and, if `wake`, wakes it (else wake() must follow);
+  // false if nothing was staged.
+  bool flush(bool wake = true);
+  // Wakes the reader (after flush(false); any thread).
+  void wake() { cv_.notify_all(); }
+  // For a waker thread (StreamWaker): marks a wake-up as queued; false if one already was (its
+  // wake-up will hand over this output too). The waker clears it (wake_taken()) just before
+  // it wakes the reader.
+  bool queue_wake() { return !wake_queued_.exchange(true, std::memory_order_acq_rel); }
+  void wake_taken() { wake_queued_.store(false, std::memory_order_release); }
+
   // Reader side: waits until there is output or the stream finished, at most `timeout`.
   // Returns what arrived since the last call (empty and unfinished on timeout).
   StreamDelta wait(std::chrono::milliseconds timeout);
@@ -68,10 +89,20 @@ class RequestStream {
  private:
   const uint64_t id_;
   std::atomic<bool> aborted_{false};
+  std::atomic<bool> wake_queued_{false};  // queue_wake(), wake_taken()
   std::mutex mu_;
   std::condition_variable cv_;
   StreamDelta pending_;  // GUARDED_BY(mu_)
   bool taken_final_ = false;  // GUARDED_BY(mu_): the finished delta was handed out
+  // Output staged and not flushed yet: engine thread only.
+  struct Staged {
+    std::string text;
+    std::vector<int32_t> tokens;
+    bool finished = false;
+    std::string reason, final_text, error;
+    bool empty() const { return tokens.empty() && text.empty() && !finished; }
+  };
+  Staged staged_;
 };
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };

@@ -73,6 +73,8 @@ class StepWorker {
   // The next output in launch order, waiting for it. Rethrows the error of a step that failed
   // (a group failure); every later call rethrows it too.
   StepOutput wait();
+  // Whether wait() would return at once (an output or the error is there).
+  bool ready();
   // Outputs of launched jobs not yet taken by wait().
   int64_t pending() const { return static_cast<int64_t>(n_expected_ - n_taken_); }
   bool overlapped() const { return overlapped_; }

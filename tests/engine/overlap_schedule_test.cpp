@@ -6,6 +6,7 @@
 // schedules step N+1 while step N runs.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -277,6 +278,64 @@ TEST(OverlapScheduleEvidence, StepNMinusOneProcessedAndStepNPlusOneScheduledWhil
   EXPECT_TRUE(finished);
   std::lock_guard<std::mutex> lock(mu);
   EXPECT_TRUE(failures.empty()) << failures.front();
+}
+
+// The clients get their tokens off the launch's critical path: when the engine thread launches
+// step k, token k-3 has reached the client and token k-2 (processed meanwhile) has not: it is
+// handed over right after the launch, so the worker has its next step queued before the engine
+// thread spends time on the HTTP threads. Before, token k-2 was in the client's stream by then.
+TEST(OverlapScheduleEvidence, TokenKMinus2ReachesTheClientAfterStepKIsLaunched) {
+  const std::string dir = test::tiny_model_dir("qwen3_moe");
+  std::unique_ptr<Model> model = Model::load(dir);
+  ThreadPool pool(2);
+  std::mutex mu;
+  std::shared_ptr<RequestStream> stream;  // GUARDED_BY(mu)
+  int64_t received = 0;                   // engine thread only (the hook is the only reader)
+  uint64_t checked = 0;
+  std::vector<std::string> failures;
+  EngineConfig c;
+  c.scheduler = {8, 64};
+  c.block_size = 4;
+  c.kv_cache_gib = 0.01;
+  c.overlap_schedule = true;
+  // The first job waits for the test to hold the stream, so that every later launch is checked.
+  std::condition_variable cv;
+  c.before_step = [&](uint64_t job, const StepWorker&) {
+    if (job != 1) return;
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return stream != nullptr; });
+  };
+  // Job 1 is the prefill (token 1), job k computes token k.
+  c.after_launch = [&](uint64_t job) {
+    std::shared_ptr<RequestStream> s;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      s = stream;
+    }
+    if (!s) return;  // submit() has not returned yet: job 1 or 2, nothing to check
+    received += static_cast<int64_t>(s->wait(std::chrono::milliseconds(0)).tokens.size());
+    if (job < 3) return;
+    ++checked;
+    if (received != static_cast<int64_t>(job) - 3) {
+      failures.push_back("step " + std::to_string(job) + " launched with " +
+                         std::to_string(received) + " tokens at the client");
+    }
+  };
+  const int64_t max_tokens = 16;
+  {
+    LlmEngine engine(*model, pool, nullptr, c);
+    std::shared_ptr<RequestStream> s = engine.submit(request(prompt(6, 4), max_tokens));
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      stream = s;
+    }
+    cv.notify_all();
+    // The hook reads the stream; wait for the end through the metrics.
+    for (int i = 0; i < 2000 && engine.metrics().snapshot().finished["length"] == 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(checked, static_cast<uint64_t>(max_tokens) - 2);  // jobs 3 .. max_tokens
+  EXPECT_TRUE(failures.empty()) << failures.size() << " early, first: " << failures.front();
 }
 
 }  // namespace
