@@ -32,15 +32,16 @@ uint64_t resident_bytes() {
   return 0;
 }
 
-// ", sbo: combine in up to 8 chunks of 128+ KiB, shared experts beside the combine" or "".
+// ", sbo: dispatch and combine in up to 8 chunks of 128+ KiB in whole steps, shared experts
+// beside the combine" or "".
 std::string describe_sbo(const DistOptions& o) {
   const SboSettings s = resolve_sbo(o);
   std::string d;
   if (s.combine_chunks > 1) {
-    d += "combine in " + std::string(s.min_chunk_bytes > 0 ? "up to " : "") +
+    d += "dispatch and combine in " + std::string(s.min_chunk_bytes > 0 ? "up to " : "") +
          std::to_string(s.combine_chunks) + " chunks";
     if (s.min_chunk_bytes > 0) d += " of " + std::to_string(s.min_chunk_bytes >> 10) + "+ KiB";
-    if (!s.chunk_micro_batches) d += " (whole steps only)";
+    if (!s.chunk_micro_batches) d += " in whole steps";
   }
   if (s.shared_experts_at) {
     if (!d.empty()) d += ", ";

@@ -392,7 +392,8 @@ TEST_F(CliTest, SingleBatchOverlapGenerateEqualsOneRank) {
   RunResult r = run_duet(args + "--enable-single-batch-overlap --all2all-backend low_latency "
                                 "--data-parallel-size 2 --enable-expert-parallel "
                                 "--distributed-backend inproc");
-  EXPECT_NE(r.out.find("sbo: combine in up to 8 chunks of 128+ KiB, shared experts beside the combine"),
+  EXPECT_NE(r.out.find("sbo: dispatch and combine in up to 8 chunks of 128+ KiB in whole steps, "
+                       "shared experts beside the combine"),
             std::string::npos)
       << r.out;
 }
