@@ -140,8 +140,8 @@ void BM_MatmulQuant(benchmark::State& state) {
   const int n_threads = static_cast<int>(state.range(3));
   const DType dtype = state.range(4) == 4 ? DType::kQ4 : DType::kQ8;
   const bool cold = state.range(5) != 0;
-  const int64_t ld = q8_ld(cols), padded_rows = (rows + kQ8BlockRows - 1) / kQ8BlockRows *
-                                                    kQ8BlockRows;
+  const int64_t ld = q8_ld(cols),
+                padded_rows = (rows + kQ8BlockRows - 1) / kQ8BlockRows * kQ8BlockRows;
   const size_t value_bytes = static_cast<size_t>(padded_rows * ld / (dtype == DType::kQ4 ? 2 : 1));
   const size_t n_scales = static_cast<size_t>(padded_rows * ld / kQ8Group);
   const uint64_t matrix_bytes = Matrix{dtype, rows, cols}.nbytes();
