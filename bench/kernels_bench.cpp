@@ -131,6 +131,50 @@ void matmul_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_MatmulBf16)->Apply(matmul_args);
 
+// Products with int8 or int4 weights (--quantization int8 | int4), the weights' values random
+// bytes, read from memory (cold 1: copies cycled as for BM_MatmulBf16) or from cache (cold 0, the
+// kernel's own ceiling): the rate at which decode streams quantized weights, to quote against
+// BM_ReadBandwidth of the same run. weight_GB/s counts values and scales (Matrix::nbytes).
+void BM_MatmulQuant(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1), n_tokens = state.range(2);
+  const int n_threads = static_cast<int>(state.range(3));
+  const DType dtype = state.range(4) == 4 ? DType::kQ4 : DType::kQ8;
+  const bool cold = state.range(5) != 0;
+  const int64_t ld = q8_ld(cols),
+                padded_rows = (rows + kQ8BlockRows - 1) / kQ8BlockRows * kQ8BlockRows;
+  const size_t value_bytes = static_cast<size_t>(padded_rows * ld / (dtype == DType::kQ4 ? 2 : 1));
+  const size_t n_scales = static_cast<size_t>(padded_rows * ld / kQ8Group);
+  const uint64_t matrix_bytes = Matrix{dtype, rows, cols}.nbytes();
+  const size_t n_copies = cold ? (kColdBytes + matrix_bytes - 1) / matrix_bytes : 1;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint8_t> values(n_copies * value_bytes);  // [n_copies, value_bytes] kQ8 / kQ4
+  for (uint8_t& v : values) v = static_cast<uint8_t>(rng());
+  std::vector<float> scales(n_copies * n_scales);  // [n_copies, n_scales] f32
+  for (float& v : scales) v = 0.001f * (1.0f + 0.1f * normal(rng));
+  std::vector<float> x(static_cast<size_t>(n_tokens * cols));  // [n_tokens, cols] f32
+  for (float& v : x) v = normal(rng);
+  std::vector<float> y(static_cast<size_t>(n_tokens * rows));  // [n_tokens, rows] f32
+  ThreadPool pool(n_threads);
+  size_t copy = 0;
+  for (auto _ : state) {
+    Matrix w{dtype, rows, cols, values.data() + copy * value_bytes};
+    w.scales = scales.data() + copy * n_scales;
+    matmul(pool, w, x.data(), n_tokens, y.data());
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+    copy = (copy + 1) % n_copies;
+  }
+  state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(matrix_bytes) * 1e-9,
+                                                     benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(matmul_isa());
+}
+
+BENCHMARK(BM_MatmulQuant)
+    ->ArgNames({"rows", "cols", "n_tokens", "threads", "bits", "cold"})
+    ->ArgsProduct({{512, 2048, 32000}, {1024}, {1}, {1, 2}, {4, 8}, {1, 0}})
+    ->UseRealTime();
+
 // One thread's product on a given path (0 direct, 1 tiled, 2 from panels packed at load time
 // as Matrix::panels), with the weights in cache (cold 0)
 // or read from memory (cold 1): the arithmetic rate of each kernel, to place tiled_min_tokens

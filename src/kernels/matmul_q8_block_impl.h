@@ -2,6 +2,20 @@
 // K (the vector operations of one kernel) and DUET_SIMD_TARGET (its target attribute): the
 // register block of the products with int8 and int4 weights.
 
+// Rows [b.r_first, b.r_first + b.r_count) of a block's accumulator f, summed, to y[0, r_count).
+DUET_SIMD_TARGET DUET_ALWAYS_INLINE void store_rows(typename K::VF f, const Block& b, float* y) {
+  float out[4];
+  K::reduce(f, out);
+  if (b.r_count == 4) {  // whole blocks, most of them: no call for a 4-float copy
+    y[0] = out[0];
+    y[1] = out[1];
+    y[2] = out[2];
+    y[3] = out[3];
+    return;
+  }
+  for (int r = 0; r < b.r_count; ++r) y[r] = out[b.r_first + r];
+}
+
 // One block of 4 weight rows × kT tokens of kQ8 weights (kBits 8) or kQ4 ones (kBits 4). Per
 // superblock, the int32 sums of its 16 (row, group) pairs build up over 8 steps for each token,
 // each step's weights loaded (kQ4: unpacked, two steps from one vector) once for the kT tokens;
@@ -51,11 +65,7 @@ DUET_SIMD_TARGET void block(const Block& b) {
     }
   }
 #pragma GCC unroll 8
-  for (int t = 0; t < kT; ++t) {
-    float out[4];
-    K::reduce(accf[t], out);
-    for (int r = 0; r < b.r_count; ++r) b.y[t * b.ldy + r] = out[b.r_first + r];
-  }
+  for (int t = 0; t < kT; ++t) store_rows(accf[t], b, b.y + t * b.ldy);
 }
 
 // block<n_tokens, bits of dtype> for n_tokens in [1, kTokens], dtype kQ8 or kQ4.
