@@ -37,8 +37,10 @@ class FakeOps final : public CollectiveOps {
     const std::vector<float> part = from_1_();
     const int64_t bytes = static_cast<int64_t>(part.size() * 4);
     DUET_CHECK(bytes <= recv_capacity[1], "the test's message exceeds the room");
-    std::memcpy(static_cast<char*>(recv) + recv_capacity[0], part.data(),
-                static_cast<size_t>(bytes));
+    if (bytes > 0) {
+      std::memcpy(static_cast<char*>(recv) + recv_capacity[0], part.data(),
+                  static_cast<size_t>(bytes));
+    }
     *recv_bytes = {0, bytes};
   }
   void all_gather(const void*, int64_t, void*) override { DUET_ERROR("unexpected all_gather"); }
