@@ -63,8 +63,7 @@ std::chrono::milliseconds dist_watchdog(const DistOptions& o);
 // --enable-single-batch-overlap only what is forced; with it, chunked transfers (up to
 // kSboCombineChunks, one per kSboMinChunkBytes of the step's returning rows, in steps not split
 // into micro-batches, unless --sbo-combine-chunks forces a number) and the shared experts beside
-// the combine, covering its last chunk, where the combine is chunked (low_latency), else beside
-// the dispatch.
+// the dispatch (with DBO: the executor's order, beside the combine).
 struct SboSettings {
   int combine_chunks = 1;
   int64_t min_chunk_bytes = 0;  // EpDispatcherOptions::min_chunk_bytes: SBO's choice only

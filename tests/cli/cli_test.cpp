@@ -393,7 +393,7 @@ TEST_F(CliTest, SingleBatchOverlapGenerateEqualsOneRank) {
                                 "--data-parallel-size 2 --enable-expert-parallel "
                                 "--distributed-backend inproc");
   EXPECT_NE(r.out.find("sbo: dispatch and combine in up to 8 chunks of 128+ KiB in whole steps, "
-                       "shared experts beside the combine"),
+                       "shared experts beside the dispatch"),
             std::string::npos)
       << r.out;
 }
