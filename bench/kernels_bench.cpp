@@ -71,6 +71,20 @@ void BM_ReadBandwidth(benchmark::State& state) {
 
 BENCHMARK(BM_ReadBandwidth)->ArgName("threads")->Arg(1)->Arg(2)->UseRealTime();
 
+// Runs product(copy) once per iteration over the weights' n_copies copies in turn (cold: each
+// read from memory, not from cache), keeping its output y alive.
+template <typename Product>
+void cycle_copies(benchmark::State& state, size_t n_copies, const std::vector<float>& y,
+                  Product product) {
+  size_t copy = 0;
+  for (auto _ : state) {
+    product(copy);
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+    copy = (copy + 1) % n_copies;
+  }
+}
+
 void BM_MatmulBf16(benchmark::State& state) {
   const int64_t rows = state.range(0);
   const int64_t cols = state.range(1);
@@ -98,15 +112,11 @@ void BM_MatmulBf16(benchmark::State& state) {
   }
 
   ThreadPool pool(n_threads);
-  size_t copy = 0;
-  for (auto _ : state) {
+  cycle_copies(state, n_copies, y, [&](size_t copy) {
     Matrix w{DType::kBF16, rows, cols, weights.data() + copy * static_cast<size_t>(rows * cols)};
     if (packed) w.panels = panels.data() + copy * per_copy;
     matmul(pool, w, x.data(), n_tokens, y.data());
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-    copy = (copy + 1) % n_copies;
-  }
+  });
   state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(matrix_bytes) * 1e-9,
                                                      benchmark::Counter::kIsIterationInvariantRate);
   state.counters["GFLOP/s"] =
@@ -156,15 +166,11 @@ void BM_MatmulQuant(benchmark::State& state) {
   for (float& v : x) v = normal(rng);
   std::vector<float> y(static_cast<size_t>(n_tokens * rows));  // [n_tokens, rows] f32
   ThreadPool pool(n_threads);
-  size_t copy = 0;
-  for (auto _ : state) {
+  cycle_copies(state, n_copies, y, [&](size_t copy) {
     Matrix w{dtype, rows, cols, values.data() + copy * value_bytes};
     w.scales = scales.data() + copy * n_scales;
     matmul(pool, w, x.data(), n_tokens, y.data());
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-    copy = (copy + 1) % n_copies;
-  }
+  });
   state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(matrix_bytes) * 1e-9,
                                                      benchmark::Counter::kIsIterationInvariantRate);
   state.SetLabel(matmul_isa());
@@ -202,15 +208,11 @@ void BM_MatmulBf16Path(benchmark::State& state) {
                 panels.data() + c * panel_elems_per_copy);
   }
   ThreadPool pool(1);
-  size_t copy = 0;
-  for (auto _ : state) {
+  cycle_copies(state, n_copies, y, [&](size_t copy) {
     Matrix w{DType::kBF16, rows, cols, weights.data() + copy * matrix_elems};
     if (packed) w.panels = panels.data() + copy * panel_elems_per_copy;
     matmul_impl::matmul_with(simd::best_isa(), path, pool, w, x.data(), n_tokens, y.data());
-    benchmark::DoNotOptimize(y.data());
-    benchmark::ClobberMemory();
-    copy = (copy + 1) % n_copies;
-  }
+  });
   state.counters["GFLOP/s"] =
       benchmark::Counter(2.0 * static_cast<double>(rows * cols * n_tokens) * 1e-9,
                          benchmark::Counter::kIsIterationInvariantRate);
