@@ -21,6 +21,16 @@
 namespace duet {
 namespace {
 
+// 8 sequences, a 64-token budget, blocks of 4 in 0.01 GiB, the overlapped scheduler.
+EngineConfig small_overlapped_config() {
+  EngineConfig c;
+  c.scheduler = {8, 64};
+  c.block_size = 4;
+  c.kv_cache_gib = 0.01;
+  c.overlap_schedule = true;
+  return c;
+}
+
 struct SchedMode {
   bool overlap;
   int64_t steps;  // --num-scheduler-steps
@@ -240,11 +250,7 @@ TEST(OverlapScheduleEvidence, StepNMinusOneProcessedAndStepNPlusOneScheduledWhil
   std::shared_ptr<RequestStream> stream;
   size_t received = 0;  // GUARDED_BY(mu): tokens the client has taken
   std::vector<std::string> failures;
-  EngineConfig c;
-  c.scheduler = {8, 64};
-  c.block_size = 4;
-  c.kv_cache_gib = 0.01;
-  c.overlap_schedule = true;
+  EngineConfig c = small_overlapped_config();
   // Job 1 is the prefill (token 1), job k decodes token k. Before running job k >= 3, wait
   // (bounded) until the client holds token k-1 and job k+1 has been launched.
   c.before_step = [&](uint64_t job, const StepWorker& worker) {
@@ -293,11 +299,7 @@ TEST(OverlapScheduleEvidence, TokenKMinus2ReachesTheClientAfterStepKIsLaunched) 
   int64_t received = 0;                   // engine thread only (the hook is the only reader)
   uint64_t checked = 0;
   std::vector<std::string> failures;
-  EngineConfig c;
-  c.scheduler = {8, 64};
-  c.block_size = 4;
-  c.kv_cache_gib = 0.01;
-  c.overlap_schedule = true;
+  EngineConfig c = small_overlapped_config();
   // The first job waits for the test to hold the stream, so that every later launch is checked.
   std::condition_variable cv;
   c.before_step = [&](uint64_t job, const StepWorker&) {
