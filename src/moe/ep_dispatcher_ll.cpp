@@ -353,8 +353,6 @@ void EpDispatcher::ll_combine_chunk(int c) {
   const LlLayout lay =
       ll_layout(placement_.n_local(), tokens_.n_expert_used, wire.words(), step_tokens_);
   const int64_t L = lay.L, RW = lay.RW;
-  const int64_t counts_bw =  // the dispatch's layout, where the counts arrived
-      ll_layout(L, tokens_.n_expert_used, WireRows(opt_.row_dtype, D).words(), step_tokens_).BW;
   const int64_t l0 = c == 0 ? 0 : batch_.chunk_ends[c - 1], l1 = batch_.chunk_ends[c];
   if (wire.converted()) {  // pack the chunk's outputs into their slots
     for (int64_t r = batch_.offsets[l0]; r < batch_.offsets[l1]; ++r) {
@@ -371,10 +369,9 @@ void EpDispatcher::ll_combine_chunk(int c) {
     int64_t before = 0, rows_out = 0;
     for (int64_t l = 0; l < l0; ++l) before += sent_count_[r * L + l];
     for (int64_t l = l0; l < l1; ++l) rows_out += sent_count_[r * L + l];
+    // Source r's rows of experts [l0, l1): from its first row of l0 to its first of l1.
     const int64_t rows_in =
-        r == rank_ ? 0
-                   : blk_row_[r * L + l1 - 1] - blk_row_[r * L + l0] +
-                         get_count(recv_.data() + ll_pos(r, rank_, n_rank_) * counts_bw + l1 - 1);
+        r == rank_ ? 0 : (l1 < L ? blk_row_[r * L + l1] : rows_from_[r]) - blk_row_[r * L + l0];
     send_at[r] = base + blk_row_[r * L + l0] * RW;
     send_bytes[r] = r == rank_ ? 0 : rows_in * RW * 4;
     recv_at[r] = base + before * RW;
