@@ -173,11 +173,9 @@ void add_bench_overlap(CLI::App& bench) {
       ->check(CLI::PositiveNumber);
   cmd->add_option(
       "--modes", o->modes,
-      "Comma-separated modes, the first the baseline of 'vs': off | tbo | dbo, each "
-      "optionally +sbo (+sboN: N chunks, forced), +bf16, +fp8 or +D/C (dispatch/combine "
-      "rows, e.g. +fp8/bf16), and +auto or "
-      "+thresholds (--dbo-split) (default "
-      "off,tbo,dbo,sbo)");
+      "Comma-separated modes, the first the baseline of 'vs': off | tbo | dbo, each optionally "
+      "+sbo (+sboN: N chunks, forced), +bf16, +fp8 or +D/C (dispatch/combine rows, e.g. "
+      "+fp8/bf16), and +auto or +thresholds (--dbo-split) (default off,tbo,dbo,sbo)");
   cmd->add_option("--threads", o->threads, "Compute threads per rank");
   add_dist_options(cmd, o->dist);
   cmd->callback([o] {
