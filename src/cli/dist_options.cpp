@@ -33,7 +33,7 @@ uint64_t resident_bytes() {
 }
 
 // ", sbo: dispatch and combine in up to 8 chunks of 128+ KiB in whole steps, shared experts
-// beside the combine" or "".
+// beside the dispatch" or "".
 std::string describe_sbo(const DistOptions& o) {
   const SboSettings s = resolve_sbo(o);
   std::string d;
@@ -259,9 +259,10 @@ EpDispatcherOptions ep_dispatcher_options(const DistOptions& o) {
   eo.row_dtype = parse_all2all_dtype(o.all2all_dtype);
   if (!o.all2all_combine_dtype.empty())
     eo.combine_dtype = parse_all2all_dtype(o.all2all_combine_dtype);
-  eo.combine_chunks = resolve_sbo(o).combine_chunks;
-  eo.min_chunk_bytes = resolve_sbo(o).min_chunk_bytes;
-  eo.chunk_micro_batches = resolve_sbo(o).chunk_micro_batches;
+  const SboSettings sbo = resolve_sbo(o);
+  eo.combine_chunks = sbo.combine_chunks;
+  eo.min_chunk_bytes = sbo.min_chunk_bytes;
+  eo.chunk_micro_batches = sbo.chunk_micro_batches;
   return eo;
 }
 
