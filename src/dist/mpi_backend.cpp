@@ -454,7 +454,7 @@ class MpiOps final : public CollectiveOps {
 
  private:
   MpiChannel ch_;
-  std::vector<MPI_Request> reqs_;              // the all-to-alls' requests, reused
+  std::vector<MPI_Request> reqs_;             // the all-to-alls' requests, reused
   std::vector<int64_t> send_off_, recv_off_;  // [world_size + 1] their parts' offsets, reused
 };
 

@@ -234,8 +234,8 @@ TEST(EpDispatcherSboChunks, SplitStepsUnchunkedUnlessForced) {
         ep.plan_step(8, split);
         const Tokens t = make_tokens(ctx.rank(), split, n_expert, 4, D, K, Shape::kRandom);
         const size_t want = split && !chunk_split ? 0 : 3;
-        const std::vector<float> got = run_step(
-            ep, t, [&](ExpertBatch& b) { EXPECT_EQ(b.chunk_ends.size(), want) << split; });
+        const std::vector<float> got =
+            run_step(ep, t, [&](ExpertBatch& b) { EXPECT_EQ(b.chunk_ends.size(), want) << split; });
         expect_near(got, run_step(local, t), "split " + std::to_string(split));
       }
     }
