@@ -136,8 +136,11 @@ BeatSockets::BeatSockets(int rank, int size, const Exchange& exchange,
              "heartbeat: " << records.size() << " records for " << size_ << " ranks");
 
   std::vector<Attempt> attempts;
-  const auto dial = [&](Attempt& a) {  // the next address of a.peer, from a.address on
+  // The next address of a.peer, from a.address on; a.fd -1 once none is left (never the fd just
+  // closed: its number may be another socket's by now).
+  const auto dial = [&](Attempt& a) {
     const Record& r = records[a.peer];
+    a.fd = -1;
     for (; a.address < r.addresses.size(); ++a.address) {
       a.fd = start_connect(r.addresses[a.address], r.port);
       if (a.fd >= 0) break;

@@ -39,15 +39,21 @@ class ThreadExchange {
   int left_;                          // GUARDED_BY(mu_)
 };
 
-// Sets up n ranks' sockets on n threads.
-std::vector<std::unique_ptr<BeatSockets>> connect_ranks(int n, ThreadExchange& ex,
-                                                        std::chrono::milliseconds deadline) {
+// Sets up n ranks' sockets on n threads; `took`, if given, gets each rank's time to set up.
+std::vector<std::unique_ptr<BeatSockets>> connect_ranks(
+    int n, ThreadExchange& ex, std::chrono::milliseconds deadline,
+    std::vector<std::chrono::steady_clock::duration>* took = nullptr) {
   std::vector<std::unique_ptr<BeatSockets>> s(static_cast<size_t>(n));
+  std::vector<std::chrono::steady_clock::duration> times(static_cast<size_t>(n));
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
-    threads.emplace_back(
-        [&, r] { s[size_t(r)] = std::make_unique<BeatSockets>(r, n, ex.for_rank(r), deadline); });
+    threads.emplace_back([&, r] {
+      const auto t0 = std::chrono::steady_clock::now();
+      s[size_t(r)] = std::make_unique<BeatSockets>(r, n, ex.for_rank(r), deadline);
+      times[size_t(r)] = std::chrono::steady_clock::now() - t0;
+    });
   for (std::thread& t : threads) t.join();
+  if (took) *took = times;
   return s;
 }
 
@@ -103,6 +109,25 @@ TEST(BeatSocketsTest, AWrongTokenLeavesThatPairUnconnected) {
   EXPECT_TRUE(s[1]->connected(0));
   EXPECT_TRUE(s[1]->connected(2));
   EXPECT_TRUE(s[2]->connected(1));
+}
+
+// Rank 0 is turned away at each of rank 2's addresses in turn; with none left it gives that pair
+// up and returns, rather than polling (and closing again and again) the number of the socket it
+// closed last, which by then may be another rank's socket, until its deadline.
+TEST(BeatSocketsTest, ADialerOutOfAddressesGivesUpWithoutTouchingItsClosedSocket) {
+  const int n = 3;
+  ThreadExchange ex(n);
+  ex.edit = [](int rank, std::vector<std::string>& all) {
+    if (rank == 0) all[2] = "12345" + all[2].substr(all[2].find(' '));
+  };
+  std::vector<std::chrono::steady_clock::duration> took;
+  auto s = connect_ranks(n, ex, std::chrono::seconds(4), &took);
+  EXPECT_FALSE(s[0]->connected(2));
+  EXPECT_TRUE(s[0]->connected(1));
+  EXPECT_TRUE(s[1]->connected(2));  // nobody closed these
+  EXPECT_TRUE(s[2]->connected(1));
+  EXPECT_LT(took[0], std::chrono::seconds(2)) << "rank 0 waited for its deadline";
+  EXPECT_GE(took[2], std::chrono::seconds(3)) << "rank 2 waits for rank 0's hello";
 }
 
 // A peer that never reads (stopped) fills its socket's buffers: the sender's calls still return
