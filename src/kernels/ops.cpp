@@ -280,7 +280,8 @@ DUET_TARGET_AVX512 int64_t argmax_finite(const float* x, int64_t n) {
   const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(vmax[0], vmax[1])));
   for (i = 0; i < n; i += kW) {
     const __mmask16 m = first(std::min(kW, n - i));
-    const __mmask16 eq = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, x + i), max, _CMP_EQ_OQ);
+    const __mmask16 eq =
+        _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, x + i), max, _CMP_EQ_OQ);
     if (eq) return i + __builtin_ctz(eq);
   }
   return -1;  // not reached: the largest value is one of x's
@@ -295,7 +296,8 @@ DUET_TARGET_AVX512 double exp_scaled(const float* x, int64_t n, float t, float m
     const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_div_ps(v, vt), vm)));
     _mm512_mask_storeu_ps(y + i, k, e);
     sum[0] = _mm512_add_pd(sum[0], _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-    sum[1] = _mm512_add_pd(sum[1], _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    sum[1] = _mm512_add_pd(
+        sum[1], _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
   }
   return _mm512_reduce_add_pd(_mm512_add_pd(sum[0], sum[1]));
 }

@@ -2,9 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
-#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -126,7 +126,7 @@ TEST(SamplerTest, DrawsFollowTheReferenceNucleus) {
     float sigma, temperature, top_p;
     int32_t top_k;
   };
-  const Case cases[] = {{32000, 3.0f, 0.7f, 0.9f, 0},  {32000, 3.0f, 1.0f, 0.5f, 0},
+  const Case cases[] = {{32000, 3.0f, 0.7f, 0.9f, 0},   {32000, 3.0f, 1.0f, 0.5f, 0},
                         {5000, 0.3f, 1.0f, 0.95f, 0},   {5000, 0.05f, 1.0f, 0.6f, 0},
                         {5000, 2.0f, 0.8f, 0.9f, 100},  {5000, 2.0f, 0.8f, 1.0f, 300},
                         {151936, 4.0f, 0.6f, 0.95f, 0}, {300, 1.0f, 1.3f, 1.0f, 0}};
