@@ -336,6 +336,18 @@ TEST_P(QuantizedKernelTest, Avx2VnniKernelsGiveAvx2sBits) {
       }
     }
   }
+  // Shared out over a pool, x quantized inside, as matmul runs it.
+  ThreadPool pool(3);
+  const int64_t rows = 300, cols = 1003, n_tokens = 33;
+  QuantizedMatrix q = quantize(grouped_values(rng, rows, cols, false), rows, cols);
+  std::vector<float> x = grouped_values(rng, n_tokens, cols, false);
+  std::vector<float> want(static_cast<size_t>(n_tokens * rows));
+  matmul_q8::matmul_with(Kernel::kAvx2, pool, q.view(), x.data(), n_tokens, want.data());
+  for (Kernel k : kernels) {
+    std::vector<float> got(want.size(), std::nanf(""));
+    matmul_q8::matmul_with(k, pool, q.view(), x.data(), n_tokens, got.data());
+    EXPECT_EQ(got, want) << matmul_q8::kernel_name(k) << " pooled";
+  }
 }
 
 // Row ranges that start and end inside blocks of 4 rows, written at a stride wider than the
