@@ -8,8 +8,6 @@
 
 #define DUET_TARGET_AVX512VNNI \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx512vnni")))
-// AVX-VNNI: the VEX vpdpbusd on ymm registers (Alder Lake and later client CPUs).
-#define DUET_TARGET_AVXVNNI __attribute__((target("avx2,fma,avxvnni")))
 
 // See simd_impl.h: GCC 12's AVX-512 intrinsics trip -Wuninitialized where they are inlined.
 #pragma GCC diagnostic push
@@ -180,6 +178,9 @@ struct Avx2 {
     }
   }
 };
+
+// AVX-VNNI: the VEX vpdpbusd on ymm registers (Alder Lake and later client CPUs).
+#define DUET_TARGET_AVXVNNI __attribute__((target("avx2,fma,avxvnni")))
 
 // With AVX-VNNI: Avx512Vnni's scheme (the weights' bytes unsigned against x's signed bytes,
 // started from -128 · Σ q_x) in Avx2's two 32-byte halves; finish and reduce as Avx2's. dot is
@@ -380,21 +381,22 @@ bool kernel_supported(Kernel k) {
       return simd::isa_supported(simd::Isa::kAvx512);
     case Kernel::kAvx512Vnni:
       return simd::isa_supported(simd::Isa::kAvx512) && __builtin_cpu_supports("avx512vnni");
-    case Kernel::kAvx2Vnni:
-      return simd::isa_supported(simd::Isa::kAvx2) && __builtin_cpu_supports("avxvnni");
+    case Kernel::kAvx2Vnni:  // Avx2's code but for dot
+      return kernel_supported(Kernel::kAvx2) && __builtin_cpu_supports("avxvnni");
     case Kernel::kAvx2VnniEvex:
-      return simd::isa_supported(simd::Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
+      return kernel_supported(Kernel::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
   }
   return false;
 }
 
 Kernel kernel_for(simd::Isa isa) {
+  if (isa == simd::Isa::kAvx2 && kernel_supported(Kernel::kAvx2Vnni)) return Kernel::kAvx2Vnni;
   switch (isa) {
     case simd::Isa::kScalar:
       return Kernel::kScalar;
     case simd::Isa::kAvx2:
-      return kernel_supported(Kernel::kAvx2Vnni) ? Kernel::kAvx2Vnni : Kernel::kAvx2;
+      return Kernel::kAvx2;
     case simd::Isa::kAvx512:
     case simd::Isa::kAvx512Bf16:
     case simd::Isa::kAvx512Bf16Emulated:
