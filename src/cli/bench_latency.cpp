@@ -173,7 +173,8 @@ void run_latency_single(const LatencyOptions& o) {
       o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
       (long long)o.gen_len, pool.n_threads(), matmul_isa(), kv_dtype_name(gen.kv_cache().dtype()));
   if (model->quantization().quantization != Quantization::kNone) {
-    std::printf("weights: quantization %s\n", describe(model->quantization()).c_str());
+    std::printf("weights: quantization %s, kernel %s\n", describe(model->quantization()).c_str(),
+                matmul_int_kernel());
   }
   if (model->panel_bytes() > 0) {
     std::printf(

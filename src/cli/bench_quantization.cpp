@@ -72,10 +72,10 @@ void run_quantization_bench(const AlternatingBenchOptions& o) {
     r.max_tokens = o.gen_len;
   }
   std::printf(
-      "model %s (%s), batch %lld, prompt %lld, gen %lld, %d threads, matmul %s, "
-      "%d rounds\n",
+      "model %s (%s), batch %lld, prompt %lld, gen %lld, %d threads, matmul %s (int8/int4 "
+      "kernel %s), %d rounds\n",
       o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
-      (long long)o.gen_len, pool.n_threads(), matmul_isa(), o.rounds);
+      (long long)o.gen_len, pool.n_threads(), matmul_isa(), matmul_int_kernel(), o.rounds);
   for (size_t i = 0; i < qs.size(); ++i) {
     std::printf("  %-5s weights %.1f MiB (%s)\n", quantization_name(qs[i]),
                 models[i]->weight_bytes() / 1048576.0, describe(models[i]->quantization()).c_str());
