@@ -36,15 +36,18 @@ struct LatencyOptions {
   std::string quantizations;    // set: the model under each quantization (bench_quantization.cpp)
   int rounds = 3;
   DistOptions dist;
+  SamplingParams sampling;  // --temperature, --top-p, --top-k
 };
 
 std::vector<GenerateRequest> make_requests(const LatencyOptions& o, int64_t n_vocab, int rank = 0) {
   std::mt19937_64 rng(o.seed + static_cast<uint64_t>(rank) * 7919);
   std::vector<GenerateRequest> reqs(static_cast<size_t>(o.batch));
-  for (GenerateRequest& r : reqs) {
+  for (size_t k = 0; k < reqs.size(); ++k) {
+    GenerateRequest& r = reqs[k];
     for (int64_t i = 0; i < o.prompt_len; ++i)
       r.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(n_vocab)));
     r.max_tokens = o.gen_len;  // no stop ids: every sequence runs to gen_len
+    r.sampling = bench_sampling(o.sampling, o.seed + static_cast<uint64_t>(rank) * 7919, k);
   }
   return reqs;
 }
@@ -216,6 +219,7 @@ AlternatingBenchOptions alternating(const LatencyOptions& o, const std::string& 
   a.seed = o.seed;
   a.rounds = o.rounds;
   a.kv_dtype = o.kv_dtype;
+  a.sampling = o.sampling;
   return a;
 }
 
@@ -255,6 +259,7 @@ void add_bench_latency(CLI::App& bench) {
   cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
   cmd->add_option("--seed", o->seed, "Seed of the random prompts");
   add_kv_cache_dtype_option(cmd, o->kv_cache_dtype);
+  add_bench_sampling_options(cmd, o->sampling);
   cmd->add_flag("--profile-ops", o->profile_ops,
                 "Also print decode time per kind of operation (attn, moe_route, experts, output, "
                 "...), summed over layers (rank 0's with several ranks)");
