@@ -112,8 +112,12 @@ RunResult run(const BenchServeOptions& o, const std::string& model, int64_t n, i
   for (int64_t i = 0; i < n; ++i) {
     std::vector<int32_t> prompt(static_cast<size_t>(o.input_len));
     for (int32_t& id : prompt) id = tok(rng);
-    json body = {{"model", model}, {"prompt", prompt}, {"max_tokens", o.output_len},
-                 {"temperature", o.sampling.temperature}, {"ignore_eos", true}, {"stream", true},
+    json body = {{"model", model},
+                 {"prompt", prompt},
+                 {"max_tokens", o.output_len},
+                 {"temperature", o.sampling.temperature},
+                 {"ignore_eos", true},
+                 {"stream", true},
                  {"stream_options", {{"include_usage", true}}}};
     if (o.sampling.temperature > 0) body["seed"] = o.seed * 1000003 + uint64_t(i);
     if (o.sampling.top_p < 1.0f) body["top_p"] = o.sampling.top_p;

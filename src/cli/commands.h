@@ -30,7 +30,7 @@ struct AlternatingBenchOptions {
   uint64_t seed = 0;
   int rounds = 3;
   KvCacheDtype kv_dtype = KvCacheDtype::kAuto;  // --kv-cache-dtype
-  SamplingParams sampling;                       // of every request (bench_sampling)
+  SamplingParams sampling;                      // of every request (bench_sampling)
 };
 
 // The benchmarks' sampling options (--temperature, --top-p, --top-k): greedy unless given.

@@ -13,10 +13,10 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <functional>
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
