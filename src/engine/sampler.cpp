@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/error.h"
 #include "kernels/ops.h"
@@ -38,6 +39,10 @@ constexpr ByLogit by_logit;
 
 // Top-p sorts the ranks around the nucleus's end once the candidates left are this few.
 constexpr size_t kSortedTail = 64;
+// Top-p's buckets: a probability's float bits shifted right by kBucketShift (its exponent and
+// top 3 mantissa bits); 1.0f's are the last bucket.
+constexpr uint32_t kBucketShift = 20;
+constexpr uint32_t kBuckets = (0x3f800000u >> kBucketShift) + 1;
 
 }  // namespace
 
@@ -76,11 +81,33 @@ int32_t Sampler::sample(const float* logits, int64_t n_vocab) {
 
 int32_t Sampler::draw_nucleus(size_t n_cand, bool sorted, double sum) {
   // The ranks [0, lo) are in the nucleus; it ends within [lo, hi), which must give `need` more.
-  // Halving that range by selection (the upper half's ranks before the lower's, neither sorted)
-  // finds the end in linear time; only the last few ranks are sorted.
+  // Buckets of probability narrow that range in two passes; halving it by selection (the upper
+  // half's ranks before the lower's, neither sorted) finds the end in linear time; only the last
+  // few ranks are sorted. A probability's order is its logit's: the exp is monotone.
   const auto prob = [&](size_t rank) { return double(probs_[size_t(cand_[rank].second)]); };
   size_t lo = 0, hi = n_cand;
   double need = double(p_.top_p) * sum, cum = 0;
+  if (!sorted && n_cand > kSortedTail) {
+    // First by buckets of probability (an eighth of an octave each): the buckets wholly in the
+    // nucleus go first, then the one it ends in, which alone is searched further.
+    const auto bucket = [&](const std::pair<float, int32_t>& c) {
+      uint32_t bits;
+      std::memcpy(&bits, &probs_[size_t(c.second)], sizeof bits);
+      return bits >> kBucketShift;  // probabilities are in [0, 1]: below kBuckets
+    };
+    bucket_mass_.assign(kBuckets, 0.0);
+    for (size_t r = 0; r < n_cand; ++r) bucket_mass_[bucket(cand_[r])] += prob(r);
+    uint32_t end = kBuckets - 1;
+    for (; end > 0 && bucket_mass_[end] < need; --end) {
+      need -= bucket_mass_[end];
+      cum += bucket_mass_[end];
+    }
+    const auto first = cand_.begin(), last = first + ptrdiff_t(n_cand);
+    const auto at = std::partition(first, last, [&](const auto& c) { return bucket(c) > end; });
+    const auto below = std::partition(at, last, [&](const auto& c) { return bucket(c) == end; });
+    lo = size_t(at - first);
+    hi = size_t(below - first);
+  }
   while (!sorted && hi - lo > kSortedTail) {
     const size_t mid = lo + (hi - lo) / 2;
     std::nth_element(cand_.begin() + lo, cand_.begin() + mid, cand_.begin() + hi, by_logit);

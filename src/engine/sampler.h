@@ -43,6 +43,7 @@ class Sampler {
   // ordered by descending logit (lower id first among equals) as far as top-k / top-p need.
   std::vector<float> probs_;
   std::vector<std::pair<float, int32_t>> cand_;
+  std::vector<double> bucket_mass_;  // top-p: probability per bucket (sampler.cpp)
 };
 
 }  // namespace duet
