@@ -1,7 +1,8 @@
 // Micro-benchmark of token sampling, one row of logits per call: greedy, temperature alone,
 // temperature with top-p, with top-k. Args: n_vocab, mode (0 greedy, 1 temperature 0.7,
-// 2 temperature 0.7 + top-p 0.9, 3 temperature 0.7 + top-k 40). The logits are normal with
-// σ = 3, about the spread of a trained model's next-token logits.
+// 2 temperature 0.7 + top-p 0.9, 3 temperature 0.7 + top-k 40, 4 as 2 on nearly flat logits).
+// The logits are normal with σ = 3, about the spread of a trained model's next-token logits;
+// mode 4's σ = 0.3 is a random-weights model's (its nucleus holds most of the vocabulary).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -17,7 +18,7 @@ SamplingParams params_for(int64_t mode) {
   SamplingParams p;
   p.seed = 1;
   if (mode >= 1) p.temperature = 0.7f;
-  if (mode == 2) p.top_p = 0.9f;
+  if (mode == 2 || mode == 4) p.top_p = 0.9f;
   if (mode == 3) p.top_k = 40;
   return p;
 }
@@ -25,7 +26,7 @@ SamplingParams params_for(int64_t mode) {
 void BM_Sample(benchmark::State& state) {
   const int64_t n_vocab = state.range(0);
   std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::normal_distribution<float> normal(0.0f, state.range(1) == 4 ? 0.3f : 3.0f);
   std::vector<float> logits(static_cast<size_t>(n_vocab));
   for (float& v : logits) v = normal(rng);
   Sampler sampler(params_for(state.range(1)));
@@ -34,7 +35,7 @@ void BM_Sample(benchmark::State& state) {
   benchmark::DoNotOptimize(sum);
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK(BM_Sample)->ArgNames({"n_vocab", "mode"})->ArgsProduct({{32000, 151936}, {0, 1, 2, 3}});
+BENCHMARK(BM_Sample)->ArgNames({"n_vocab", "mode"})->ArgsProduct({{32000, 151936}, {0, 1, 2, 3, 4}});
 
 }  // namespace
 }  // namespace duet
