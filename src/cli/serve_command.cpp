@@ -99,13 +99,17 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
       o.engine.num_scheduler_steps > 1
           ? ", " + std::to_string(o.engine.num_scheduler_steps) + " steps per decode batch"
           : "";
+  const std::string interval =
+      o.engine.stream_interval > 1
+          ? ", streams every " + std::to_string(o.engine.stream_interval) + " tokens"
+          : "";
   std::printf(
       "duet serve: %s on http://%s:%d (%d ranks, %d compute threads each, %lld %s KV "
-      "blocks of %lld, %s scheduler%s%s%s)\n",
+      "blocks of %lld, %s scheduler%s%s%s%s)\n",
       so.model_name.c_str(), o.host.c_str(), port, ctx ? ctx->world_size() : 1, pool.n_threads(),
       static_cast<long long>(engine.metrics().snapshot().kv_blocks_total),
       kv_dtype_name(engine.kv_dtype()), static_cast<long long>(o.engine.block_size),
-      o.engine.overlap_schedule ? "overlapped" : "plain", multi_step.c_str(),
+      o.engine.overlap_schedule ? "overlapped" : "plain", multi_step.c_str(), interval.c_str(),
       so.api_key.empty() ? "" : ", API key required",
       o.dist.batch_invariant ? ", batch-invariant" : "");
   std::fflush(stdout);
@@ -159,6 +163,10 @@ void add_serve_command(CLI::App& app) {
                   "Decode steps a decode-only batch runs per scheduler call (multi-step; "
                   "default 1)")
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--stream-interval", o->engine.stream_interval,
+                  "Stream a request's tokens in batches of this many (its first token and its "
+                  "end at once; default 1: each token as it comes)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--api-key", o->api_key,
                   "Require 'Authorization: Bearer KEY' on every /v1 route (401 otherwise); "
                   "default: $DUET_API_KEY, else none. /health and /metrics stay open");

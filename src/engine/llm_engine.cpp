@@ -63,7 +63,10 @@ LlmEngine::LlmEngine(const Model& model, ThreadPool& pool, const Tokenizer* toke
       worker_(steps_, future_, pool, model.config().n_vocab, config.overlap_schedule,
               config.before_step),
       num_scheduler_steps_(config.num_scheduler_steps),
-      after_launch_(config.after_launch) {
+      after_launch_(config.after_launch),
+      stream_interval_(config.stream_interval) {
+  if (config.stream_interval < 1)
+    DUET_ERROR("--stream-interval must be at least 1, got " << config.stream_interval);
   if (config.num_scheduler_steps < 1 || config.num_scheduler_steps > 64)
     DUET_ERROR("--num-scheduler-steps must be in [1, 64], got " << config.num_scheduler_steps);
   publish_state();
@@ -330,8 +333,20 @@ void LlmEngine::stage(Live& live, const std::string& text, int32_t tok) {
 }
 
 void LlmEngine::flush_streams() {
-  for (const std::shared_ptr<RequestStream>& s : unflushed_) s->flush(/*wake=*/false);
-  waker_.wake(unflushed_);
+  if (stream_interval_ == 1) {
+    for (const std::shared_ptr<RequestStream>& s : unflushed_) s->flush(/*wake=*/false);
+    waker_.wake(unflushed_);
+    return;
+  }
+  // The streams not due yet stay listed, their output staged.
+  to_wake_.clear();
+  std::erase_if(unflushed_, [&](const std::shared_ptr<RequestStream>& s) {
+    if (!s->due(stream_interval_)) return false;
+    s->flush(/*wake=*/false);
+    to_wake_.push_back(s);
+    return true;
+  });
+  waker_.wake(to_wake_);
 }
 
 void LlmEngine::free_retired() {

@@ -63,6 +63,9 @@ struct EngineConfig {
   bool overlap_schedule = true;
   // Multi-step (--num-scheduler-steps): decode steps a decode-only batch runs per launch, >= 1.
   int64_t num_scheduler_steps = 1;
+  // --stream-interval (SGLang's): a request's tokens reach its stream in batches of this many
+  // (the first token and the finish at once), >= 1. Fewer hand-overs and HTTP writes per token.
+  int64_t stream_interval = 1;
   // Tests only: called on the step worker before each launched job (StepWorker::BeforeJob).
   StepWorker::BeforeJob before_step;
   // Tests only: called on the engine thread right after each launch, with the job's number.
@@ -188,6 +191,7 @@ class LlmEngine {
   std::map<uint64_t, std::unique_ptr<Live>> live_;  // engine thread only
   // Streams with output staged since the last flush_streams(). Engine thread only.
   std::vector<std::shared_ptr<RequestStream>> unflushed_;
+  std::vector<std::shared_ptr<RequestStream>> to_wake_;  // flush_streams()' scratch
   StreamWaker waker_;  // wakes the HTTP threads of flushed streams
   // Finished requests' state, kept until every job launched before they finished has been
   // processed (a job in flight samples with their Sampler), with the count of jobs launched then.
@@ -207,6 +211,7 @@ class LlmEngine {
   uint64_t n_processed_ = 0;  // jobs whose every output was processed; engine thread only
   const int64_t num_scheduler_steps_;
   const std::function<void(uint64_t job)> after_launch_;          // EngineConfig::after_launch
+  const int64_t stream_interval_;                                // EngineConfig::stream_interval
   std::map<uint64_t, Remote> remote_;                             // rank 0, engine thread only
   std::map<uint64_t, std::shared_ptr<RequestStream>> forwarded_;  // other ranks: output to send
   std::string stop_error_;                                        // GUARDED_BY(inbox_mu_)

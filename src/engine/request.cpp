@@ -60,6 +60,7 @@ bool RequestStream::flush(bool wake) {
     }
   }
   if (wake) cv_.notify_all();
+  n_flushed_tokens_ += static_cast<int64_t>(staged_.tokens.size());
   // Keep the buffers' capacity for the next step's output.
   staged_.text.clear();
   staged_.tokens.clear();

@@ -69,6 +69,13 @@ class RequestStream {
   // Hands the staged output to the reader and, if `wake`, wakes it (else wake() must follow);
   // false if nothing was staged.
   bool flush(bool wake = true);
+  // Whether the staged output should reach the reader now under a stream interval of `interval`
+  // tokens (SGLang's --stream-interval): at least that many tokens, the first token of the
+  // request (its time to first token), or the finish. Engine thread only.
+  bool due(int64_t interval) const {
+    return staged_.finished || static_cast<int64_t>(staged_.tokens.size()) >= interval ||
+           (!staged_.tokens.empty() && n_flushed_tokens_ == 0);
+  }
   // Wakes the reader (after flush(false); any thread).
   void wake() { cv_.notify_all(); }
   // For a waker thread (StreamWaker): marks a wake-up as queued; false if one already was (its
@@ -103,6 +110,7 @@ class RequestStream {
     bool empty() const { return tokens.empty() && text.empty() && !finished; }
   };
   Staged staged_;
+  int64_t n_flushed_tokens_ = 0;  // engine thread only: tokens handed over so far
 };
 
 enum class SeqStatus { kWaiting, kRunning, kFinished };

@@ -432,6 +432,9 @@ TEST_F(CliTest, SchedulerModes) {
   RunResult bad = run_duet("serve " + dir_ + " --num-scheduler-steps 0");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.out.find("--num-scheduler-steps"), std::string::npos) << bad.out;
+  bad = run_duet("serve " + dir_ + " --stream-interval 0");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("--stream-interval"), std::string::npos) << bad.out;
 }
 
 // bench latency samples when asked (every path: the generator, the serving engine's modes) and

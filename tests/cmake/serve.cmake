@@ -20,8 +20,14 @@ add_test(NAME serve_openai_client_multistep
 add_test(NAME serve_openai_client_multistep_plain
          COMMAND bash ${CMAKE_SOURCE_DIR}/tests/npm/serve/run_serve_test.sh $<TARGET_FILE:duet>
                  --num-scheduler-steps 3 --disable-overlap-schedule)
+# Tokens streamed in batches of 4 (--stream-interval): chunks of several tokens, stop strings
+# across them.
+add_test(NAME serve_openai_client_stream_interval
+         COMMAND bash ${CMAKE_SOURCE_DIR}/tests/npm/serve/run_serve_test.sh $<TARGET_FILE:duet>
+                 --stream-interval 4)
 set_tests_properties(serve_openai_client_plain_schedule serve_openai_client_multistep
-                     serve_openai_client_multistep_plain PROPERTIES TIMEOUT 600 LABELS "npm")
+                     serve_openai_client_multistep_plain serve_openai_client_stream_interval
+                     PROPERTIES TIMEOUT 600 LABELS "npm")
 
 # The same client against two ranks (data-parallel attention, experts split over the ranks),
 # started by duet itself under mpirun: requests spread over the ranks get their single-rank

@@ -92,6 +92,58 @@ TEST_F(LlmEngineTest, GreedyTokensEqualTheGenerators) {
   EXPECT_EQ(reason, "length");
 }
 
+// --stream-interval 4: a request's tokens reach its stream in batches of at least 4 but for its
+// first token (its time to first token) and its end, and they are the tokens it gets streamed
+// one by one; in every scheduler mode. (Without the interval a reader that waits for each
+// delta sees one token at a time.)
+TEST_F(LlmEngineTest, StreamIntervalHandsTokensOverInBatches) {
+  std::vector<std::vector<int32_t>> want;
+  {
+    auto e = engine(0.01, 8, 64);
+    for (int i = 0; i < 2; ++i) want.push_back(drain(*e->submit(greedy(prompt(6 + i, i), 11 + 2 * i))));
+  }
+  for (bool overlap : {true, false}) {
+    for (int64_t steps : {1, 3}) {
+      SCOPED_TRACE(std::string(overlap ? "overlapped" : "plain") + ", " + std::to_string(steps) +
+                   " steps");
+      EngineConfig c;
+      c.scheduler = {8, 64};
+      c.block_size = 4;
+      c.kv_cache_gib = 0.01;
+      c.overlap_schedule = overlap;
+      c.num_scheduler_steps = steps;
+      c.stream_interval = 4;
+      LlmEngine e(*model_, pool_, nullptr, c);
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      for (int i = 0; i < 2; ++i) streams.push_back(e.submit(greedy(prompt(6 + i, i), 11 + 2 * i)));
+      // Each stream read by a thread of its own, as the HTTP threads do: the sizes of the
+      // deltas it sees (a slower reader would see several hand-overs merged, never smaller).
+      std::vector<std::vector<int32_t>> got(2);
+      std::vector<std::vector<size_t>> sizes(2);
+      std::vector<std::thread> readers;
+      for (size_t i = 0; i < 2; ++i) {
+        readers.emplace_back([&, i] {
+          for (int k = 0; k < 1000; ++k) {
+            const StreamDelta d = streams[i]->wait(std::chrono::milliseconds(1000));
+            if (!d.tokens.empty() || d.finished) sizes[i].push_back(d.tokens.size());
+            got[i].insert(got[i].end(), d.tokens.begin(), d.tokens.end());
+            if (d.finished) break;
+          }
+        });
+      }
+      for (std::thread& t : readers) t.join();
+      for (size_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(got[i], want[i]) << "request " << i;
+        for (size_t k = 1; k + 1 < sizes[i].size(); ++k)
+          EXPECT_GE(sizes[i][k], 4u) << "delta " << k << " of request " << i;
+      }
+    }
+  }
+  EngineConfig bad;
+  bad.stream_interval = 0;
+  EXPECT_THROW(LlmEngine(*model_, pool_, nullptr, bad), Error);
+}
+
 // 12 requests at once through a pool of 24 blocks (96 positions) with a budget of 16 tokens:
 // prompts are chunked and sequences are preempted and recomputed, yet every request gets the
 // tokens it gets alone.
