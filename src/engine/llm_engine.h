@@ -211,7 +211,7 @@ class LlmEngine {
   uint64_t n_processed_ = 0;  // jobs whose every output was processed; engine thread only
   const int64_t num_scheduler_steps_;
   const std::function<void(uint64_t job)> after_launch_;          // EngineConfig::after_launch
-  const int64_t stream_interval_;                                // EngineConfig::stream_interval
+  const int64_t stream_interval_;                                 // EngineConfig::stream_interval
   std::map<uint64_t, Remote> remote_;                             // rank 0, engine thread only
   std::map<uint64_t, std::shared_ptr<RequestStream>> forwarded_;  // other ranks: output to send
   std::string stop_error_;                                        // GUARDED_BY(inbox_mu_)

@@ -100,7 +100,8 @@ TEST_F(LlmEngineTest, StreamIntervalHandsTokensOverInBatches) {
   std::vector<std::vector<int32_t>> want;
   {
     auto e = engine(0.01, 8, 64);
-    for (int i = 0; i < 2; ++i) want.push_back(drain(*e->submit(greedy(prompt(6 + i, i), 11 + 2 * i))));
+    for (int i = 0; i < 2; ++i)
+      want.push_back(drain(*e->submit(greedy(prompt(6 + i, i), 11 + 2 * i))));
   }
   for (bool overlap : {true, false}) {
     for (int64_t steps : {1, 3}) {
