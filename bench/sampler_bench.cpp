@@ -35,7 +35,9 @@ void BM_Sample(benchmark::State& state) {
   benchmark::DoNotOptimize(sum);
   state.SetItemsProcessed(state.iterations());
 }
-BENCHMARK(BM_Sample)->ArgNames({"n_vocab", "mode"})->ArgsProduct({{32000, 151936}, {0, 1, 2, 3, 4}});
+BENCHMARK(BM_Sample)
+    ->ArgNames({"n_vocab", "mode"})
+    ->ArgsProduct({{32000, 151936}, {0, 1, 2, 3, 4}});
 
 }  // namespace
 }  // namespace duet

@@ -119,7 +119,8 @@ RunResult run(const BenchServeOptions& o, const std::string& model, int64_t n, i
                  {"ignore_eos", true},
                  {"stream", true},
                  {"stream_options", {{"include_usage", true}}}};
-    if (o.sampling.temperature > 0) body["seed"] = *bench_sampling(o.sampling, o.seed, size_t(i)).seed;
+    if (o.sampling.temperature > 0)
+      body["seed"] = *bench_sampling(o.sampling, o.seed, size_t(i)).seed;
     if (o.sampling.top_p < 1.0f) body["top_p"] = o.sampling.top_p;
     if (o.sampling.top_k > 0) body["top_k"] = o.sampling.top_k;  // vLLM's extension, as duet's
     bodies.push_back(std::move(body));

@@ -443,7 +443,8 @@ TEST_F(CliTest, BenchLatencySamples) {
   for (const char* extra : {"", " --scheduler-modes plain,overlap+multistep2"}) {
     RunResult r = run_duet("bench latency " + dir_ +
                            " --batch 3 --prompt-len 4 --gen-len 5 --rounds 1 --threads 1"
-                           " --temperature 0.8 --top-p 0.9 --top-k 20" + extra);
+                           " --temperature 0.8 --top-p 0.9 --top-k 20" +
+                           extra);
     ASSERT_EQ(r.exit_code, 0) << extra << "\n" << r.out;
     EXPECT_NE(r.out.find("decode"), std::string::npos) << r.out;
   }
