@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -20,6 +21,8 @@
 #include "kernels/attend.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_impl.h"
+#include "kernels/matmul_q8_impl.h"
+#include "kernels/quantize.h"
 #include "kernels/simd_impl.h"
 
 namespace duet {
@@ -176,13 +179,54 @@ void BM_MatmulQuant(benchmark::State& state) {
   });
   state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(matrix_bytes) * 1e-9,
                                                      benchmark::Counter::kIsIterationInvariantRate);
-  state.SetLabel(matmul_isa());
+  state.SetLabel(std::string(matmul_isa()) + " " + matmul_int_kernel());
 }
 
 BENCHMARK(BM_MatmulQuant)
     ->ArgNames({"rows", "cols", "n_tokens", "threads", "bits", "cold"})
     ->ArgsProduct({{512, 2048, 32000}, {1024}, {1}, {1, 2}, {4, 8}, {1, 0}})
     ->UseRealTime();
+
+// One int8 or int4 kernel (kernel: a matmul_q8::Kernel; those this CPU lacks are skipped) on one
+// thread, the weights in cache, timed in the thread's CPU time: the kernels of one instruction
+// set side by side in one run, e.g. AVX-VNNI's (here in its EVEX form, avx2vnni-evex) against
+// AVX2's. x's quantization is included, as in matmul.
+void BM_MatmulQuantKernel(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1), n_tokens = state.range(2);
+  const DType dtype = state.range(3) == 4 ? DType::kQ4 : DType::kQ8;
+  const auto kernel = static_cast<matmul_q8::Kernel>(state.range(4));
+  state.SetLabel(matmul_q8::kernel_name(kernel));
+  if (!matmul_q8::kernel_supported(kernel)) {
+    state.SkipWithError("this CPU lacks the kernel");
+    return;
+  }
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w_f32(static_cast<size_t>(rows * cols));  // [rows, cols] f32
+  for (float& v : w_f32) v = normal(rng);
+  const QuantizedMatrix w(Matrix{DType::kF32, rows, cols, w_f32.data()}, dtype);
+  std::vector<float> x(static_cast<size_t>(n_tokens * cols));  // [n_tokens, cols] f32
+  for (float& v : x) v = normal(rng);
+  std::vector<float> y(static_cast<size_t>(n_tokens * rows));  // [n_tokens, rows] f32
+  ThreadPool pool(1);
+  cycle_copies(state, 1, y, [&](size_t) {
+    matmul_q8::matmul_with(kernel, pool, w.view(), x.data(), n_tokens, y.data());
+  });
+  state.counters["GOP/s"] =
+      benchmark::Counter(2.0 * static_cast<double>(rows * cols * n_tokens) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_MatmulQuantKernel)
+    ->ArgNames({"rows", "cols", "n_tokens", "bits", "kernel"})
+    ->ArgsProduct({{512},
+                   {1024},
+                   {1, 8, 32},
+                   {8, 4},
+                   {static_cast<int64_t>(matmul_q8::Kernel::kAvx2),
+                    static_cast<int64_t>(matmul_q8::Kernel::kAvx2Vnni),
+                    static_cast<int64_t>(matmul_q8::Kernel::kAvx2VnniEvex),
+                    static_cast<int64_t>(matmul_q8::Kernel::kAvx512Vnni)}});
 
 // One thread's product on a given path (0 direct, 1 tiled, 2 from panels packed at load time
 // as Matrix::panels), with the weights in cache (cold 0)

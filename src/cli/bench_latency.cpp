@@ -36,15 +36,18 @@ struct LatencyOptions {
   std::string quantizations;    // set: the model under each quantization (bench_quantization.cpp)
   int rounds = 3;
   DistOptions dist;
+  SamplingParams sampling;  // --temperature, --top-p, --top-k
 };
 
 std::vector<GenerateRequest> make_requests(const LatencyOptions& o, int64_t n_vocab, int rank = 0) {
   std::mt19937_64 rng(o.seed + static_cast<uint64_t>(rank) * 7919);
   std::vector<GenerateRequest> reqs(static_cast<size_t>(o.batch));
-  for (GenerateRequest& r : reqs) {
+  for (size_t k = 0; k < reqs.size(); ++k) {
+    GenerateRequest& r = reqs[k];
     for (int64_t i = 0; i < o.prompt_len; ++i)
       r.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(n_vocab)));
     r.max_tokens = o.gen_len;  // no stop ids: every sequence runs to gen_len
+    r.sampling = bench_sampling(o.sampling, o.seed + static_cast<uint64_t>(rank) * 7919, k);
   }
   return reqs;
 }
@@ -173,7 +176,8 @@ void run_latency_single(const LatencyOptions& o) {
       o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
       (long long)o.gen_len, pool.n_threads(), matmul_isa(), kv_dtype_name(gen.kv_cache().dtype()));
   if (model->quantization().quantization != Quantization::kNone) {
-    std::printf("weights: quantization %s\n", describe(model->quantization()).c_str());
+    std::printf("weights: quantization %s, kernel %s\n", describe(model->quantization()).c_str(),
+                matmul_int_kernel());
   }
   if (model->panel_bytes() > 0) {
     std::printf(
@@ -215,6 +219,7 @@ AlternatingBenchOptions alternating(const LatencyOptions& o, const std::string& 
   a.seed = o.seed;
   a.rounds = o.rounds;
   a.kv_dtype = o.kv_dtype;
+  a.sampling = o.sampling;
   return a;
 }
 
@@ -254,6 +259,7 @@ void add_bench_latency(CLI::App& bench) {
   cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
   cmd->add_option("--seed", o->seed, "Seed of the random prompts");
   add_kv_cache_dtype_option(cmd, o->kv_cache_dtype);
+  add_bench_sampling_options(cmd, o->sampling);
   cmd->add_flag("--profile-ops", o->profile_ops,
                 "Also print decode time per kind of operation (attn, moe_route, experts, output, "
                 "...), summed over layers (rank 0's with several ranks)");

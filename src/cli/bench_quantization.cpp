@@ -66,16 +66,18 @@ void run_quantization_bench(const AlternatingBenchOptions& o) {
   const ModelConfig& c = models[0]->config();
   std::mt19937_64 rng(o.seed);
   std::vector<GenerateRequest> reqs(static_cast<size_t>(o.batch));
-  for (GenerateRequest& r : reqs) {
+  for (size_t k = 0; k < reqs.size(); ++k) {
+    GenerateRequest& r = reqs[k];
     for (int64_t i = 0; i < o.prompt_len; ++i)
       r.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(c.n_vocab)));
     r.max_tokens = o.gen_len;
+    r.sampling = bench_sampling(o.sampling, o.seed, k);
   }
   std::printf(
-      "model %s (%s), batch %lld, prompt %lld, gen %lld, %d threads, matmul %s, "
-      "%d rounds\n",
+      "model %s (%s), batch %lld, prompt %lld, gen %lld, %d threads, matmul %s (int8/int4 "
+      "kernel %s), %d rounds\n",
       o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
-      (long long)o.gen_len, pool.n_threads(), matmul_isa(), o.rounds);
+      (long long)o.gen_len, pool.n_threads(), matmul_isa(), matmul_int_kernel(), o.rounds);
   for (size_t i = 0; i < qs.size(); ++i) {
     std::printf("  %-5s weights %.1f MiB (%s)\n", quantization_name(qs[i]),
                 models[i]->weight_bytes() / 1048576.0, describe(models[i]->quantization()).c_str());

@@ -115,11 +115,13 @@ void run_schedule_bench(const AlternatingBenchOptions& o) {
   const ModelConfig& c = model->config();
   std::mt19937_64 rng(o.seed);
   std::vector<EngineRequest> reqs(static_cast<size_t>(o.batch));
-  for (EngineRequest& r : reqs) {
+  for (size_t k = 0; k < reqs.size(); ++k) {
+    EngineRequest& r = reqs[k];
     for (int64_t i = 0; i < o.prompt_len; ++i)
       r.prompt.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(c.n_vocab)));
     r.max_tokens = o.gen_len;
     r.ignore_eos = true;
+    r.sampling = bench_sampling(o.sampling, o.seed, k);
   }
   std::printf(
       "model %s (%s), batch %lld, prompt %lld, gen %lld, %d threads, matmul %s; serving engine, "

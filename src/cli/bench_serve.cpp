@@ -43,6 +43,7 @@ struct BenchServeOptions {
   // Servers to alternate with base_url (each started in another mode), --rounds times.
   std::vector<std::string> compare_urls;
   int rounds = 3;
+  SamplingParams sampling;  // of every request: --temperature, --top-p, --top-k
 };
 
 struct Outcome {
@@ -111,9 +112,17 @@ RunResult run(const BenchServeOptions& o, const std::string& model, int64_t n, i
   for (int64_t i = 0; i < n; ++i) {
     std::vector<int32_t> prompt(static_cast<size_t>(o.input_len));
     for (int32_t& id : prompt) id = tok(rng);
-    bodies.push_back({{"model", model}, {"prompt", prompt}, {"max_tokens", o.output_len},
-                      {"temperature", 0}, {"ignore_eos", true}, {"stream", true},
-                      {"stream_options", {{"include_usage", true}}}});
+    json body = {{"model", model},
+                 {"prompt", prompt},
+                 {"max_tokens", o.output_len},
+                 {"temperature", o.sampling.temperature},
+                 {"ignore_eos", true},
+                 {"stream", true},
+                 {"stream_options", {{"include_usage", true}}}};
+    if (o.sampling.temperature > 0) body["seed"] = o.seed * 1000003 + uint64_t(i);
+    if (o.sampling.top_p < 1.0f) body["top_p"] = o.sampling.top_p;
+    if (o.sampling.top_k > 0) body["top_k"] = o.sampling.top_k;  // vLLM's extension, as duet's
+    bodies.push_back(std::move(body));
     start_at.push_back(t);
     if (o.request_rate > 0) t += gap(rng);
   }
@@ -325,6 +334,7 @@ void add_bench_serve(CLI::App& bench) {
   cmd->add_option("--max-concurrency", o->max_concurrency, "Requests in flight at most");
   cmd->add_option("--token-range", o->token_range, "Prompt ids are drawn from [0, N) (default 256)");
   cmd->add_option("--seed", o->seed, "Seed of the prompts and arrival times");
+  add_bench_sampling_options(cmd, o->sampling);
   cmd->add_flag("--compare-single", o->compare_single,
                 "First run --single-prompts requests one at a time; print the throughput ratio");
   cmd->add_option("--single-prompts", o->single_prompts, "Requests of the single run (default 4)");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/kv_dtype.h"
+#include "engine/sampler.h"
 
 namespace duet {
 
@@ -29,7 +30,23 @@ struct AlternatingBenchOptions {
   uint64_t seed = 0;
   int rounds = 3;
   KvCacheDtype kv_dtype = KvCacheDtype::kAuto;  // --kv-cache-dtype
+  SamplingParams sampling;                      // of every request (bench_sampling)
 };
+
+// The benchmarks' sampling options (--temperature, --top-p, --top-k): greedy unless given.
+inline void add_bench_sampling_options(CLI::App* cmd, SamplingParams& p) {
+  cmd->add_option("--temperature", p.temperature, "Sampling temperature (default 0: greedy)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-p", p.top_p, "Nucleus sampling mass in (0, 1] (default 1)");
+  cmd->add_option("--top-k", p.top_k, "Keep the k most likely tokens (default 0: all)");
+}
+
+// Request i's sampling in a benchmark: `p` with a seed of its own, so runs repeat.
+inline SamplingParams bench_sampling(const SamplingParams& p, uint64_t seed, size_t i) {
+  SamplingParams s = p;
+  s.seed = seed * 1000003 + i;
+  return s;
+}
 
 // `duet bench latency --scheduler-modes`: the batch through the serving engine per scheduler
 // mode ("plain,overlap,multistep4,overlap+multistep4"; bench_schedule.cpp).

@@ -299,11 +299,11 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
   rm.model = Model::load(model_dir, lo);
   if (lo.quantization != Quantization::kNone) {
     std::fprintf(stderr,
-                 "%squantization %s (linear layers; embeddings and routers as stored), weights "
-                 "%.1f MiB, resident %.1f MiB\n",
+                 "%squantization %s (linear layers; embeddings and routers as stored), kernel "
+                 "%s, weights %.1f MiB, resident %.1f MiB\n",
                  ctx ? ("rank " + std::to_string(rank) + ": ").c_str() : "",
-                 describe(rm.model->quantization()).c_str(), rm.model->weight_bytes() / 1048576.0,
-                 resident_bytes() / 1048576.0);
+                 describe(rm.model->quantization()).c_str(), matmul_int_kernel(),
+                 rm.model->weight_bytes() / 1048576.0, resident_bytes() / 1048576.0);
   }
   if (ctx) {
     // The whole model's bytes: this rank's plus the experts it left to the others.

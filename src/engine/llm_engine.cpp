@@ -60,7 +60,8 @@ LlmEngine::LlmEngine(const Model& model, ThreadPool& pool, const Tokenizer* toke
       scheduler_(config.scheduler, kv_),
       steps_(model, pool, group),
       future_(future_slots(config)),
-      worker_(steps_, future_, model.config().n_vocab, config.overlap_schedule, config.before_step),
+      worker_(steps_, future_, pool, model.config().n_vocab, config.overlap_schedule,
+              config.before_step),
       num_scheduler_steps_(config.num_scheduler_steps),
       after_launch_(config.after_launch) {
   if (config.num_scheduler_steps < 1 || config.num_scheduler_steps > 64)

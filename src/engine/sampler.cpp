@@ -4,15 +4,9 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace duet {
-
-int32_t argmax(const float* x, int64_t n) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < n; ++i)
-    if (x[i] > x[best]) best = i;
-  return static_cast<int32_t>(best);
-}
 
 Sampler::Sampler(const SamplingParams& p) : p_(p) {
   if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature))
@@ -24,61 +18,111 @@ Sampler::Sampler(const SamplingParams& p) : p_(p) {
 
 namespace {
 
-// Throws if a logit is NaN or infinite: argmax would return an arbitrary id and the sort's
-// comparator would not be a strict weak ordering.
-void check_finite(const float* logits, int64_t n_vocab) {
-  for (int64_t i = 0; i < n_vocab; ++i) {
-    if (!std::isfinite(logits[i])) {
-      DUET_ERROR("the logits are not finite (" << logits[i] << " at token id " << i
-                                               << "): no token can be sampled");
-    }
-  }
+// A NaN or infinite logit: argmax would return an arbitrary id and no probability is defined.
+[[noreturn]] void throw_not_finite(const float* logits, int64_t n_vocab) {
+  int64_t i = 0;
+  while (i + 1 < n_vocab && std::isfinite(logits[i])) ++i;
+  DUET_ERROR("the logits are not finite (" << logits[i] << " at token id " << i
+                                           << "): no token can be sampled");
 }
+
+// Descending logit, the lower id first among equal logits: a strict total order, so the tokens
+// kept and their order do not depend on the sorting algorithm.
+// (A function object, so the sorts inline it.)
+struct ByLogit {
+  bool operator()(const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) const {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  }
+};
+constexpr ByLogit by_logit;
+
+// Top-p sorts the ranks around the nucleus's end once the candidates left are this few.
+constexpr size_t kSortedTail = 64;
 
 }  // namespace
 
 int32_t Sampler::sample(const float* logits, int64_t n_vocab) {
-  check_finite(logits, n_vocab);
-  if (p_.temperature == 0.0f) return argmax(logits, n_vocab);
-  cand_.resize(static_cast<size_t>(n_vocab));
-  for (int64_t i = 0; i < n_vocab; ++i) cand_[i] = {logits[i] / p_.temperature, (int32_t)i};
-  auto by_logit = [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  };
-  size_t n = cand_.size();
+  const int64_t best = argmax_finite(logits, n_vocab);
+  if (best < 0) throw_not_finite(logits, n_vocab);
+  if (p_.temperature == 0.0f) return static_cast<int32_t>(best);
+
+  const size_t n = static_cast<size_t>(n_vocab);
+  const float t = p_.temperature, shift = logits[best] / t;
+  probs_.resize(n);  // [n_vocab] exp(l / T - max / T), filled where needed: the largest is 1
   if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
-    n = static_cast<size_t>(p_.top_k);
-    std::partial_sort(cand_.begin(), cand_.begin() + n, cand_.end(), by_logit);
-  } else {
-    std::sort(cand_.begin(), cand_.end(), by_logit);
-  }
-  // Softmax over the survivors (sorted descending, so cand_[0] is the max).
-  const float max = cand_[0].first;
-  double sum = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    cand_[i].first = std::exp(cand_[i].first - max);
-    sum += cand_[i].first;
-  }
-  // Top-p: the smallest prefix whose probability reaches p (at least one token).
-  if (p_.top_p < 1.0f) {
-    double cum = 0.0;
-    size_t keep = 0;
-    while (keep < n) {
-      cum += cand_[keep].first / sum;
-      ++keep;
-      if (cum >= p_.top_p) break;
+    // Top-k: the k largest logits sorted, and only their probabilities.
+    const size_t k = static_cast<size_t>(p_.top_k);
+    cand_.resize(n);
+    for (size_t i = 0; i < n; ++i) cand_[i] = {logits[i], static_cast<int32_t>(i)};
+    std::partial_sort(cand_.begin(), cand_.begin() + k, cand_.end(), by_logit);
+    double sum = 0;
+    for (size_t r = 0; r < k; ++r) {
+      const size_t id = size_t(cand_[r].second);
+      probs_[id] = std::exp(logits[id] / t - shift);
+      sum += probs_[id];
     }
-    n = keep;
-    sum = 0.0;
-    for (size_t i = 0; i < n; ++i) sum += cand_[i].first;
+    return p_.top_p < 1.0f ? draw_nucleus(k, /*sorted=*/true, sum) : draw_first(k, sum);
   }
+  const double total = exp_scaled(logits, n_vocab, t, shift, probs_.data());
+  if (p_.top_p >= 1.0f) return draw_all(n_vocab, total);
+  // Top-p over every token: those below tau weigh less than (1 - p) of the whole together, so
+  // the others already reach p and hold the nucleus; only they are sorted.
+  const double tau = (1.0 - double(p_.top_p)) * total / double(n);
+  cand_.clear();
+  for (size_t i = 0; i < n; ++i)
+    if (double(probs_[i]) >= tau) cand_.push_back({logits[i], static_cast<int32_t>(i)});
+  return draw_nucleus(cand_.size(), /*sorted=*/false, total);
+}
+
+int32_t Sampler::draw_nucleus(size_t n_cand, bool sorted, double sum) {
+  // The ranks [0, lo) are in the nucleus; it ends within [lo, hi), which must give `need` more.
+  // Halving that range by selection (the upper half's ranks before the lower's, neither sorted)
+  // finds the end in linear time; only the last few ranks are sorted.
+  const auto prob = [&](size_t rank) { return double(probs_[size_t(cand_[rank].second)]); };
+  size_t lo = 0, hi = n_cand;
+  double need = double(p_.top_p) * sum, cum = 0;
+  while (!sorted && hi - lo > kSortedTail) {
+    const size_t mid = lo + (hi - lo) / 2;
+    std::nth_element(cand_.begin() + lo, cand_.begin() + mid, cand_.begin() + hi, by_logit);
+    double upper = 0;
+    for (size_t r = lo; r < mid; ++r) upper += prob(r);
+    if (upper >= need) {
+      hi = mid;
+    } else {
+      need -= upper;
+      cum += upper;
+      lo = mid;
+    }
+  }
+  if (!sorted) std::sort(cand_.begin() + lo, cand_.begin() + hi, by_logit);
+  double tail = 0;
+  size_t keep = lo;
+  while (keep < hi && tail < need) tail += prob(keep++);
+  return draw_first(std::max<size_t>(keep, 1), cum + tail);
+}
+
+int32_t Sampler::draw_first(size_t n_keep, double sum) {
   const double r = std::uniform_real_distribution<double>(0.0, sum)(rng_);
   double acc = 0.0;
-  for (size_t i = 0; i < n; ++i) {
-    acc += cand_[i].first;
+  for (size_t i = 0; i < n_keep; ++i) {
+    acc += probs_[static_cast<size_t>(cand_[i].second)];
     if (r < acc) return cand_[i].second;
   }
-  return cand_[n - 1].second;
+  return cand_[n_keep - 1].second;
+}
+
+int32_t Sampler::draw_all(int64_t n_vocab, double total) {
+  const double r = std::uniform_real_distribution<double>(0.0, total)(rng_);
+  double acc = 0.0;
+  for (int64_t i = 0; i < n_vocab; ++i) {
+    acc += probs_[static_cast<size_t>(i)];
+    if (r < acc) return static_cast<int32_t>(i);
+  }
+  // r fell in the rounding between the vectorised total and this running sum: the last token
+  // with any probability.
+  int64_t i = n_vocab - 1;
+  while (i > 0 && probs_[static_cast<size_t>(i)] == 0.0f) --i;
+  return static_cast<int32_t>(i);
 }
 
 }  // namespace duet

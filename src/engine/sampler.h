@@ -1,5 +1,7 @@
 // Token sampling from one row of logits: greedy, or temperature → top-k → top-p → draw, with a
-// per-sequence seeded generator so a seeded request is reproducible.
+// per-sequence seeded generator so a seeded request is reproducible. A row costs a few passes
+// over the vocabulary (vectorised), plus a sort of only as many of the most likely tokens as
+// top-k or top-p keep.
 #pragma once
 
 #include <cstdint>
@@ -27,11 +29,20 @@ class Sampler {
   int32_t sample(const float* logits, int64_t n_vocab);
 
  private:
+  // Top-p among the candidates cand_[0, n_cand) (sorted by rank or not), whose probabilities sum
+  // to `sum`: the smallest set of the best ranks reaching top_p of it, then a draw from it.
+  int32_t draw_nucleus(size_t n_cand, bool sorted, double sum);
+  // A draw from cand_[0, n_keep), whose probabilities sum to `sum`.
+  int32_t draw_first(size_t n_keep, double sum);
+  // A draw from every token, in vocabulary order, the probabilities summing to `total`.
+  int32_t draw_all(int64_t n_vocab, double total);
+
   SamplingParams p_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> cand_;  // reused scratch
+  // Reused scratch: the unnormalised probabilities [n_vocab] (where needed); (logit, id) pairs,
+  // ordered by descending logit (lower id first among equals) as far as top-k / top-p need.
+  std::vector<float> probs_;
+  std::vector<std::pair<float, int32_t>> cand_;
 };
-
-int32_t argmax(const float* x, int64_t n);
 
 }  // namespace duet

@@ -1,5 +1,7 @@
 #include "engine/step_worker.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace duet {
@@ -21,10 +23,11 @@ void advance(ForwardInput& in, const std::vector<int32_t>& sampled) {
 
 }  // namespace
 
-StepWorker::StepWorker(StepRunner& steps, FutureMap& future, int64_t n_vocab, bool overlapped,
-                       BeforeJob before_job)
+StepWorker::StepWorker(StepRunner& steps, FutureMap& future, ThreadPool& pool, int64_t n_vocab,
+                       bool overlapped, BeforeJob before_job)
     : steps_(steps),
       future_(future),
+      pool_(pool),
       n_vocab_(n_vocab),
       overlapped_(overlapped),
       before_job_(std::move(before_job)) {
@@ -128,18 +131,23 @@ void StepWorker::run_job(StepJob& job, uint64_t id) {
     out.last = k + 1 == job.n_steps;
     out.tokens.assign(n_rows, -1);
     out.errors.resize(n_rows);
-    for (size_t r = 0; r < n_rows; ++r) {
-      const float* logits = launch.logits->data() + static_cast<int64_t>(r) * n_vocab_;
-      try {
-        out.tokens[r] = job.samplers[r]->sample(logits, n_vocab_);
-      } catch (const Error& e) {  // this request ends with the error; the others go on
-        out.errors[r] = e.what();
+    // The rows over the pool (each has a sampler of its own, and a slot of the future map).
+    const auto sample_rows = [&](int64_t begin, int64_t end) {
+      for (size_t r = size_t(begin); r < size_t(end); ++r) {
+        const float* logits = launch.logits->data() + static_cast<int64_t>(r) * n_vocab_;
+        try {
+          out.tokens[r] = job.samplers[r]->sample(logits, n_vocab_);
+        } catch (const Error& e) {  // this request ends with the error; the others go on
+          out.errors[r] = e.what();
+        }
+        // A failed row's placeholder still resolves (to token 0): its request has ended, and a
+        // step already scheduled with it computes a token that is discarded.
+        future_.store(job.placeholders[static_cast<size_t>(k) * n_rows + r],
+                      out.tokens[r] >= 0 ? out.tokens[r] : 0);
       }
-      // A failed row's placeholder still resolves (to token 0): its request has ended, and a
-      // step already scheduled with it computes a token that is discarded.
-      future_.store(job.placeholders[static_cast<size_t>(k) * n_rows + r],
-                    out.tokens[r] >= 0 ? out.tokens[r] : 0);
-    }
+    };
+    pool_.parallel_for(static_cast<int64_t>(n_rows), sample_rows,
+                       std::max<int64_t>(1, kMinLogitsPerTask / n_vocab_));
     out.stats = steps_.execute_stats();
     if (!out.last) advance(job.in, out.tokens);
     post(std::move(out));

@@ -13,16 +13,17 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <functional>
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/thread_pool.h"
 #include "engine/future_map.h"
 #include "engine/sampler.h"
 #include "engine/step_runner.h"
@@ -60,9 +61,10 @@ class StepWorker {
   // watch the engine thread meanwhile, through launched()).
   using BeforeJob = std::function<void(uint64_t job, const StepWorker& worker)>;
 
-  // steps and future must outlive the worker; n_vocab is the logits' row width.
-  StepWorker(StepRunner& steps, FutureMap& future, int64_t n_vocab, bool overlapped,
-             BeforeJob before_job = {});
+  // steps, future and pool (the step path's, which also samples the rows) must outlive the
+  // worker; n_vocab is the logits' row width.
+  StepWorker(StepRunner& steps, FutureMap& future, ThreadPool& pool, int64_t n_vocab,
+             bool overlapped, BeforeJob before_job = {});
   // Finishes the step in flight (if any) and stops the thread; outputs not taken are dropped.
   ~StepWorker();
   StepWorker(const StepWorker&) = delete;
@@ -87,8 +89,13 @@ class StepWorker {
   void run_job(StepJob& job, uint64_t id);
   void post(StepOutput out);
 
+  // Rows of logits per sampling task: below about this many logits a row or two is sampled on
+  // the worker alone (a greedy row of 32000 takes ~4 µs, a pool task's hand-over a few).
+  static constexpr int64_t kMinLogitsPerTask = int64_t{1} << 16;
+
   StepRunner& steps_;
   FutureMap& future_;
+  ThreadPool& pool_;
   const int64_t n_vocab_;
   const bool overlapped_;
   const BeforeJob before_job_;

@@ -390,4 +390,8 @@ const char* matmul_isa() {
   return simd::isa_name(simd::best_isa());
 }
 
+const char* matmul_int_kernel() {
+  return matmul_q8::kernel_name(matmul_q8::kernel_for(simd::best_isa()));
+}
+
 }  // namespace duet

@@ -84,4 +84,8 @@ bool matmul_batch_invariant();
 // runs, to compare (simd::best_isa).
 const char* matmul_isa();
 
+// Name of the kernel that products with int8 and int4 weights use on that path ("avx512vnni",
+// "avx512", "avx2vnni", "avx2" or "scalar"), for logs and benchmarks.
+const char* matmul_int_kernel();
+
 }  // namespace duet

@@ -184,6 +184,56 @@ struct Avx2 {
   }
 };
 
+// AVX-VNNI: the VEX vpdpbusd on ymm registers (Alder Lake and later client CPUs); F16C for
+// Avx2's finish.
+#define DUET_TARGET_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
+
+// With AVX-VNNI: Avx512Vnni's scheme (the weights' bytes unsigned against x's signed bytes,
+// started from -128 · Σ q_x) in Avx2's two 32-byte halves; finish and reduce as Avx2's. dot is
+// Avx2Vnni's (VEX vpdpbusd) or Avx2VnniEvex's (its EVEX encoding, for tests and benchmarks on
+// CPUs without AVX-VNNI); the two compute the same bits.
+struct Avx2VnniBase : Avx2 {
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VI init(const int32_t* corr) {
+    const auto* p = reinterpret_cast<const __m256i*>(corr);
+    return {{_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1)}};
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static W prep(const uint8_t* w) {
+    const auto* p = reinterpret_cast<const __m256i*>(w);
+    return {{_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1)}};
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static __m256i broadcast(const int8_t* x) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  }
+};
+
+struct Avx2Vnni : Avx2VnniBase {
+  DUET_TARGET_AVXVNNI DUET_ALWAYS_INLINE static VI dot(VI acc, const W& w, const int8_t* x) {
+    const __m256i xb = broadcast(x);
+    for (int i = 0; i < 2; ++i) acc.h[i] = _mm256_dpbusd_avx_epi32(acc.h[i], w.h[i], xb);
+    return acc;
+  }
+  DUET_TARGET_AVXVNNI DUET_ALWAYS_INLINE static VI dot_u(VI acc, const W& u, const int8_t* x) {
+    return dot(acc, u, x);
+  }
+};
+
+// The EVEX encoding written out, not _mm256_dpbusd_epi32: that intrinsic needs the block compiled
+// for AVX-512 VL, and GCC then encodes other instructions as EVEX too and uses 32 registers and
+// AVX-512's shuffles. Written so, the block is Avx2Vnni's code instruction for instruction, only
+// vpdpbusd encoded otherwise, and its timings stand in for Avx2Vnni's.
+struct Avx2VnniEvex : Avx2VnniBase {
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VI dot(VI acc, const W& w, const int8_t* x) {
+    const __m256i xb = broadcast(x);
+    for (int i = 0; i < 2; ++i) {
+      asm("%{evex%} vpdpbusd %2, %1, %0" : "+x"(acc.h[i]) : "x"(w.h[i]), "x"(xb));
+    }
+    return acc;
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VI dot_u(VI acc, const W& u, const int8_t* x) {
+    return dot(acc, u, x);
+  }
+};
+
 // A register block's operands: one block of 4 weight rows, up to kTokens tokens.
 struct Block {
   const uint8_t* w;      // the block's values (kQ8 or kQ4, as the block function)
@@ -214,6 +264,20 @@ using K = Avx512;
 #undef DUET_SIMD_TARGET
 }  // namespace avx512
 
+namespace avx2vnni {
+using K = Avx2Vnni;
+#define DUET_SIMD_TARGET DUET_TARGET_AVXVNNI
+#include "kernels/matmul_q8_block_impl.h"
+#undef DUET_SIMD_TARGET
+}  // namespace avx2vnni
+
+namespace avx2vnni_evex {  // runs where AVX-512 VNNI and VL do (kernel_supported)
+using K = Avx2VnniEvex;
+#define DUET_SIMD_TARGET DUET_TARGET_AVX2_F16C
+#include "kernels/matmul_q8_block_impl.h"
+#undef DUET_SIMD_TARGET
+}  // namespace avx2vnni_evex
+
 namespace avx2 {
 using K = Avx2;
 #define DUET_SIMD_TARGET DUET_TARGET_AVX2_F16C
@@ -227,6 +291,10 @@ BlockFn block_fn(Kernel k, DType dtype, int n_tokens) {
       return avx512vnni::block_fn(dtype, n_tokens);
     case Kernel::kAvx512:
       return avx512::block_fn(dtype, n_tokens);
+    case Kernel::kAvx2Vnni:
+      return avx2vnni::block_fn(dtype, n_tokens);
+    case Kernel::kAvx2VnniEvex:
+      return avx2vnni_evex::block_fn(dtype, n_tokens);
     case Kernel::kAvx2:
       return avx2::block_fn(dtype, n_tokens);
     case Kernel::kScalar:
@@ -306,6 +374,10 @@ const char* kernel_name(Kernel k) {
       return "avx512";
     case Kernel::kAvx512Vnni:
       return "avx512vnni";
+    case Kernel::kAvx2Vnni:
+      return "avx2vnni";
+    case Kernel::kAvx2VnniEvex:
+      return "avx2vnni-evex";
   }
   return "?";
 }
@@ -320,11 +392,17 @@ bool kernel_supported(Kernel k) {
       return simd::isa_supported(simd::Isa::kAvx512);
     case Kernel::kAvx512Vnni:
       return simd::isa_supported(simd::Isa::kAvx512) && __builtin_cpu_supports("avx512vnni");
+    case Kernel::kAvx2Vnni:  // Avx2's code but for dot
+      return kernel_supported(Kernel::kAvx2) && __builtin_cpu_supports("avxvnni");
+    case Kernel::kAvx2VnniEvex:
+      return kernel_supported(Kernel::kAvx2) && __builtin_cpu_supports("avx512f") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
   }
   return false;
 }
 
 Kernel kernel_for(simd::Isa isa) {
+  if (isa == simd::Isa::kAvx2 && kernel_supported(Kernel::kAvx2Vnni)) return Kernel::kAvx2Vnni;
   switch (isa) {
     case simd::Isa::kScalar:
       return Kernel::kScalar;
@@ -340,7 +418,8 @@ Kernel kernel_for(simd::Isa isa) {
 
 std::vector<Kernel> simd_kernels() {
   std::vector<Kernel> ks;
-  for (Kernel k : {Kernel::kAvx512Vnni, Kernel::kAvx512, Kernel::kAvx2}) {
+  for (Kernel k : {Kernel::kAvx512Vnni, Kernel::kAvx512, Kernel::kAvx2Vnni, Kernel::kAvx2VnniEvex,
+                   Kernel::kAvx2}) {
     if (kernel_supported(k)) ks.push_back(k);
   }
   return ks;

@@ -44,13 +44,19 @@ enum class Kernel {
   kAvx2,        // vpmaddubsw + vpmaddwd on |x| and w with x's signs, two 32-byte halves
   kAvx512,      // the same on 64 bytes, signs by mask
   kAvx512Vnni,  // vpdpbusd on the weights' q + 128 and x, started from -128 · Σ x
+  kAvx2Vnni,    // the same on two 32-byte halves with AVX-VNNI's (VEX) vpdpbusd
+  // For tests and benchmarks: kAvx2Vnni's code with the EVEX vpdpbusd on ymm registers (AVX-512
+  // VNNI and VL), the same semantics, so that CPUs without AVX-VNNI (Zen 4, Ice Lake) run it.
+  // kernel_for never picks it.
+  kAvx2VnniEvex,
 };
 
 const char* kernel_name(Kernel k);
 bool kernel_supported(Kernel k);
-// The kernel matmul uses on isa: AVX-512 VNNI where the CPU has it and isa is an AVX-512 one.
+// The kernel matmul uses on isa: AVX-512 VNNI where the CPU has it and isa is an AVX-512 one,
+// AVX-VNNI where the CPU has it and isa is avx2.
 Kernel kernel_for(simd::Isa isa);
-// Every SIMD kernel this CPU runs.
+// Every SIMD kernel this CPU runs, kAvx2VnniEvex included.
 std::vector<Kernel> simd_kernels();
 
 // Buffers for a quantized copy of x.

@@ -64,6 +64,24 @@ void bf16_to_f32_row(const uint16_t* x, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(x[i]);
 }
 
+int64_t argmax_finite(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(x[i])) return -1;
+    if (x[i] > x[best]) best = i;
+  }
+  return best;
+}
+
+double exp_scaled(const float* x, int64_t n, float t, float m, float* y) {
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = std::exp(x[i] / t - m);
+    sum += y[i];
+  }
+  return sum;
+}
+
 void axpy_bf16(float alpha, const uint16_t* x, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * bf16_to_f32(x[i]);
 }
@@ -238,6 +256,52 @@ DUET_TARGET_AVX512 void bf16_to_f32_row(const uint16_t* x, int64_t n, float* y) 
   }
 }
 
+// Two passes: the largest value (and whether any is NaN or ±inf: |x| not below inf), then the
+// first place it occurs.
+DUET_TARGET_AVX512 int64_t argmax_finite(const float* x, int64_t n) {
+  const __m512 inf = _mm512_set1_ps(INFINITY);
+  __m512 vmax[2] = {_mm512_set1_ps(-INFINITY), _mm512_set1_ps(-INFINITY)};
+  __mmask16 bad = 0;
+  int64_t i = 0;
+  for (; i + 2 * kW <= n; i += 2 * kW) {
+    for (int j = 0; j < 2; ++j) {
+      const __m512 v = _mm512_loadu_ps(x + i + j * kW);
+      bad |= _mm512_cmp_ps_mask(_mm512_abs_ps(v), inf, _CMP_NLT_UQ);
+      vmax[j] = _mm512_max_ps(vmax[j], v);
+    }
+  }
+  for (; i < n; i += kW) {
+    const __mmask16 m = first(std::min(kW, n - i));
+    const __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+    bad |= _mm512_mask_cmp_ps_mask(m, _mm512_abs_ps(v), inf, _CMP_NLT_UQ);
+    vmax[0] = _mm512_mask_max_ps(vmax[0], m, vmax[0], v);
+  }
+  if (bad) return -1;
+  const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(_mm512_max_ps(vmax[0], vmax[1])));
+  for (i = 0; i < n; i += kW) {
+    const __mmask16 m = first(std::min(kW, n - i));
+    const __mmask16 eq =
+        _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, x + i), max, _CMP_EQ_OQ);
+    if (eq) return i + __builtin_ctz(eq);
+  }
+  return -1;  // not reached: the largest value is one of x's
+}
+
+DUET_TARGET_AVX512 double exp_scaled(const float* x, int64_t n, float t, float m, float* y) {
+  const __m512 vt = _mm512_set1_ps(t), vm = _mm512_set1_ps(m);
+  __m512d sum[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+  for (int64_t i = 0; i < n; i += kW) {
+    const __mmask16 k = first(std::min(kW, n - i));
+    const __m512 v = _mm512_maskz_loadu_ps(k, x + i);
+    const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_div_ps(v, vt), vm)));
+    _mm512_mask_storeu_ps(y + i, k, e);
+    sum[0] = _mm512_add_pd(sum[0], _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    sum[1] = _mm512_add_pd(
+        sum[1], _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+  }
+  return _mm512_reduce_add_pd(_mm512_add_pd(sum[0], sum[1]));
+}
+
 DUET_TARGET_AVX512 void axpy_bf16(float alpha, const uint16_t* x, int64_t n, float* y) {
   __m512 a = _mm512_set1_ps(alpha);
   for (int64_t i = 0; i < n; i += kW) {
@@ -276,6 +340,16 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
 void softmax(float* x, int64_t n) {
   if (use_avx512()) return ops_impl::avx512::softmax(x, n);
   ops_impl::scalar::softmax(x, n);
+}
+
+int64_t argmax_finite(const float* x, int64_t n) {
+  if (use_avx512()) return ops_impl::avx512::argmax_finite(x, n);
+  return ops_impl::scalar::argmax_finite(x, n);
+}
+
+double exp_scaled(const float* x, int64_t n, float t, float m, float* y) {
+  if (use_avx512()) return ops_impl::avx512::exp_scaled(x, n, t, m, y);
+  return ops_impl::scalar::exp_scaled(x, n, t, m, y);
 }
 
 float dot(const float* a, const float* b, int64_t n) {

@@ -16,6 +16,13 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 // x[:n] = softmax(x[:n]) in place, max-subtracted. n >= 1.
 void softmax(float* x, int64_t n);
 
+// The index of the first largest of x[:n] (n >= 1), or -1 if some x[i] is NaN or infinite.
+int64_t argmax_finite(const float* x, int64_t n);
+
+// y[i] = exp(x[i] / t - m) for i < n (t > 0), returning Σ y[i]: a sampler's unnormalised
+// probabilities at temperature t, m the largest x[i] / t. y may equal x.
+double exp_scaled(const float* x, int64_t n, float t, float m, float* y);
+
 // Σ a[i] b[i].
 float dot(const float* a, const float* b, int64_t n);
 

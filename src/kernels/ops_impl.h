@@ -14,6 +14,8 @@ namespace scalar {
 void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y);
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void softmax(float* x, int64_t n);
+int64_t argmax_finite(const float* x, int64_t n);
+double exp_scaled(const float* x, int64_t n, float t, float m, float* y);
 float dot(const float* a, const float* b, int64_t n);
 void axpy(float alpha, const float* x, int64_t n, float* y);
 void add_inplace(const float* x, int64_t n, float* y);
@@ -28,6 +30,8 @@ namespace avx512 {
 void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y);
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void softmax(float* x, int64_t n);
+int64_t argmax_finite(const float* x, int64_t n);
+double exp_scaled(const float* x, int64_t n, float t, float m, float* y);
 float dot(const float* a, const float* b, int64_t n);
 void axpy(float alpha, const float* x, int64_t n, float* y);
 void add_inplace(const float* x, int64_t n, float* y);

@@ -434,6 +434,20 @@ TEST_F(CliTest, SchedulerModes) {
   EXPECT_NE(bad.out.find("--num-scheduler-steps"), std::string::npos) << bad.out;
 }
 
+// bench latency samples when asked (every path: the generator, the serving engine's modes) and
+// refuses sampling parameters out of range by name.
+TEST_F(CliTest, BenchLatencySamples) {
+  for (const char* extra : {"", " --scheduler-modes plain,overlap+multistep2"}) {
+    RunResult r = run_duet("bench latency " + dir_ +
+                           " --batch 3 --prompt-len 4 --gen-len 5 --rounds 1 --threads 1"
+                           " --temperature 0.8 --top-p 0.9 --top-k 20" + extra);
+    ASSERT_EQ(r.exit_code, 0) << extra << "\n" << r.out;
+    EXPECT_NE(r.out.find("decode"), std::string::npos) << r.out;
+  }
+  expect_error(run_duet("bench latency " + dir_ + " --temperature 0.8 --top-p 0"), "top_p");
+  expect_error(run_duet("bench latency " + dir_ + " --temperature 0.8 --top-k -3"), "top_k");
+}
+
 TEST_F(CliTest, UnknownOptionsAreRejected) {
   RunResult r = run_duet("generate " + dir_ + " --no-such-flag");
   EXPECT_NE(r.exit_code, 0);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -86,6 +87,86 @@ TEST(SamplerTest, RejectsBadParameters) {
 
 namespace duet {
 namespace {
+
+// The reference for the draws below: every token sorted by descending logit (lower id first),
+// the probabilities exp(l / T - max / T) of the top-k survivors, and the top-p nucleus among
+// them. Returns the nucleus's ids in rank order and their probabilities (normalised).
+std::pair<std::vector<int32_t>, std::vector<double>> reference_nucleus(
+    const std::vector<float>& logits, const SamplingParams& p) {
+  std::vector<int32_t> ids(logits.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(i);
+  std::stable_sort(ids.begin(), ids.end(),
+                   [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)]; });
+  if (p.top_k > 0 && size_t(p.top_k) < ids.size()) ids.resize(size_t(p.top_k));
+  const double max = logits[size_t(ids[0])] / p.temperature;
+  std::vector<double> prob;
+  double sum = 0;
+  for (int32_t id : ids) {
+    prob.push_back(std::exp(logits[size_t(id)] / p.temperature - max));
+    sum += prob.back();
+  }
+  double cum = 0;
+  size_t keep = 0;
+  while (keep < ids.size()) {
+    cum += prob[keep++] / sum;
+    if (cum >= p.top_p) break;
+  }
+  ids.resize(keep);
+  prob.resize(keep);
+  for (double& q : prob) q /= sum * cum;
+  return {ids, prob};
+}
+
+// Large vocabularies, nuclei of a few tokens to thousands (the sampler sorts only as many ranks
+// as it needs, in stages), with and without top-k: every draw is in the reference's nucleus, the
+// token just outside it never comes, and the draws follow the nucleus's probabilities.
+TEST(SamplerTest, DrawsFollowTheReferenceNucleus) {
+  struct Case {
+    int64_t n_vocab;
+    float sigma, temperature, top_p;
+    int32_t top_k;
+  };
+  const Case cases[] = {{32000, 3.0f, 0.7f, 0.9f, 0},   {32000, 3.0f, 1.0f, 0.5f, 0},
+                        {5000, 0.3f, 1.0f, 0.95f, 0},   {5000, 0.05f, 1.0f, 0.6f, 0},
+                        {5000, 2.0f, 0.8f, 0.9f, 100},  {5000, 2.0f, 0.8f, 1.0f, 300},
+                        {151936, 4.0f, 0.6f, 0.95f, 0}, {300, 1.0f, 1.3f, 1.0f, 0}};
+  int c_index = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE("case " + std::to_string(c_index++));
+    std::mt19937 rng(100 + c_index);
+    std::normal_distribution<float> normal(0.0f, c.sigma);
+    std::vector<float> logits(size_t(c.n_vocab));
+    for (float& v : logits) v = normal(rng);
+    SamplingParams p;
+    p.temperature = c.temperature;
+    p.top_p = c.top_p;
+    p.top_k = c.top_k;
+    p.seed = 11;
+    const auto [ids, prob] = reference_nucleus(logits, p);
+    std::map<int32_t, size_t> rank;
+    for (size_t r = 0; r < ids.size(); ++r) rank[ids[r]] = r;
+    Sampler s(p);
+    const int draws = c.n_vocab > 10000 ? 3000 : 10000;  // (large vocabularies: fewer, for time)
+    std::vector<int> seen(ids.size(), 0);
+    for (int i = 0; i < draws; ++i) {
+      const int32_t tok = s.sample(logits.data(), c.n_vocab);
+      auto it = rank.find(tok);
+      ASSERT_NE(it, rank.end()) << "token " << tok << " outside the nucleus of " << ids.size();
+      ++seen[it->second];
+    }
+    // The most likely ranks, and the nucleus's last quarter taken together, come as often as
+    // their probabilities say (6 standard deviations: the seed is fixed, this never flakes).
+    const auto check = [&](size_t from, size_t to, const char* what) {
+      double q = 0;
+      int got = 0;
+      for (size_t r = from; r < to; ++r) q += prob[r], got += seen[r];
+      const double sd = std::sqrt(draws * q * (1 - q)) + 1;
+      EXPECT_NEAR(got, draws * q, 6 * sd) << what << " ranks " << from << ".." << to;
+    };
+    for (size_t r = 0; r < std::min<size_t>(3, ids.size()); ++r) check(r, r + 1, "top");
+    check(ids.size() * 3 / 4, ids.size(), "last quarter");
+  }
+}
 
 // A NaN or infinite logit is an error naming the token, greedy or sampled, never a token.
 TEST(SamplerTest, NonFiniteLogitsAreAnError) {

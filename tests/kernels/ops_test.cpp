@@ -141,6 +141,74 @@ TEST(OpsTest, SoftmaxHandComputed) {
   EXPECT_EQ(one, 1.0f);
 }
 
+// The first largest value's index, ties and -0 included, or -1 for any NaN or ±inf anywhere
+// (first, middle, in the tail the vector loop masks).
+TEST(OpsTest, ArgmaxFiniteSimdMatchesScalar) {
+  std::mt19937 rng(21);
+  std::vector<int64_t> sizes = kSizes;
+  sizes.push_back(151936);
+  const float bad[] = {std::nanf(""), std::numeric_limits<float>::infinity(),
+                       -std::numeric_limits<float>::infinity()};
+  for (int64_t n : sizes) {
+    std::vector<float> x = random_values(rng, n, 4.0f);
+    const int64_t want = scalar::argmax_finite(x.data(), n);
+    ASSERT_GE(want, 0) << n;
+    for (int64_t i = 0; i < n; ++i) ASSERT_LE(x[size_t(i)], x[size_t(want)]) << n;
+    EXPECT_EQ(argmax_finite(x.data(), n), want) << n;
+    // The maximum again later: the first one still wins; and earlier: that one wins.
+    if (n > 2) {
+      x[size_t(n - 1)] = x[size_t(want)];
+      EXPECT_EQ(argmax_finite(x.data(), n), want) << n;
+      x[0] = x[size_t(want)];
+      EXPECT_EQ(argmax_finite(x.data(), n), 0) << n;
+    }
+    for (float b : bad) {
+      for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+        std::vector<float> y = x;
+        y[size_t(at)] = b;
+        EXPECT_EQ(scalar::argmax_finite(y.data(), n), -1) << n << " " << at;
+        if (have_avx512()) {
+          EXPECT_EQ(avx512::argmax_finite(y.data(), n), -1) << n << " " << at;
+        }
+      }
+    }
+    if (have_avx512()) {
+      EXPECT_EQ(avx512::argmax_finite(x.data(), n), scalar::argmax_finite(x.data(), n)) << n;
+    }
+  }
+  const float zeros[] = {-0.0f, 0.0f, -1.0f};
+  EXPECT_EQ(argmax_finite(zeros, 3), 0);
+  const float low[] = {-3e38f, -3e38f};
+  EXPECT_EQ(argmax_finite(low, 2), 0);
+}
+
+// exp(x / t - m) and its sum: the AVX-512 polynomial against std::exp, with logits of a
+// vocabulary's size and spread, masked (-inf would be an error upstream: large negatives here).
+TEST(OpsTest, ExpScaledSimdMatchesScalar) {
+  if (!have_avx512()) GTEST_SKIP() << "no AVX-512";
+  std::mt19937 rng(22);
+  std::vector<int64_t> sizes = kSizes;
+  sizes.push_back(151936);
+  for (int64_t n : sizes) {
+    for (float t : {0.3f, 1.0f, 1.7f}) {
+      std::vector<float> x = random_values(rng, n, 5.0f);
+      for (size_t i = 3; i < x.size(); i += 7) x[i] = -1e30f;
+      float m = -INFINITY;
+      for (float v : x) m = std::max(m, v / t);
+      std::vector<float> want(size_t(n) + 16, 7.0f), got(size_t(n) + 16, 7.0f);
+      const double sw = scalar::exp_scaled(x.data(), n, t, m, want.data());
+      const double sg = avx512::exp_scaled(x.data(), n, t, m, got.data());
+      want.resize(size_t(n));
+      for (size_t i = size_t(n); i < got.size(); ++i) ASSERT_EQ(got[i], 7.0f) << "past the end";
+      got.resize(size_t(n));
+      expect_close(got, want, 2e-6f, 1e-38f, "exp_scaled n " + std::to_string(n));
+      EXPECT_NEAR(sg, sw, 1e-6 * sw) << n;
+      EXPECT_GE(sw, 1.0) << "the largest term is exp(0)";
+      for (size_t i = 3; i < got.size(); i += 7) ASSERT_EQ(got[i], 0.0f) << i;
+    }
+  }
+}
+
 TEST(OpsTest, DotSimdMatchesScalar) {
   if (!have_avx512()) GTEST_SKIP() << "no AVX-512";
   std::mt19937 rng(14);

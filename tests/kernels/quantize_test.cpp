@@ -435,6 +435,56 @@ TEST_P(QuantizedKernelTest, SimdKernelsMatchScalar) {
   }
 }
 
+// AVX-VNNI's kernel, as VEX vpdpbusd where the CPU has AVX-VNNI and in its EVEX form where it has
+// AVX-512 VNNI (SimdKernelsMatchScalar runs both too): its integer sums are exact, as AVX2's, and
+// it scales and sums them as AVX2's kernel does, so its products are AVX2's bit for bit. matmul
+// picks the VEX form on the avx2 path where the CPU runs it, never the EVEX one.
+TEST_P(QuantizedKernelTest, Avx2VnniKernelsGiveAvx2sBits) {
+  const bool vex = matmul_q8::kernel_supported(Kernel::kAvx2Vnni);
+  EXPECT_EQ(matmul_q8::kernel_for(Isa::kAvx2), vex ? Kernel::kAvx2Vnni : Kernel::kAvx2);
+  std::vector<Kernel> kernels;
+  for (Kernel k : {Kernel::kAvx2Vnni, Kernel::kAvx2VnniEvex}) {
+    if (matmul_q8::kernel_supported(k)) kernels.push_back(k);
+  }
+  if (kernels.empty()) {
+    GTEST_SKIP() << "this CPU has neither AVX-VNNI nor AVX-512 VNNI: the avx2vnni kernel is not "
+                    "run here";
+  }
+  std::mt19937 rng(31);
+  for (bool extreme : {false, true}) {
+    for (int64_t cols : {32, 100, 160, 1003}) {
+      for (int64_t rows : {1, 5, 13}) {
+        QuantizedMatrix q = quantize(grouped_values(rng, rows, cols, extreme), rows, cols);
+        for (int64_t n_tokens : {1, 2, 3, 4, 5, 9}) {
+          std::vector<float> x = grouped_values(rng, n_tokens, cols, extreme);
+          matmul_q8::Buffer buf;
+          const Q8Rows xq = matmul_q8::quantize_x(x.data(), cols, n_tokens, buf);
+          std::vector<float> want(static_cast<size_t>(n_tokens * rows));
+          matmul_q8::rows_with(Kernel::kAvx2, q.view(), xq, n_tokens, want.data(), rows, 0, rows);
+          for (Kernel k : kernels) {
+            std::vector<float> got(want.size(), std::nanf(""));
+            matmul_q8::rows_with(k, q.view(), xq, n_tokens, got.data(), rows, 0, rows);
+            ASSERT_EQ(got, want) << matmul_q8::kernel_name(k) << " cols " << cols << " rows "
+                                 << rows << " n_tokens " << n_tokens << (extreme ? " extreme" : "");
+          }
+        }
+      }
+    }
+  }
+  // Shared out over a pool, x quantized inside, as matmul runs it.
+  ThreadPool pool(3);
+  const int64_t rows = 300, cols = 1003, n_tokens = 33;
+  QuantizedMatrix q = quantize(grouped_values(rng, rows, cols, false), rows, cols);
+  std::vector<float> x = grouped_values(rng, n_tokens, cols, false);
+  std::vector<float> want(static_cast<size_t>(n_tokens * rows));
+  matmul_q8::matmul_with(Kernel::kAvx2, pool, q.view(), x.data(), n_tokens, want.data());
+  for (Kernel k : kernels) {
+    std::vector<float> got(want.size(), std::nanf(""));
+    matmul_q8::matmul_with(k, pool, q.view(), x.data(), n_tokens, got.data());
+    EXPECT_EQ(got, want) << matmul_q8::kernel_name(k) << " pooled";
+  }
+}
+
 // Row ranges that start and end inside blocks of 4 rows, written at a stride wider than the
 // range: each kernel writes exactly the range's rows, as the scalar one computes them.
 TEST_P(QuantizedKernelTest, RowRangesWriteOnlyTheirRows) {
