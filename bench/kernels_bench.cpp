@@ -147,7 +147,8 @@ BENCHMARK(BM_MatmulBf16)->Apply(matmul_args);
 // Products with int8 or int4 weights (--quantization int8 | int4), the weights' values random
 // bytes, read from memory (cold 1: copies cycled as for BM_MatmulBf16) or from cache (cold 0, the
 // kernel's own ceiling): the rate at which decode streams quantized weights, to quote against
-// BM_ReadBandwidth of the same run. weight_GB/s counts values and scales (Matrix::nbytes).
+// BM_ReadBandwidth of the same run. weight_GB/s counts values, scales and row factors
+// (Matrix::nbytes).
 void BM_MatmulQuant(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1), n_tokens = state.range(2);
   const int n_threads = static_cast<int>(state.range(3));
@@ -163,8 +164,9 @@ void BM_MatmulQuant(benchmark::State& state) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<uint8_t> values(n_copies * value_bytes);  // [n_copies, value_bytes] kQ8 / kQ4
   for (uint8_t& v : values) v = static_cast<uint8_t>(rng());
-  std::vector<float> scales(n_copies * n_scales);  // [n_copies, n_scales] f32
-  for (float& v : scales) v = 0.001f * (1.0f + 0.1f * normal(rng));
+  std::vector<uint16_t> scales(n_copies * n_scales);  // [n_copies, n_scales] f16
+  for (uint16_t& v : scales) v = f32_to_f16(20000.0f * (1.0f + 0.1f * normal(rng)));
+  std::vector<float> row_scales(n_copies * padded_rows, 0x1p-24f);  // [n_copies, padded_rows]
   std::vector<float> x(static_cast<size_t>(n_tokens * cols));  // [n_tokens, cols] f32
   for (float& v : x) v = normal(rng);
   std::vector<float> y(static_cast<size_t>(n_tokens * rows));  // [n_tokens, rows] f32
@@ -172,6 +174,7 @@ void BM_MatmulQuant(benchmark::State& state) {
   cycle_copies(state, n_copies, y, [&](size_t copy) {
     Matrix w{dtype, rows, cols, values.data() + copy * value_bytes};
     w.scales = scales.data() + copy * n_scales;
+    w.row_scales = row_scales.data() + copy * padded_rows;
     matmul(pool, w, x.data(), n_tokens, y.data());
   });
   state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(matrix_bytes) * 1e-9,

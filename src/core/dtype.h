@@ -10,8 +10,8 @@ namespace duet {
 // kF8E4M3: OCP FP8 E4M3 codes (kernels/fp8_rows.h), stored as fp8 checkpoints publish them,
 // with one f32 scale per block of weights beside them (Matrix::f8).
 // kQ8 and kQ4 are weight layouts of their own (--quantization int8 | int4, kernels/quantize.h),
-// never a file's: int8 or int4 values in groups of kQ8Group columns, each group with one f32
-// scale.
+// never a file's: int8 or int4 values in groups of kQ8Group columns, each group with one f16
+// scale relative to an f32 factor per row.
 enum class DType { kF32, kF16, kBF16, kF8E4M3, kQ8, kQ4 };
 
 // The weights quantized at load, whose products quantize x to int8 (kernels/matmul_q8_impl.h).
@@ -95,6 +95,28 @@ inline float f16_to_f32(uint16_t h) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+// Round to nearest even, as F16C's vcvtps2ph does: subnormals kept, magnitudes from 65520 on
+// to infinity, NaN stays NaN.
+inline uint16_t f32_to_f16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (u >= 0x477ff000u) return sign | 0x7c00u;  // ≥ 65520 (half-way to 2^16): infinity
+  if (u < 0x38800000u) {                        // below 2^-14: a multiple of 2^-24
+    float a;
+    std::memcpy(&a, &u, 4);
+    // a · 2^24 is exact and below 2^10, so adding 1.5 · 2^23 rounds it to an integer, ties to
+    // even; 2^10 itself is the smallest normal's code.
+    const float m = (a * 0x1p24f + 12582912.0f) - 12582912.0f;
+    return sign | static_cast<uint16_t>(m);
+  }
+  u -= 0x38000000u;                 // exponent bias 127 -> 15
+  u += 0x0fffu + ((u >> 13) & 1u);  // round the 13 dropped bits to nearest even
+  return sign | static_cast<uint16_t>(u >> 13);
 }
 
 }  // namespace duet

@@ -41,16 +41,20 @@ struct Matrix {
   // panels[((r / kPanelRows) * cols + k) * kPanelRows + r % kPanelRows]; rows past `rows` in the
   // last panel are zero. [ceil(rows / kPanelRows), cols, kPanelRows] dtype, or null.
   const void* panels = nullptr;
-  // kQ8 and kQ4 only: the f32 scale of each group, blocked as `data` (kernels/quantize.h).
-  const float* scales = nullptr;
+  // kQ8 and kQ4 only (kernels/quantize.h): the f16 scale of each group relative to its row's
+  // factor, blocked as `data`, and the rows' factors (powers of two), [rows padded to
+  // kQ8BlockRows] f32; a group's scale is row_scales[r] · scales[...].
+  const uint16_t* scales = nullptr;
+  const float* row_scales = nullptr;
 
-  // Bytes of the weights as stored (int8 or int4 values and scales for kQ8, kQ4), panels apart.
+  // Bytes of the weights as stored (int8 or int4 values, group scales and row factors for kQ8,
+  // kQ4), panels apart.
   uint64_t nbytes() const {
     if (!is_int_quantized(dtype)) return static_cast<uint64_t>(rows * cols) * dtype_size(dtype);
-    const int64_t blocks = (rows + kQ8BlockRows - 1) / kQ8BlockRows;
+    const int64_t padded_rows = (rows + kQ8BlockRows - 1) / kQ8BlockRows * kQ8BlockRows;
     const uint64_t group_bytes = dtype == DType::kQ4 ? kQ8Group / 2 : kQ8Group;
-    return static_cast<uint64_t>(blocks * kQ8BlockRows * (q8_ld(cols) / kQ8Group)) *
-           (group_bytes + sizeof(float));
+    return static_cast<uint64_t>(padded_rows) *
+           ((q8_ld(cols) / kQ8Group) * (group_bytes + sizeof(uint16_t)) + sizeof(float));
   }
 
   // --- fp8 (dtype kF8E4M3 only) ---
@@ -78,6 +82,7 @@ struct Matrix {
       if (r0 % kQ8BlockRows != 0) throw std::logic_error("row_slice of int8 rows mid-block");
       m.data = static_cast<const uint8_t*>(data) + r0 * q8_ld(cols) / (dtype == DType::kQ4 ? 2 : 1);
       m.scales = scales + r0 * (q8_ld(cols) / kQ8Group);
+      m.row_scales = row_scales + r0;
       return m;
     }
     m.data = static_cast<const char*>(data) + static_cast<size_t>(r0 * cols) * dtype_size(dtype);

@@ -8,6 +8,8 @@
 
 #define DUET_TARGET_AVX512VNNI \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx512vnni")))
+// AVX2 with F16C, for the weights' f16 scales (every AVX2 CPU has F16C).
+#define DUET_TARGET_AVX2_F16C __attribute__((target("avx2,fma,f16c")))
 
 // See simd_impl.h: GCC 12's AVX-512 intrinsics trip -Wuninitialized where they are inlined.
 #pragma GCC diagnostic push
@@ -32,8 +34,8 @@ constexpr int64_t kMinParallelMacs = int64_t{1} << 17;
 //   VI init(corr)             the int32 accumulator's start (VNNI: -128 · Σ q_x per group)
 //   W prep(w)                 one step's 64 weight bytes, loaded once for all tokens
 //   VI dot(acc, w, x)         acc + the step's byte products, 4 per lane (x: 16 bytes)
-//   VF finish(acc, ws, xs, f) f + acc · d_w · d_x, per lane
-//   reduce(f, out)            out[r] = the sum of row r's 4 lanes
+//   VF finish(acc, ws, xs, f) f + acc · s_w · d_x, per lane (ws: the 16 f16 scales s_w)
+//   reduce(f, out)            out[r] = the sum of row r's 4 lanes (then scaled by row r's D)
 // and for kQ4 weights, whose bytes are u = q + 8 in [0, 15] on every kernel (u · x pairs reach
 // 2 · 15 · 127 < 2^15, so vpmaddubsw takes them unsigned without saturating):
 //   VI init_u4(corr)          -8 · Σ q_x per group (corr / 16, exact)
@@ -73,9 +75,10 @@ struct Avx512 {
     return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
   }
   DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VF zero() { return _mm512_setzero_ps(); }
-  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VF finish(VI acc, const float* ws, const float* xs,
-                                                         VF f) {
-    const __m512 d = _mm512_mul_ps(_mm512_loadu_ps(ws), _mm512_loadu_ps(xs));
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VF finish(VI acc, const uint16_t* ws,
+                                                         const float* xs, VF f) {
+    const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws)));
+    const __m512 d = _mm512_mul_ps(s, _mm512_loadu_ps(xs));
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), d, f);
   }
   DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static void reduce(VF f, float* out) {
@@ -159,10 +162,12 @@ struct Avx2 {
   DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VF zero() {
     return {{_mm256_setzero_ps(), _mm256_setzero_ps()}};
   }
-  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VF finish(const VI& acc, const float* ws,
-                                                       const float* xs, VF f) {
+  DUET_TARGET_AVX2_F16C DUET_ALWAYS_INLINE static VF finish(const VI& acc, const uint16_t* ws,
+                                                            const float* xs, VF f) {
     for (int i = 0; i < 2; ++i) {
-      const __m256 d = _mm256_mul_ps(_mm256_loadu_ps(ws + 8 * i), _mm256_loadu_ps(xs + 8 * i));
+      const __m256 s =
+          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + 8 * i)));
+      const __m256 d = _mm256_mul_ps(s, _mm256_loadu_ps(xs + 8 * i));
       f.h[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc.h[i]), d, f.h[i]);
     }
     return f;
@@ -179,8 +184,9 @@ struct Avx2 {
   }
 };
 
-// AVX-VNNI: the VEX vpdpbusd on ymm registers (Alder Lake and later client CPUs).
-#define DUET_TARGET_AVXVNNI __attribute__((target("avx2,fma,avxvnni")))
+// AVX-VNNI: the VEX vpdpbusd on ymm registers (Alder Lake and later client CPUs); F16C for
+// Avx2's finish.
+#define DUET_TARGET_AVXVNNI __attribute__((target("avx2,fma,f16c,avxvnni")))
 
 // With AVX-VNNI: Avx512Vnni's scheme (the weights' bytes unsigned against x's signed bytes,
 // started from -128 · Σ q_x) in Avx2's two 32-byte halves; finish and reduce as Avx2's. dot is
@@ -231,7 +237,8 @@ struct Avx2VnniEvex : Avx2VnniBase {
 // A register block's operands: one block of 4 weight rows, up to kTokens tokens.
 struct Block {
   const uint8_t* w;      // the block's values (kQ8 or kQ4, as the block function)
-  const float* ws;       // the block's scales
+  const uint16_t* ws;    // the block's f16 group scales
+  const float* wd;       // the block's 4 row factors
   const int8_t* x;       // token t0's values
   const float* xs;       // token t0's scales
   const int32_t* corr;   // token t0's corrections
@@ -266,14 +273,14 @@ using K = Avx2Vnni;
 
 namespace avx2vnni_evex {  // runs where AVX-512 VNNI and VL do (kernel_supported)
 using K = Avx2VnniEvex;
-#define DUET_SIMD_TARGET DUET_TARGET_AVX2
+#define DUET_SIMD_TARGET DUET_TARGET_AVX2_F16C
 #include "kernels/matmul_q8_block_impl.h"
 #undef DUET_SIMD_TARGET
 }  // namespace avx2vnni_evex
 
 namespace avx2 {
 using K = Avx2;
-#define DUET_SIMD_TARGET DUET_TARGET_AVX2
+#define DUET_SIMD_TARGET DUET_TARGET_AVX2_F16C
 #include "kernels/matmul_q8_block_impl.h"
 #undef DUET_SIMD_TARGET
 }  // namespace avx2
@@ -309,6 +316,7 @@ void simd_rows(Kernel k, const Matrix& w, const Q8Rows& x, int64_t n_tokens, flo
       const int n_tok = static_cast<int>(std::min<int64_t>(kTokens, n_tokens - t));
       const Block b{wq + rb * block_bytes,
                     w.scales + rb * n_super * kLanes,
+                    w.row_scales + r0,
                     x.q + t * ld,
                     x.scales + t * n_super * kLanes,
                     x.corr + t * n_super * kLanes,
@@ -333,9 +341,11 @@ void scalar_rows(const Matrix& w, const Q8Rows& x, int64_t n_tokens, float* y, i
         int32_t sum = 0;
         for (int64_t k = g * kQ8Group; k < (g + 1) * kQ8Group; ++k)
           sum += q8_value(w, r, k) * x_value(x, t, k);
-        acc += double(q8_scale(w, r, g * kQ8Group)) * double(x_scale(x, t, g * kQ8Group)) * sum;
+        acc +=
+            double(q8_group_scale(w, r, g * kQ8Group)) * double(x_scale(x, t, g * kQ8Group)) * sum;
       }
-      y[t * ldy + (r - r_begin)] = static_cast<float>(acc);
+      // The weights' scales are D · s exactly (D a power of two): D applied once.
+      y[t * ldy + (r - r_begin)] = static_cast<float>(double(q8_row_scale(w, r)) * acc);
     }
   }
 }
@@ -346,9 +356,10 @@ int64_t x_offset(int64_t k) {
 }
 
 void check_q8(const char* op, const Matrix& w) {
-  DUET_CHECK(is_int_quantized(w.dtype) && (w.rows * w.cols == 0 || (w.data && w.scales)),
-             op << ": weights " << dtype_name(w.dtype) << " [" << w.rows << ", " << w.cols
-                << "] at " << w.data << ", scales at " << w.scales);
+  DUET_CHECK(
+      is_int_quantized(w.dtype) && (w.rows * w.cols == 0 || (w.data && w.scales && w.row_scales)),
+      op << ": weights " << dtype_name(w.dtype) << " [" << w.rows << ", " << w.cols << "] at "
+         << w.data << ", scales at " << w.scales << ", row scales at " << w.row_scales);
 }
 
 }  // namespace
@@ -376,7 +387,7 @@ bool kernel_supported(Kernel k) {
     case Kernel::kScalar:
       return true;
     case Kernel::kAvx2:
-      return simd::isa_supported(simd::Isa::kAvx2);
+      return simd::isa_supported(simd::Isa::kAvx2) && __builtin_cpu_supports("f16c");
     case Kernel::kAvx512:
       return simd::isa_supported(simd::Isa::kAvx512);
     case Kernel::kAvx512Vnni:
@@ -396,7 +407,7 @@ Kernel kernel_for(simd::Isa isa) {
     case simd::Isa::kScalar:
       return Kernel::kScalar;
     case simd::Isa::kAvx2:
-      return Kernel::kAvx2;
+      return kernel_supported(Kernel::kAvx2) ? Kernel::kAvx2 : Kernel::kScalar;
     case simd::Isa::kAvx512:
     case simd::Isa::kAvx512Bf16:
     case simd::Isa::kAvx512Bf16Emulated:

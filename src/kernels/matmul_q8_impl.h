@@ -2,7 +2,8 @@
 // quantize.h). x is quantized to int8, per token in the weights' groups (scale max|x| / 127, as
 // llama.cpp's Q8_0 × Q8_0 and Q4_0 × Q8_0 dot products do), so each group's dot product is exact
 // in int32 and only the scaling and the sum over groups run in f32:
-//   y[t, r] = Σ_g d_w[r, g] · d_x[t, g] · Σ_{k in g} q_w[r, k] · q_x[t, k].
+//   y[t, r] = D_w[r] · Σ_g s_w[r, g] · d_x[t, g] · Σ_{k in g} q_w[r, k] · q_x[t, k],
+// the weights' scale d_w = D_w · s_w (a power-of-two row factor and an f16, quantize.h).
 // Every kernel computes the same integer sums of each group from the same quantized x; they
 // differ only in the order of the f32 additions.
 #pragma once

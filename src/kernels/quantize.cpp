@@ -66,14 +66,36 @@ int q8_value(const Matrix& w, int64_t r, int64_t k) {
   return int(data[value_offset(q8_ld(w.cols), r, k)]) - 128;
 }
 
-float q8_scale(const Matrix& w, int64_t r, int64_t k) {
+float q8_group_scale(const Matrix& w, int64_t r, int64_t k) {
   check_q8(w, r, k);
-  return w.scales[scale_offset(q8_ld(w.cols), r, k)];
+  return f16_to_f32(w.scales[scale_offset(q8_ld(w.cols), r, k)]);
+}
+
+float q8_row_scale(const Matrix& w, int64_t r) {
+  check_q8(w, r, 0);
+  return w.row_scales[r];
+}
+
+float q8_scale(const Matrix& w, int64_t r, int64_t k) {
+  return q8_row_scale(w, r) * q8_group_scale(w, r, k);
 }
 
 namespace {
 
-// Quantizes one row group by group: each group's scale is scale_of(its kQ8Group weights), each
+// The group rules: int8's d = max|w| / 127, int4's d = m / -8 (m the first weight of largest
+// magnitude).
+float scale_q8(const float* w) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < kQ8Group; ++i) amax = std::max(amax, std::fabs(w[i]));
+  return amax / 127.0f;
+}
+float scale_q4(const float* w) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < kQ8Group; ++i) m = std::fabs(w[i]) > std::fabs(m) ? w[i] : m;
+  return m / -8.0f;
+}
+
+// Quantizes one row group by group: group g's scale is scale_of(its kQ8Group weights, g), each
 // value the nearest-even multiple of it clamped to [lo, hi] (0 where the scale is 0).
 template <class ScaleOf>
 void quantize_groups(DType dtype, const void* row, int64_t cols, int8_t* q, float* scales,
@@ -83,7 +105,7 @@ void quantize_groups(DType dtype, const void* row, int64_t cols, int8_t* q, floa
   for (int64_t g = 0; g < ld / kQ8Group; ++g) {
     const int64_t k0 = g * kQ8Group;
     load_group(dtype, row, cols, k0, w);
-    const float d = scale_of(w);
+    const float d = scale_of(w, g);
     scales[g] = d;
     for (int64_t i = 0; i < kQ8Group; ++i) {
       const float v = d != 0.0f ? round_even(w[i] / d) : 0.0f;
@@ -95,21 +117,46 @@ void quantize_groups(DType dtype, const void* row, int64_t cols, int8_t* q, floa
 }  // namespace
 
 void quantize_row_q8(DType dtype, const void* row, int64_t cols, int8_t* q, float* scales) {
-  const auto amax_over_127 = [](const float* w) {
-    float amax = 0.0f;
-    for (int64_t i = 0; i < kQ8Group; ++i) amax = std::max(amax, std::fabs(w[i]));
-    return amax / 127.0f;
-  };
-  quantize_groups(dtype, row, cols, q, scales, amax_over_127, -127.0f, 127.0f);
+  quantize_groups(
+      dtype, row, cols, q, scales, [](const float* w, int64_t) { return scale_q8(w); }, -127.0f,
+      127.0f);
 }
 
 void quantize_row_q4(DType dtype, const void* row, int64_t cols, int8_t* q, float* scales) {
-  const auto first_largest_over_minus_8 = [](const float* w) {
-    float m = 0.0f;  // the first weight of largest magnitude
-    for (int64_t i = 0; i < kQ8Group; ++i) m = std::fabs(w[i]) > std::fabs(m) ? w[i] : m;
-    return m / -8.0f;
-  };
-  quantize_groups(dtype, row, cols, q, scales, first_largest_over_minus_8, -8.0f, 7.0f);
+  quantize_groups(
+      dtype, row, cols, q, scales, [](const float* w, int64_t) { return scale_q4(w); }, -8.0f,
+      7.0f);
+}
+
+float row_scale_for(const float* scales, int64_t n_groups) {
+  float amax = 0.0f;
+  for (int64_t g = 0; g < n_groups; ++g) amax = std::max(amax, std::fabs(scales[g]));
+  if (amax == 0.0f) return 0.0f;
+  int e;
+  std::frexp(amax, &e);  // amax in [2^(e - 1), 2^e)
+  return std::ldexp(1.0f, std::max(e - 15, -149));
+}
+
+void quantize_row(DType to, DType dtype, const void* row, int64_t cols, int8_t* q, uint16_t* scales,
+                  float& row_scale) {
+  DUET_CHECK(is_int_quantized(to), "quantize_row: to " << dtype_name(to));
+  const bool q4 = to == DType::kQ4;
+  const int64_t n_groups = q8_ld(cols) / kQ8Group;
+  std::vector<float> d(static_cast<size_t>(n_groups));  // the rule's scales, then the stored
+  float w[kQ8Group];
+  for (int64_t g = 0; g < n_groups; ++g) {
+    load_group(dtype, row, cols, g * kQ8Group, w);
+    d[g] = q4 ? scale_q4(w) : scale_q8(w);
+  }
+  row_scale = row_scale_for(d.data(), n_groups);
+  for (int64_t g = 0; g < n_groups; ++g) {
+    // d / row_scale is exact (a power of two, the quotient below 2^15): only the f16 rounds.
+    scales[g] = row_scale != 0.0f ? f32_to_f16(d[g] / row_scale) : 0;
+    d[g] = row_scale * f16_to_f32(scales[g]);
+  }
+  quantize_groups(
+      dtype, row, cols, q, d.data(), [&](const float*, int64_t g) { return d[g]; },
+      q4 ? -8.0f : -127.0f, q4 ? 7.0f : 127.0f);
 }
 
 void QuantizedMatrix::FreeAligned::operator()(void* p) const {
@@ -124,38 +171,40 @@ QuantizedMatrix::QuantizedMatrix(const Matrix& w, DType to) {
   const int64_t ld = q8_ld(w.cols), n_groups = ld / kQ8Group;
   const int64_t padded_rows = (w.rows + kQ8BlockRows - 1) / kQ8BlockRows * kQ8BlockRows;
   const size_t q_bytes = static_cast<size_t>(padded_rows * ld / (q4 ? 2 : 1));
-  const size_t bytes = q_bytes + static_cast<size_t>(padded_rows * n_groups) * sizeof(float);
+  const size_t scale_bytes = static_cast<size_t>(padded_rows * n_groups) * sizeof(uint16_t);
+  const size_t bytes = q_bytes + scale_bytes + static_cast<size_t>(padded_rows) * sizeof(float);
   void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
   DUET_CHECK(p, "QuantizedMatrix: out of memory for " << bytes << " bytes");
   mem_.reset(p);
   auto* q = static_cast<uint8_t*>(p);
-  auto* scales = reinterpret_cast<float*>(q + q_bytes);
+  auto* scales = reinterpret_cast<uint16_t*>(q + q_bytes);
+  auto* row_scales = reinterpret_cast<float*>(q + q_bytes + scale_bytes);
   std::memset(q, q4 ? 0x88 : 0x80, q_bytes);  // padding: value 0
-  std::fill_n(scales, padded_rows * n_groups, 0.0f);
+  std::fill_n(scales, padded_rows * n_groups, uint16_t{0});
+  std::fill_n(row_scales, padded_rows, 0.0f);
   const size_t elem = dtype_size(w.dtype);
   std::vector<int8_t> row_q(static_cast<size_t>(ld));
-  std::vector<float> row_scales(static_cast<size_t>(n_groups));
+  std::vector<uint16_t> row_s(static_cast<size_t>(n_groups));
   for (int64_t r = 0; r < w.rows; ++r) {
     const void* row = static_cast<const char*>(w.data) + r * w.cols * elem;
+    quantize_row(to, w.dtype, row, w.cols, row_q.data(), row_s.data(), row_scales[r]);
     if (q4) {
-      quantize_row_q4(w.dtype, row, w.cols, row_q.data(), row_scales.data());
       for (int64_t k = 0; k < ld; ++k) {
         uint8_t& b = q[q4_offset(ld, r, k)];
         const auto u = static_cast<uint8_t>(row_q[k] + 8);
         b = q4_high(k) ? uint8_t((b & 0x0f) | (u << 4)) : uint8_t((b & 0xf0) | u);
       }
     } else {
-      quantize_row_q8(w.dtype, row, w.cols, row_q.data(), row_scales.data());
       for (int64_t k = 0; k < ld; ++k) q[value_offset(ld, r, k)] = uint8_t(row_q[k] + 128);
     }
-    for (int64_t g = 0; g < n_groups; ++g)
-      scales[scale_offset(ld, r, g * kQ8Group)] = row_scales[g];
+    for (int64_t g = 0; g < n_groups; ++g) scales[scale_offset(ld, r, g * kQ8Group)] = row_s[g];
   }
   view_.dtype = to;
   view_.rows = w.rows;
   view_.cols = w.cols;
   view_.data = q;
   view_.scales = scales;
+  view_.row_scales = row_scales;
 }
 
 std::vector<float> dequantize_int(const Matrix& w) {

@@ -1,8 +1,17 @@
 // Group-wise symmetric int8 weights (DType::kQ8, --quantization int8): each row is cut into groups
-// of kQ8Group columns, each group stored as int8 values q and one f32 scale d = max|w| / 127, so
-// that w ≈ d · q with q = round(w / d) in [-127, 127] (to nearest even). llama.cpp's Q8_0 has the
-// same groups with an f16 scale; an f32 one costs 1/32 byte more per weight and keeps every
-// bf16 weight's range (an f16 scale underflows below 6e-8 · 127).
+// of kQ8Group columns, each group stored as int8 values q and one scale d = max|w| / 127, so
+// that w ≈ d · q with q = round(w / d) in [-127, 127] (to nearest even), as llama.cpp's Q8_0.
+//
+// The scales are 16-bit with f32's range: d is stored as D · s, D = 2^e one f32 factor per row
+// and s an f16, e chosen so that the row's largest |d| / D lies in [2^14, 2^15) (D at least
+// 2^-149). s = d / D rounded to nearest even in f16 (the division is exact), and q is rounded
+// against the stored D · s. So every group within 2^-28 of its row's largest scale keeps f16's
+// 11 significant bits, whatever the row's magnitude (a plain f16 d underflows below 6e-8 · 127
+// and overflows above 65504 · 127, which bf16 weights reach); groups down to 2^-38 of it keep
+// fewer bits (f16 subnormals), and below 2^-39 their scale and values are 0 (such a group's
+// weights are below 2^-32 of the row's largest step). The kernels multiply by D once per
+// output, when they store it. Q8_0's f16 scale reads 1.0625 bytes per weight; this 1.0625 and 4
+// bytes per row.
 //
 // Layout, for the integer dot products (vpdpbusd sums 4 byte products per 32-bit lane): rows in
 // blocks of kQ8BlockRows = 4 (the last padded with zero rows), columns in superblocks of
@@ -11,19 +20,22 @@
 // [4k, 4k + 4) of that row's group, as q + 128 (uint8, the unsigned operand of vpdpbusd). So 8
 // vpdpbusd accumulate the exact dot products of 16 (row, group) pairs, one per lane, with
 // no shuffles; the 16 scales of a block's superblock are stored together in the same order:
-//   data   [rows / 4, ld / 128, 8, 16, 4] uint8, ld = q8_ld(cols)
-//   scales [rows / 4, ld / 128, 16] f32
+//   data       [rows / 4, ld / 128, 8, 16, 4] uint8, ld = q8_ld(cols)
+//   scales     [rows / 4, ld / 128, 16] f16 (s)
+//   row_scales [rows] f32 (D; rows padded to a multiple of 4)
 //
 // Group-wise symmetric int4 weights (DType::kQ4, --quantization int4): the same groups, each
-// stored as 4-bit values q in [-8, 7] and one f32 scale d = m / -8, m the group's weight of
-// largest magnitude (so m itself is exact, at -8), q = round(w / d) clamped to [-8, 7]: the 16
-// levels of llama.cpp's Q4_0, which has the same rule and an f16 scale.
+// stored as 4-bit values q in [-8, 7] and one scale d = m / -8, m the group's weight of
+// largest magnitude (so m itself is exact, at -8, when d is), q = round(w / d) clamped to
+// [-8, 7]: the 16 levels of llama.cpp's Q4_0, which has the same rule and an f16 scale. d is
+// stored as for kQ8 (0.5625 bytes per weight and 4 per row).
 // Layout: the blocks, superblocks and scales of kQ8, each block's superblock in 4 vectors of 64
 // bytes: byte i of lane L = 4 · r + j of vector v holds q + 8 of elements 4v + i (low nibble)
 // and 16 + 4v + i (high nibble) of that row's group j, so the low nibbles of vector v are kQ8's
 // step v and the high nibbles its step v + 4:
-//   data   [rows / 4, ld / 128, 4, 16, 4] uint8 (two values each)
-//   scales [rows / 4, ld / 128, 16] f32
+//   data       [rows / 4, ld / 128, 4, 16, 4] uint8 (two values each)
+//   scales     [rows / 4, ld / 128, 16] f16
+//   row_scales [rows] f32
 #pragma once
 
 #include <cstdint>
@@ -34,8 +46,10 @@
 
 namespace duet {
 
-// Quantizes row r of `cols` f32 or bf16 weights (as `dtype` says) into q [q8_ld(cols)] int8 and
-// scales [q8_ld(cols) / kQ8Group] f32; the padding past cols is zero, with scale 0.
+// The group rule alone, with f32 scales: row r of `cols` f32 or bf16 weights (as `dtype` says)
+// into q [q8_ld(cols)] int8 and scales [q8_ld(cols) / kQ8Group] f32, each group's d exactly as
+// the rule gives it; the padding past cols is zero, with scale 0. QuantizedMatrix stores the
+// scales in 16 bits (quantize_row).
 void quantize_row_q8(DType dtype, const void* row, int64_t cols, int8_t* q, float* scales);
 
 // v rounded to the nearest integer, ties to even, for |v| < 2^22 (as std::nearbyint in the
@@ -45,14 +59,27 @@ inline float round_even(float v) {
   return (v + kMagic) - kMagic;
 }
 
-// Quantizes row r of `cols` f32 or bf16 weights into q [q8_ld(cols)] int4 values (in [-8, 7],
-// one an int8) and scales [q8_ld(cols) / kQ8Group] f32, as kQ4 stores them; zero past cols.
+// The same for int4: q [q8_ld(cols)] in [-8, 7], one an int8, and scales [q8_ld(cols) /
+// kQ8Group] f32, as the rule gives them; zero past cols.
 void quantize_row_q4(DType dtype, const void* row, int64_t cols, int8_t* q, float* scales);
 
+// The row factor D of a row whose group scales are scales[n_groups] (f32, as the rule gives
+// them): 2^e with max |scale| / D in [2^14, 2^15), e ≥ -149; 0 for a row of zero scales.
+float row_scale_for(const float* scales, int64_t n_groups);
+
+// A row as QuantizedMatrix stores it (`to` kQ8 or kQ4): the rule's scales d, the row factor
+// row_scale = row_scale_for(d), scales [q8_ld(cols) / kQ8Group] f16 = d / row_scale rounded to
+// nearest even, and q [q8_ld(cols)] rounded against row_scale · f16 scale (zero past cols).
+void quantize_row(DType to, DType dtype, const void* row, int64_t cols, int8_t* q, uint16_t* scales,
+                  float& row_scale);
+
 // Value q (in [-127, 127] for kQ8, [-8, 7] for kQ4) and scale d of weight (r, k) of a kQ8 or kQ4
-// matrix: w ≈ d · q.
+// matrix: w ≈ d · q, d = q8_row_scale · q8_group_scale (the f16 widened; the product is exact
+// unless it falls below f32's normal range).
 int q8_value(const Matrix& w, int64_t r, int64_t k);
 float q8_scale(const Matrix& w, int64_t r, int64_t k);
+float q8_group_scale(const Matrix& w, int64_t r, int64_t k);
+float q8_row_scale(const Matrix& w, int64_t r);
 
 // A quantized copy of a weight matrix, owning its memory (64-byte aligned).
 class QuantizedMatrix {
@@ -66,7 +93,7 @@ class QuantizedMatrix {
   struct FreeAligned {
     void operator()(void* p) const;
   };
-  std::unique_ptr<void, FreeAligned> mem_;  // values, then scales (the layouts above)
+  std::unique_ptr<void, FreeAligned> mem_;  // values, scales, row factors (the layouts above)
   Matrix view_;
 };
 
@@ -80,7 +107,7 @@ class Q4Matrix : public QuantizedMatrix {
   explicit Q4Matrix(const Matrix& w) : QuantizedMatrix(w, DType::kQ4) {}
 };
 
-// w (kQ8 or kQ4) back to f32: [w.rows, w.cols], element (r, c) = scale · q. For tests and
+// w (kQ8 or kQ4) back to f32: [w.rows, w.cols], element (r, c) = q8_scale · q. For tests and
 // references.
 std::vector<float> dequantize_int(const Matrix& w);
 

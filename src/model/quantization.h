@@ -10,7 +10,7 @@ namespace duet {
 
 enum class Quantization {
   kNone,  // weights as the checkpoint stores them
-  kInt8,  // DType::kQ8 (kernels/quantize.h): groups of 32 columns, an f32 scale each
+  kInt8,  // DType::kQ8 (kernels/quantize.h): groups of 32 columns, an f16 scale each, a row factor
   kInt4,  // DType::kQ4 (kernels/quantize.h): the same groups of 4-bit values
 };
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -40,16 +41,22 @@ class QuantizedKernelTest : public ::testing::TestWithParam<DType> {
 };
 
 // Normal values; each group of kQ8Group columns of a row gets a magnitude of its own (2^-60 ..
-// 2^60 where `extreme`, else 2^-4 .. 2^4), and about one group in eight is all zero.
-std::vector<float> grouped_values(std::mt19937& rng, int64_t rows, int64_t cols, bool extreme) {
+// 2^60 where `extreme`, else 2^-4 .. 2^4), and about one group in eight is all zero. With
+// `per_row` (and `extreme`), a row's groups lie within 2^±10 of a magnitude of the row's own
+// (2^-60 .. 2^60): the spread a row's 16-bit scales keep at full precision (quantize.h).
+std::vector<float> grouped_values(std::mt19937& rng, int64_t rows, int64_t cols, bool extreme,
+                                  bool per_row = false) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::uniform_int_distribution<int> exponent(extreme ? -60 : -4, extreme ? 60 : 4);
+  std::uniform_int_distribution<int> offset(-10, 10);
   std::uniform_int_distribution<int> pick(0, 7);
   std::vector<float> v(static_cast<size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r) {
+    const int row_exponent = exponent(rng);
     for (int64_t g = 0; g * kQ8Group < cols; ++g) {
       const bool zero = pick(rng) == 0;
-      const float scale = std::ldexp(1.0f, exponent(rng));
+      const int e = per_row ? row_exponent + offset(rng) : exponent(rng);
+      const float scale = std::ldexp(1.0f, e);
       for (int64_t k = g * kQ8Group; k < std::min(cols, (g + 1) * kQ8Group); ++k) {
         v[r * cols + k] = zero ? 0.0f : scale * normal(rng);
       }
@@ -118,7 +125,7 @@ TEST_P(QuantizedKernelTest, DequantizedIsWithinHalfAStepAndBf16Matches) {
   std::mt19937 rng(5);
   for (int64_t cols : {1, 31, 32, 33, 100, 257}) {
     const int64_t rows = 7;
-    std::vector<float> w = grouped_values(rng, rows, cols, true);
+    std::vector<float> w = grouped_values(rng, rows, cols, true, true);
     std::vector<uint16_t> w16(w.size());
     for (size_t i = 0; i < w.size(); ++i) w16[i] = f32_to_bf16(w[i]);
     std::vector<float> w16_f32(w.size());
@@ -129,8 +136,9 @@ TEST_P(QuantizedKernelTest, DequantizedIsWithinHalfAStepAndBf16Matches) {
     bf.dtype = DType::kBF16;
     bf.data = w16.data();
     QuantizedMatrix qb(bf, GetParam());
-    const uint64_t group_bytes = GetParam() == DType::kQ4 ? 16 + 4 : 32 + 4;
-    EXPECT_EQ(q.view().nbytes(), uint64_t((rows + 3) / 4 * 4 * q8_ld(cols) / 32) * group_bytes);
+    const uint64_t group_bytes = GetParam() == DType::kQ4 ? 16 + 2 : 32 + 2;  // values, f16 scale
+    EXPECT_EQ(q.view().nbytes(),
+              uint64_t((rows + 3) / 4 * 4) * (q8_ld(cols) / 32 * group_bytes + 4));
     const std::vector<float> d = dequantize_int(q.view()), db = dequantize_int(qb.view());
     EXPECT_EQ(d, db) << "bf16 and its f32 widening quantize alike";
     for (int64_t r = 0; r < rows; ++r) {
@@ -145,21 +153,24 @@ TEST_P(QuantizedKernelTest, DequantizedIsWithinHalfAStepAndBf16Matches) {
   }
 }
 
-// Weights on a group's grid (d · q, one q at the format's extreme, d of any magnitude) come back
-// exactly, from f32 and from bf16: the scale is found exactly and every weight lands on its q.
+// Weights on a group's grid (d · q, one q at the format's extreme, d of any magnitude, a row's
+// within 2^±10 of each other) come back exactly, from f32 and from bf16: the scale is found
+// exactly, stored exactly (4 significant bits, well inside the f16 window of its row) and every
+// weight lands on its q.
 TEST_P(QuantizedKernelTest, RoundTripIsExactOnTheGrid) {
   const bool q4 = GetParam() == DType::kQ4;
   std::mt19937 rng(17);
   std::uniform_int_distribution<int> q_of(q4 ? -8 : -127, q4 ? 7 : 127), exponent(-60, 60);
-  std::uniform_int_distribution<int> mantissa(8, 15), sign(0, 1);
+  std::uniform_int_distribution<int> mantissa(8, 15), sign(0, 1), offset(-10, 10);
   for (int64_t cols : {32, 45, 128, 300}) {
     const int64_t rows = 6;
     std::vector<float> w(static_cast<size_t>(rows * cols));
     for (int64_t r = 0; r < rows; ++r) {
+      const int row_exponent = exponent(rng);
       for (int64_t g = 0; g * kQ8Group < cols; ++g) {
         // 4 significant bits: d · q is exact in bf16 for |q| ≤ 8 and in f32 for any q here.
-        const float d =
-            (sign(rng) ? -1.0f : 1.0f) * std::ldexp(float(mantissa(rng)), exponent(rng));
+        const float d = (sign(rng) ? -1.0f : 1.0f) *
+                        std::ldexp(float(mantissa(rng)), row_exponent + offset(rng));
         const int64_t k0 = g * kQ8Group, n = std::min(kQ8Group, cols - k0);
         for (int64_t i = 0; i < n; ++i) w[r * cols + k0 + i] = d * float(q_of(rng));
         w[r * cols + k0 + n / 2] = d * (q4 ? -8.0f : (sign(rng) ? 127.0f : -127.0f));
@@ -189,6 +200,130 @@ TEST_P(QuantizedKernelTest, RowSliceKeepsGroupsAndScales) {
   const std::vector<float> part = dequantize_int(q.view().row_slice(4, 5));
   EXPECT_EQ(part, std::vector<float>(all.begin() + 4 * 170, all.end()));
   EXPECT_THROW(q.view().row_slice(3, 4), std::logic_error);
+}
+
+// Row r of `cols` weights (f32) as the scale rule of quantize.h says they come back, computed
+// here from the rule's f32 group scales d (quantize_row_q8 or _q4): the row factor D, the power
+// of two with max |d| / D in [2^14, 2^15) (or 2^-149), found by halving and doubling; s = d / D
+// rounded to f16; q = round(w / (D · s)) to nearest even, clamped to the format's range.
+std::vector<float> dequantized_by_rule(DType to, const float* row, int64_t cols, float& D) {
+  const bool q4 = to == DType::kQ4;
+  const int64_t n_groups = q8_ld(cols) / kQ8Group;
+  std::vector<int8_t> q(static_cast<size_t>(q8_ld(cols)));
+  std::vector<float> d(static_cast<size_t>(n_groups));
+  (q4 ? quantize_row_q4 : quantize_row_q8)(DType::kF32, row, cols, q.data(), d.data());
+  float amax = 0.0f;
+  for (float v : d) amax = std::max(amax, std::fabs(v));
+  D = amax == 0.0f ? 0.0f : 1.0f;
+  while (amax != 0.0f && amax / D >= 0x1p15f) D *= 2.0f;
+  while (amax != 0.0f && amax / D < 0x1p14f && D > 0x1p-149f) D /= 2.0f;
+  std::vector<float> out(static_cast<size_t>(cols));
+  for (int64_t k = 0; k < cols; ++k) {
+    const float ds = D * f16_to_f32(f32_to_f16(D != 0.0f ? d[k / kQ8Group] / D : 0.0f));
+    const float v = ds != 0.0f ? std::nearbyint(row[k] / ds) : 0.0f;
+    out[k] = ds * std::clamp(v, q4 ? -8.0f : -127.0f, q4 ? 7.0f : 127.0f);
+  }
+  return out;
+}
+
+// The range of the 16-bit scales (quantize.h), on rows a plain f16 scale (max|w| / 127, m / -8)
+// loses: bf16 weights of 1e-30, whose scale underflows f16; a row of groups of 1e3 and one of
+// 1e-6, whose scale is below (int8) or a few units of (int4) f16's least subnormal; weights of
+// 1e30, whose scale overflows f16; bf16 subnormals (1e-39, the row factor's floor 2^-149); and
+// all-zero groups and rows. Each weight comes back exactly as the rule says and within half a
+// step (int4: a step where clamped to 7), from bf16 as from f32, and every kernel multiplies
+// them as the scalar one does and as the dequantized f32 matrix does, up to the rounding of x.
+TEST_P(QuantizedKernelTest, RowFactorKeepsTheRangeOfBf16) {
+  const bool q4 = GetParam() == DType::kQ4;
+  const int64_t rows = 7, cols = 96;
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> w(static_cast<size_t>(rows * cols), 0.0f);
+  const auto fill = [&](int64_t r, int64_t g, float magnitude) {
+    for (int64_t k = g * kQ8Group; k < (g + 1) * kQ8Group; ++k)
+      w[r * cols + k] = magnitude * normal(rng);
+  };
+  for (int64_t g = 0; g < 3; ++g) fill(0, g, 1e-30f);
+  fill(1, 0, 1e3f);
+  fill(1, 1, 1e-6f);
+  fill(1, 2, 1e3f);
+  w[1 * cols + 40] = 3e-6f;  // group 1's largest, so that its scale is known
+  for (int64_t k = 32; k < 64; ++k) w[1 * cols + k] = std::clamp(w[1 * cols + k], -2e-6f, 3e-6f);
+  fill(3, 1, 0.02f);  // row 2: zeros; row 3: a group between zero groups
+  for (int64_t g = 0; g < 3; ++g) fill(4, g, 0.05f);
+  for (int64_t g = 0; g < 3; ++g) fill(5, g, 1e30f);
+  for (int64_t g = 0; g < 3; ++g) fill(6, g, 1e-39f);
+  std::vector<uint16_t> w16(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    w16[i] = f32_to_bf16(w[i]);
+    w[i] = bf16_to_f32(w16[i]);
+  }
+  // What a plain f16 scale would make of them: rows 0, 1 (group 1) and 5 out of its range.
+  const float plain_f16_error[3][2] = {{1.0f, 1.0f}, {1.0f, 0.01f}, {INFINITY, INFINITY}};
+  const int64_t at[3][2] = {{0, 0}, {1, 1}, {5, 0}};  // (row, group)
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int8_t> q(128);
+    std::vector<float> d(4);
+    (q4 ? quantize_row_q4 : quantize_row_q8)(DType::kF32, &w[at[i][0] * cols], cols, q.data(),
+                                             d.data());
+    const float g = d[at[i][1]], plain = f16_to_f32(f32_to_f16(g));
+    EXPECT_GE(std::fabs(plain - g), plain_f16_error[i][q4] * std::fabs(g)) << "row " << at[i][0];
+  }
+
+  QuantizedMatrix q = quantize(w, rows, cols);
+  Matrix bf = f32_matrix(w, rows, cols);
+  bf.dtype = DType::kBF16;
+  bf.data = w16.data();
+  const std::vector<float> deq = dequantize_int(q.view());
+  EXPECT_EQ(dequantize_int(QuantizedMatrix(bf, GetParam()).view()), deq);
+  for (int64_t r = 0; r < rows; ++r) {
+    float D;
+    const std::vector<float> want = dequantized_by_rule(GetParam(), &w[r * cols], cols, D);
+    EXPECT_EQ(q8_row_scale(q.view(), r), D) << "row " << r;
+    for (int64_t k = 0; k < cols; ++k) {
+      const float v = w[r * cols + k], got = deq[r * cols + k];
+      EXPECT_EQ(got, want[k]) << "row " << r << " k " << k;
+      const float step = std::fabs(q8_scale(q.view(), r, k));
+      const bool clamped = q4 && q8_value(q.view(), r, k) == 7;
+      EXPECT_LE(std::fabs(got - v), (clamped ? 1.0f : 0.5f) * step * 1.0001f)
+          << "row " << r << " k " << k;
+      EXPECT_EQ(step == 0.0f, v == 0.0f && (r == 2 || (r == 3 && k / kQ8Group != 1)))
+          << "row " << r << " k " << k << ": only the zero groups have scale 0";
+    }
+  }
+
+  for (int64_t n_tokens : {1, 3, 5}) {
+    std::vector<float> x = grouped_values(rng, n_tokens, cols, false);
+    matmul_q8::Buffer buf;
+    const Q8Rows xq = matmul_q8::quantize_x(x.data(), cols, n_tokens, buf);
+    std::vector<float> want(static_cast<size_t>(n_tokens * rows)), ref(want.size());
+    matmul_q8::rows_with(Kernel::kScalar, q.view(), xq, n_tokens, want.data(), rows, 0, rows);
+    matmul_scalar(f32_matrix(deq, rows, cols), x.data(), n_tokens, ref.data());
+    for (Kernel k : matmul_q8::simd_kernels()) {
+      std::vector<float> got(want.size(), std::nanf(""));
+      matmul_q8::rows_with(k, q.view(), xq, n_tokens, got.data(), rows, 0, rows);
+      for (int64_t t = 0; t < n_tokens; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          ASSERT_NEAR(got[t * rows + r], want[t * rows + r], kernel_tolerance(q.view(), xq, t, r))
+              << matmul_q8::kernel_name(k) << " n_tokens " << n_tokens << " t " << t << " r " << r;
+        }
+      }
+    }
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t r = 0; r < rows; ++r) {
+        double b = 0, mag = 0;
+        for (int64_t k = 0; k < cols; ++k) {
+          b += 0.5 * matmul_q8::x_scale(xq, t, k) * std::fabs(deq[r * cols + k]);
+          mag += std::fabs(double(deq[r * cols + k]) * x[t * cols + k]);
+        }
+        const double bound = b * 1.0001 + 12 * 0x1p-23 * (mag + b) + 1e-44;
+        EXPECT_NEAR(want[t * rows + r], ref[t * rows + r], bound) << "t " << t << " r " << r;
+        if (r == 2) {
+          EXPECT_EQ(want[t * rows + r], 0.0f);
+        }
+      }
+    }
+  }
 }
 
 // int4: the scale maps the group's weight of largest magnitude to -8 (the first, on a tie of
