@@ -34,8 +34,10 @@ constexpr int64_t kMinParallelMacs = int64_t{1} << 17;
 //   VI init(corr)             the int32 accumulator's start (VNNI: -128 · Σ q_x per group)
 //   W prep(w)                 one step's 64 weight bytes, loaded once for all tokens
 //   VI dot(acc, w, x)         acc + the step's byte products, 4 per lane (x: 16 bytes)
-//   VF finish(acc, ws, xs, f) f + acc · s_w · d_x, per lane (ws: the 16 f16 scales s_w)
-//   reduce(f, out)            out[r] = the sum of row r's 4 lanes (then scaled by row r's D)
+//   VF row_factors(wd)        the block's 4 row factors D, each in its row's 4 lanes
+//   VF finish(acc, ws, dw, xs, f)  f + acc · (s_w · D) · d_x, per lane (ws: the 16 f16 scales
+//                             s_w; dw: row_factors; s_w · D is exact, D a power of two)
+//   reduce(f, out)            out[r] = the sum of row r's 4 lanes
 // and for kQ4 weights, whose bytes are u = q + 8 in [0, 15] on every kernel (u · x pairs reach
 // 2 · 15 · 127 < 2^15, so vpmaddubsw takes them unsigned without saturating):
 //   VI init_u4(corr)          -8 · Σ q_x per group (corr / 16, exact)
@@ -75,10 +77,14 @@ struct Avx512 {
     return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
   }
   DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VF zero() { return _mm512_setzero_ps(); }
-  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VF finish(VI acc, const uint16_t* ws,
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VF row_factors(const float* wd) {
+    const __m512i lane_row = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    return _mm512_permutexvar_ps(lane_row, _mm512_castps128_ps512(_mm_loadu_ps(wd)));
+  }
+  DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static VF finish(VI acc, const uint16_t* ws, VF dw,
                                                          const float* xs, VF f) {
     const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(ws)));
-    const __m512 d = _mm512_mul_ps(s, _mm512_loadu_ps(xs));
+    const __m512 d = _mm512_mul_ps(_mm512_mul_ps(s, dw), _mm512_loadu_ps(xs));
     return _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), d, f);
   }
   DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static void reduce(VF f, float* out) {
@@ -162,12 +168,16 @@ struct Avx2 {
   DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VF zero() {
     return {{_mm256_setzero_ps(), _mm256_setzero_ps()}};
   }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VF row_factors(const float* wd) {
+    return {{_mm256_set_m128(_mm_set1_ps(wd[1]), _mm_set1_ps(wd[0])),
+             _mm256_set_m128(_mm_set1_ps(wd[3]), _mm_set1_ps(wd[2]))}};
+  }
   DUET_TARGET_AVX2_F16C DUET_ALWAYS_INLINE static VF finish(const VI& acc, const uint16_t* ws,
-                                                            const float* xs, VF f) {
+                                                            const VF& dw, const float* xs, VF f) {
     for (int i = 0; i < 2; ++i) {
       const __m256 s =
           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(ws + 8 * i)));
-      const __m256 d = _mm256_mul_ps(s, _mm256_loadu_ps(xs + 8 * i));
+      const __m256 d = _mm256_mul_ps(_mm256_mul_ps(s, dw.h[i]), _mm256_loadu_ps(xs + 8 * i));
       f.h[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc.h[i]), d, f.h[i]);
     }
     return f;
@@ -238,7 +248,7 @@ struct Avx2VnniEvex : Avx2VnniBase {
 struct Block {
   const uint8_t* w;      // the block's values (kQ8 or kQ4, as the block function)
   const uint16_t* ws;    // the block's f16 group scales
-  const float* wd;       // the block's 4 row factors
+  const float* wd;       // the block's 4 row factors (of the 4 rows, whichever are stored)
   const int8_t* x;       // token t0's values
   const float* xs;       // token t0's scales
   const int32_t* corr;   // token t0's corrections

@@ -2,26 +2,25 @@
 // K (the vector operations of one kernel) and DUET_SIMD_TARGET (its target attribute): the
 // register block of the products with int8 and int4 weights.
 
-// Rows [b.r_first, b.r_first + b.r_count) of a block's accumulator f, summed and multiplied by
-// their row factors, to y[0, r_count).
+// Rows [b.r_first, b.r_first + b.r_count) of a block's accumulator f, summed, to y[0, r_count).
 DUET_SIMD_TARGET DUET_ALWAYS_INLINE void store_rows(typename K::VF f, const Block& b, float* y) {
   float out[4];
   K::reduce(f, out);
   if (b.r_count == 4) {  // whole blocks, most of them: no call for a 4-float copy
-    y[0] = out[0] * b.wd[0];
-    y[1] = out[1] * b.wd[1];
-    y[2] = out[2] * b.wd[2];
-    y[3] = out[3] * b.wd[3];
+    y[0] = out[0];
+    y[1] = out[1];
+    y[2] = out[2];
+    y[3] = out[3];
     return;
   }
-  for (int r = 0; r < b.r_count; ++r) y[r] = out[b.r_first + r] * b.wd[b.r_first + r];
+  for (int r = 0; r < b.r_count; ++r) y[r] = out[b.r_first + r];
 }
 
 // One block of 4 weight rows × kT tokens of kQ8 weights (kBits 8) or kQ4 ones (kBits 4). Per
 // superblock, the int32 sums of its 16 (row, group) pairs build up over 8 steps for each token,
 // each step's weights loaded (kQ4: unpacked, two steps from one vector) once for the kT tokens;
-// then they are scaled (by the f16 group scales and x's) into the token's f32 accumulator, which
-// the rows' factors scale once at the end.
+// then they are scaled into the token's f32 accumulator by the weights' scales (f16 × the row's
+// factor, in a register for the whole block: the same f32 scale, exactly) and x's.
 template <int kT, int kBits>
 DUET_SIMD_TARGET void block(const Block& b) {
   using VF = typename K::VF;
@@ -32,6 +31,7 @@ DUET_SIMD_TARGET void block(const Block& b) {
   VF accf[kT];
 #pragma GCC unroll 8
   for (int t = 0; t < kT; ++t) accf[t] = K::zero();
+  const VF dw = K::row_factors(b.wd);
   for (int64_t s = 0; s < n_super; ++s) {
     VI acc[kT];
     const int32_t* corr = b.corr + s * kLanes;
@@ -63,7 +63,8 @@ DUET_SIMD_TARGET void block(const Block& b) {
     }
 #pragma GCC unroll 8
     for (int t = 0; t < kT; ++t) {
-      accf[t] = K::finish(acc[t], b.ws + s * kLanes, b.xs + (t * n_super + s) * kLanes, accf[t]);
+      accf[t] =
+          K::finish(acc[t], b.ws + s * kLanes, dw, b.xs + (t * n_super + s) * kLanes, accf[t]);
     }
   }
 #pragma GCC unroll 8

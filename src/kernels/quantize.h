@@ -9,9 +9,9 @@
 // 11 significant bits, whatever the row's magnitude (a plain f16 d underflows below 6e-8 · 127
 // and overflows above 65504 · 127, which bf16 weights reach); groups down to 2^-38 of it keep
 // fewer bits (f16 subnormals), and below 2^-39 their scale and values are 0 (such a group's
-// weights are below 2^-32 of the row's largest step). The kernels multiply by D once per
-// output, when they store it. Q8_0's f16 scale reads 1.0625 bytes per weight; this 1.0625 and 4
-// bytes per row.
+// weights are below 2^-32 of the row's largest step). The kernels widen a block's s (F16C) and
+// multiply them by D in registers, exactly, so they compute with d itself. Q8_0's f16 scale reads
+// 1.0625 bytes per weight; this 1.0625 and 4 bytes per row.
 //
 // Layout, for the integer dot products (vpdpbusd sums 4 byte products per 32-bit lane): rows in
 // blocks of kQ8BlockRows = 4 (the last padded with zero rows), columns in superblocks of
