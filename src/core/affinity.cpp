@@ -77,4 +77,10 @@ CoreSplit split_cores(const std::vector<int>& allowed, int rank, int n_ranks, in
   return s;
 }
 
+void name_this_thread(const char* name) {
+  char buf[16] = {};
+  for (size_t i = 0; i + 1 < sizeof(buf) && name[i]; ++i) buf[i] = name[i];
+  pthread_setname_np(pthread_self(), buf);
+}
+
 }  // namespace duet

@@ -17,6 +17,10 @@ void pin_this_thread(const std::vector<int>& cores);
 // The cores the calling thread may run on.
 std::vector<int> this_thread_cores();
 
+// Names the calling thread as `perf`, `top -H` and debuggers show it (Linux keeps the first 15
+// bytes). Best effort: a failure is ignored.
+void name_this_thread(const char* name);
+
 // How a rank's share of the process's cores is split: `share` is the rank's part of
 // allowed_cores() (all of them, or an equal slice when `n_ranks` ranks are threads of this process
 // and this is rank `rank`); the last `comm` of it go to the communication thread, the rest to

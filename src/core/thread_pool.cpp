@@ -41,7 +41,12 @@ void spin_until(Done done) {
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
   workers_.reserve(static_cast<size_t>(n_threads_ - 1));
-  for (int i = 0; i < n_threads_ - 1; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  for (int i = 0; i < n_threads_ - 1; ++i) {
+    workers_.emplace_back([this, i] {
+      name_this_thread("duet-pool");
+      worker_loop(i);
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {

@@ -75,7 +75,10 @@ CommThread::CommThread(std::string name, std::chrono::milliseconds watchdog)
     : name_(std::move(name)),
       watchdog_(watchdog),
       alive_(std::make_shared<detail::AliveTicks>(0)),
-      thread_([this] { loop(); }) {}
+      thread_([this] {
+        name_this_thread(("duet-" + name_).c_str());
+        loop();
+      }) {}
 
 void CommThread::keepalive() {
   if (t_alive) mark_alive(*t_alive);

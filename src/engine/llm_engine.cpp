@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/affinity.h"
 #include "core/error.h"
 
 namespace duet {
@@ -70,7 +71,10 @@ LlmEngine::LlmEngine(const Model& model, ThreadPool& pool, const Tokenizer* toke
   if (config.num_scheduler_steps < 1 || config.num_scheduler_steps > 64)
     DUET_ERROR("--num-scheduler-steps must be in [1, 64], got " << config.num_scheduler_steps);
   publish_state();
-  thread_ = std::thread([this] { run(); });
+  thread_ = std::thread([this] {
+    name_this_thread("duet-engine");
+    run();
+  });
 }
 
 LlmEngine::~LlmEngine() {

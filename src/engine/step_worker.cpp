@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/affinity.h"
 #include "core/error.h"
 
 namespace duet {
@@ -31,7 +32,11 @@ StepWorker::StepWorker(StepRunner& steps, FutureMap& future, ThreadPool& pool, i
       n_vocab_(n_vocab),
       overlapped_(overlapped),
       before_job_(std::move(before_job)) {
-  if (overlapped_) thread_ = std::thread([this] { loop(); });
+  if (!overlapped_) return;
+  thread_ = std::thread([this] {
+    name_this_thread("duet-step");
+    loop();
+  });
 }
 
 StepWorker::~StepWorker() {

@@ -1,8 +1,14 @@
 #include "engine/stream_waker.h"
 
+#include "core/affinity.h"
+
 namespace duet {
 
-StreamWaker::StreamWaker() : thread_([this] { loop(); }) {}
+StreamWaker::StreamWaker()
+    : thread_([this] {
+        name_this_thread("duet-waker");
+        loop();
+      }) {}
 
 StreamWaker::~StreamWaker() {
   {

@@ -3,10 +3,13 @@
 #include "core/affinity.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <mutex>
 #include <set>
+#include <string>
+#include <thread>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -58,6 +61,40 @@ TEST(Affinity, PoolAndCommThreadRunWhereTheyArePinned) {
   std::vector<int> on_comm;
   comm.submit("where", [&] { on_comm = this_thread_cores(); }).wait();
   EXPECT_EQ(on_comm, std::vector<int>{all.back()});
+}
+
+std::string this_thread_name() {
+  char buf[16] = {};
+  pthread_getname_np(pthread_self(), buf, sizeof(buf));
+  return buf;
+}
+
+TEST(Affinity, ThreadsAreNamedForPerfAndTop) {
+  std::string named;
+  std::thread t([&] {
+    name_this_thread("duet-a-name-longer-than-fifteen");
+    named = this_thread_name();
+  });
+  t.join();
+  EXPECT_EQ(named, "duet-a-name-lon");  // Linux keeps 15 bytes
+
+  // The pool's workers and the communication thread carry the names perf shows.
+  ThreadPool pool(2);
+  std::mutex mu;
+  std::set<std::string> names;
+  const std::string caller = this_thread_name();
+  for (int round = 0; round < 1000 && names.size() < 2; ++round) {
+    pool.parallel_for(8, [&](int64_t, int64_t) {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+      std::lock_guard<std::mutex> lock(mu);
+      names.insert(this_thread_name());
+    });
+  }
+  EXPECT_EQ(names, (std::set<std::string>{caller, "duet-pool"}));
+  CommThread comm("comm", std::chrono::seconds(5));
+  std::string on_comm;
+  comm.submit("name", [&] { on_comm = this_thread_name(); }).wait();
+  EXPECT_EQ(on_comm, "duet-comm");
 }
 
 }  // namespace

@@ -7,6 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
 #include <thread>
 
 #include "core/error.h"
@@ -204,6 +208,37 @@ TEST_F(LlmEngineTest, Bf16KvCacheHoldsTwiceTheBlocksAndMatchesTheGenerator) {
   g.prompt = prompt(9, 2);
   g.max_tokens = 12;
   EXPECT_EQ(drain(*bf16->submit(greedy(g.prompt, 12))), gen.generate({g})[0].tokens);
+}
+
+// The engine's threads carry names (perf, top -H and gdb show them): its loop, the overlapped
+// scheduler's step thread and the thread that wakes the streams.
+TEST_F(LlmEngineTest, ThreadsAreNamed) {
+  const auto names = [] {
+    std::multiset<std::string> n;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+      std::ifstream comm(task.path() / "comm");
+      std::string name;
+      std::getline(comm, name);
+      n.insert(name);
+    }
+    return n;
+  };
+  const std::multiset<std::string> before = names();
+  EngineConfig c;
+  c.overlap_schedule = true;
+  c.kv_cache_gib = 1.0 / 1024;
+  {
+    LlmEngine e(*model_, pool_, nullptr, c);
+    const std::multiset<std::string> want = {"duet-engine", "duet-step", "duet-waker"};
+    std::multiset<std::string> added;
+    // A thread names itself once it runs: wait (bounded) for all three.
+    for (int i = 0; i < 2000 && added != want; ++i) {
+      if (i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      added = names();
+      for (const std::string& n : before) added.erase(added.find(n));
+    }
+    EXPECT_EQ(added, want);
+  }
 }
 
 TEST_F(LlmEngineTest, RefusesRequestsThatCanNeverRun) {
