@@ -223,22 +223,25 @@ TEST_F(LlmEngineTest, ThreadsAreNamed) {
     }
     return n;
   };
-  const std::multiset<std::string> before = names();
+  const std::multiset<std::string> kEngine = {"duet-engine", "duet-step", "duet-waker"};
+  const auto engine_threads = [&] {
+    std::multiset<std::string> n;
+    for (const std::string& name : names())
+      if (kEngine.count(name)) n.insert(name);
+    return n;
+  };
+  ASSERT_TRUE(engine_threads().empty());  // the earlier tests' engines have stopped
   EngineConfig c;
   c.overlap_schedule = true;
   c.kv_cache_gib = 1.0 / 1024;
-  {
-    LlmEngine e(*model_, pool_, nullptr, c);
-    const std::multiset<std::string> want = {"duet-engine", "duet-step", "duet-waker"};
-    std::multiset<std::string> added;
-    // A thread names itself once it runs: wait (bounded) for all three.
-    for (int i = 0; i < 2000 && added != want; ++i) {
-      if (i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      added = names();
-      for (const std::string& n : before) added.erase(added.find(n));
-    }
-    EXPECT_EQ(added, want);
+  LlmEngine e(*model_, pool_, nullptr, c);
+  // A thread names itself once it runs: wait (bounded) for all three.
+  std::multiset<std::string> seen;
+  for (int i = 0; i < 2000 && seen != kEngine; ++i) {
+    if (i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    seen = engine_threads();
   }
+  EXPECT_EQ(seen, kEngine);
 }
 
 TEST_F(LlmEngineTest, RefusesRequestsThatCanNeverRun) {
