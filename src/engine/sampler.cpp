@@ -55,11 +55,23 @@ int32_t Sampler::sample(const float* logits, int64_t n_vocab) {
   const float t = p_.temperature, shift = logits[best] / t;
   probs_.resize(n);  // [n_vocab] exp(l / T - max / T), filled where needed: the largest is 1
   if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
-    // Top-k: the k largest logits sorted, and only their probabilities.
+    // Top-k: the k largest logits sorted, and only their probabilities. One scan keeps the k
+    // best so far in a heap whose front is the worst of them; a vectorised filter skips every
+    // logit not above it (nearly all, after the first few thousand), so the scan costs about
+    // one compare per 16 logits. A logit equal to the worst comes later, i.e. with a larger id:
+    // by_logit keeps the lower id, so "not above" is exactly "not better".
     const size_t k = static_cast<size_t>(p_.top_k);
-    cand_.resize(n);
-    for (size_t i = 0; i < n; ++i) cand_[i] = {logits[i], static_cast<int32_t>(i)};
-    std::partial_sort(cand_.begin(), cand_.begin() + k, cand_.end(), by_logit);
+    cand_.resize(k);
+    for (size_t i = 0; i < k; ++i) cand_[i] = {logits[i], static_cast<int32_t>(i)};
+    std::make_heap(cand_.begin(), cand_.end(), by_logit);
+    for (int64_t i = int64_t(k);; ++i) {
+      i += first_above(logits + i, n_vocab - i, cand_.front().first);
+      if (i >= n_vocab) break;
+      std::pop_heap(cand_.begin(), cand_.end(), by_logit);
+      cand_.back() = {logits[i], static_cast<int32_t>(i)};
+      std::push_heap(cand_.begin(), cand_.end(), by_logit);
+    }
+    std::sort(cand_.begin(), cand_.end(), by_logit);
     double sum = 0;
     for (size_t r = 0; r < k; ++r) {
       const size_t id = size_t(cand_[r].second);
@@ -68,15 +80,21 @@ int32_t Sampler::sample(const float* logits, int64_t n_vocab) {
     }
     return p_.top_p < 1.0f ? draw_nucleus(k, /*sorted=*/true, sum) : draw_first(k, sum);
   }
-  const double total = exp_scaled(logits, n_vocab, t, shift, probs_.data());
+  block_sums_.resize(size_t((n_vocab + kExpBlock - 1) / kExpBlock));
+  const double total = exp_scaled(logits, n_vocab, t, shift, probs_.data(), block_sums_.data());
   if (p_.top_p >= 1.0f) return draw_all(n_vocab, total);
   // Top-p over every token: those below tau weigh less than (1 - p) of the whole together, so
   // the others already reach p and hold the nucleus; only they are sorted.
   const double tau = (1.0 - double(p_.top_p)) * total / double(n);
-  cand_.clear();
-  for (size_t i = 0; i < n; ++i)
-    if (double(probs_[i]) >= tau) cand_.push_back({logits[i], static_cast<int32_t>(i)});
-  return draw_nucleus(cand_.size(), /*sorted=*/false, total);
+  // The least float f with f >= tau as doubles: a probability passes as a float compare exactly
+  // when it passes as a double one.
+  float f_tau = static_cast<float>(tau);
+  if (double(f_tau) < tau) f_tau = std::nextafter(f_tau, INFINITY);
+  ids_.resize(n + 16);
+  const size_t n_cand = size_t(indices_at_least(probs_.data(), n_vocab, f_tau, ids_.data()));
+  cand_.resize(n_cand);
+  for (size_t r = 0; r < n_cand; ++r) cand_[r] = {logits[size_t(ids_[r])], ids_[r]};
+  return draw_nucleus(n_cand, /*sorted=*/false, total);
 }
 
 int32_t Sampler::draw_nucleus(size_t n_cand, bool sorted, double sum) {
@@ -140,14 +158,21 @@ int32_t Sampler::draw_first(size_t n_keep, double sum) {
 
 int32_t Sampler::draw_all(int64_t n_vocab, double total) {
   const double r = std::uniform_real_distribution<double>(0.0, total)(rng_);
+  // The block the draw falls in (total is the blocks' sums added in this order), then the token.
   double acc = 0.0;
-  for (int64_t i = 0; i < n_vocab; ++i) {
-    acc += probs_[static_cast<size_t>(i)];
-    if (r < acc) return static_cast<int32_t>(i);
+  size_t b = 0;
+  while (b < block_sums_.size() && !(r < acc + block_sums_[b])) acc += block_sums_[b++];
+  int64_t end = n_vocab;
+  if (b < block_sums_.size()) {
+    end = std::min(n_vocab, int64_t(b + 1) * kExpBlock);
+    for (int64_t i = int64_t(b) * kExpBlock; i < end; ++i) {
+      acc += probs_[static_cast<size_t>(i)];
+      if (r < acc) return static_cast<int32_t>(i);
+    }
   }
-  // r fell in the rounding between the vectorised total and this running sum: the last token
-  // with any probability.
-  int64_t i = n_vocab - 1;
+  // r fell in the rounding between a vectorised sum and this running one: the last token with
+  // any probability up to there.
+  int64_t i = end - 1;
   while (i > 0 && probs_[static_cast<size_t>(i)] == 0.0f) --i;
   return static_cast<int32_t>(i);
 }

@@ -44,6 +44,8 @@ class Sampler {
   std::vector<float> probs_;
   std::vector<std::pair<float, int32_t>> cand_;
   std::vector<double> bucket_mass_;  // top-p: probability per bucket (sampler.cpp)
+  std::vector<double> block_sums_;   // probs_'s sum per kExpBlock tokens (exp_scaled)
+  std::vector<int32_t> ids_;         // top-p: the ids that pass its filter
 };
 
 }  // namespace duet

@@ -15,7 +15,9 @@ void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float e
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void softmax(float* x, int64_t n);
 int64_t argmax_finite(const float* x, int64_t n);
-double exp_scaled(const float* x, int64_t n, float t, float m, float* y);
+int64_t first_above(const float* x, int64_t n, float t);
+int64_t indices_at_least(const float* x, int64_t n, float t, int32_t* ids);
+double exp_scaled(const float* x, int64_t n, float t, float m, float* y, double* block_sums);
 float dot(const float* a, const float* b, int64_t n);
 void axpy(float alpha, const float* x, int64_t n, float* y);
 void add_inplace(const float* x, int64_t n, float* y);
@@ -31,7 +33,9 @@ void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float e
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
 void softmax(float* x, int64_t n);
 int64_t argmax_finite(const float* x, int64_t n);
-double exp_scaled(const float* x, int64_t n, float t, float m, float* y);
+int64_t first_above(const float* x, int64_t n, float t);
+int64_t indices_at_least(const float* x, int64_t n, float t, int32_t* ids);
+double exp_scaled(const float* x, int64_t n, float t, float m, float* y, double* block_sums);
 float dot(const float* a, const float* b, int64_t n);
 void axpy(float alpha, const float* x, int64_t n, float* y);
 void add_inplace(const float* x, int64_t n, float* y);

@@ -196,8 +196,25 @@ TEST(OpsTest, ExpScaledSimdMatchesScalar) {
       float m = -INFINITY;
       for (float v : x) m = std::max(m, v / t);
       std::vector<float> want(size_t(n) + 16, 7.0f), got(size_t(n) + 16, 7.0f);
-      const double sw = scalar::exp_scaled(x.data(), n, t, m, want.data());
-      const double sg = avx512::exp_scaled(x.data(), n, t, m, got.data());
+      const size_t n_blocks = size_t((n + kExpBlock - 1) / kExpBlock);
+      std::vector<double> bw(n_blocks + 1, 7.0), bg(n_blocks + 1, 7.0);
+      const double sw = scalar::exp_scaled(x.data(), n, t, m, want.data(), bw.data());
+      const double sg = avx512::exp_scaled(x.data(), n, t, m, got.data(), bg.data());
+      EXPECT_EQ(avx512::exp_scaled(x.data(), n, t, m, got.data(), nullptr), sg);
+      // Each block's sum, and the total as the blocks' sums added in order (what a draw walks).
+      for (const std::vector<double>* bs : {&bw, &bg}) {
+        ASSERT_EQ((*bs)[n_blocks], 7.0) << "past the last block";
+        double total = 0;
+        for (size_t b = 0; b < n_blocks; ++b) total += (*bs)[b];
+        EXPECT_EQ(total, bs == &bw ? sw : sg) << n;
+      }
+      for (size_t b = 0; b < n_blocks; ++b) {
+        double ref = 0;
+        for (size_t i = b * kExpBlock; i < std::min(size_t(n), (b + 1) * kExpBlock); ++i)
+          ref += want[i];
+        EXPECT_EQ(bw[b], ref) << n << " block " << b;
+        EXPECT_NEAR(bg[b], ref, 1e-6 * ref) << n << " block " << b;
+      }
       want.resize(size_t(n));
       for (size_t i = size_t(n); i < got.size(); ++i) ASSERT_EQ(got[i], 7.0f) << "past the end";
       got.resize(size_t(n));
@@ -205,6 +222,57 @@ TEST(OpsTest, ExpScaledSimdMatchesScalar) {
       EXPECT_NEAR(sg, sw, 1e-6 * sw) << n;
       EXPECT_GE(sw, 1.0) << "the largest term is exp(0)";
       for (size_t i = 3; i < got.size(); i += 7) ASSERT_EQ(got[i], 0.0f) << i;
+    }
+  }
+}
+
+TEST(OpsTest, FirstAboveFindsTheFirstGreaterValue) {
+  std::mt19937 rng(23);
+  for (int64_t n : {0, 1, 15, 16, 17, 31, 33, 100, 1000}) {
+    std::vector<float> x = random_values(rng, std::max<int64_t>(n, 1));
+    x.resize(size_t(n));
+    for (float t : {-2.0f, 0.0f, 0.5f, 0.99f, 2.0f}) {
+      int64_t want = 0;
+      while (want < n && !(x[size_t(want)] > t)) ++want;
+      EXPECT_EQ(scalar::first_above(x.data(), n, t), want) << n << " " << t;
+      EXPECT_EQ(first_above(x.data(), n, t), want) << n << " " << t;
+      if (have_avx512()) {
+        EXPECT_EQ(avx512::first_above(x.data(), n, t), want) << n << " " << t;
+      }
+    }
+    // Equal is not above; NaN never is; the one value above sits in every lane and the tail.
+    for (int64_t at = 0; at < n; ++at) {
+      std::vector<float> y(size_t(n), 1.0f);
+      if (at > 0) y[size_t(at - 1)] = NAN;
+      y[size_t(at)] = 1.5f;
+      EXPECT_EQ(first_above(y.data(), n, 1.0f), at) << n;
+      EXPECT_EQ(first_above(y.data(), n, 1.5f), n) << n;
+    }
+  }
+}
+
+TEST(OpsTest, IndicesAtLeastKeepsEveryPassingIndexInOrder) {
+  std::mt19937 rng(24);
+  for (int64_t n : {0, 1, 15, 16, 17, 33, 100, 1000, 32000}) {
+    std::vector<float> x = random_values(rng, std::max<int64_t>(n, 1));
+    x.resize(size_t(n));
+    if (n > 20) x[7] = NAN, x[9] = 0.5f, x[10] = 0.5f;  // NaN never passes; equal does
+    for (float t : {-10.0f, 0.0f, 0.5f, 1.5f, 10.0f}) {
+      std::vector<int32_t> want;
+      for (int64_t i = 0; i < n; ++i)
+        if (x[size_t(i)] >= t) want.push_back(int32_t(i));
+      std::vector<int32_t> got(size_t(n) + 16, -7);
+      got.resize(size_t(indices_at_least(x.data(), n, t, got.data())));
+      EXPECT_EQ(got, want) << n << " " << t;
+      std::vector<int32_t> ref(size_t(n) + 1);
+      ref.resize(size_t(scalar::indices_at_least(x.data(), n, t, ref.data())));
+      EXPECT_EQ(ref, want) << n << " " << t;
+      if (have_avx512()) {
+        std::vector<int32_t> v(size_t(n) + 16, -7);
+        const int64_t m = avx512::indices_at_least(x.data(), n, t, v.data());
+        v.resize(size_t(m));
+        EXPECT_EQ(v, want) << n << " " << t;
+      }
     }
   }
 }
