@@ -349,8 +349,9 @@ DUET_TARGET_AVX512 double exp_scaled(const float* x, int64_t n, float t, float m
       const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_div_ps(v, vt), vm)));
       _mm512_mask_storeu_ps(y + i, k, e);
       sum[0] = _mm512_add_pd(sum[0], _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
-      sum[1] = _mm512_add_pd(sum[1], _mm512_cvtps_pd(_mm256_castpd_ps(
-                                         _mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+      sum[1] = _mm512_add_pd(
+          sum[1],
+          _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
     }
     const double block = _mm512_reduce_add_pd(_mm512_add_pd(sum[0], sum[1]));
     if (block_sums) block_sums[b] = block;

@@ -127,14 +127,20 @@ TEST(SamplerTest, DrawsFollowTheReferenceNucleus) {
     int32_t top_k;
     float step = 0;  // logits rounded to multiples of it: many ties, also at the top-k boundary
   };
-  const Case cases[] = {{32000, 3.0f, 0.7f, 0.9f, 0},   {32000, 3.0f, 1.0f, 0.5f, 0},
-                        {5000, 0.3f, 1.0f, 0.95f, 0},   {5000, 0.05f, 1.0f, 0.6f, 0},
-                        {5000, 2.0f, 0.8f, 0.9f, 100},  {5000, 2.0f, 0.8f, 1.0f, 300},
-                        {151936, 4.0f, 0.6f, 0.95f, 0}, {300, 1.0f, 1.3f, 1.0f, 0},
+  const Case cases[] = {{32000, 3.0f, 0.7f, 0.9f, 0},
+                        {32000, 3.0f, 1.0f, 0.5f, 0},
+                        {5000, 0.3f, 1.0f, 0.95f, 0},
+                        {5000, 0.05f, 1.0f, 0.6f, 0},
+                        {5000, 2.0f, 0.8f, 0.9f, 100},
+                        {5000, 2.0f, 0.8f, 1.0f, 300},
+                        {151936, 4.0f, 0.6f, 0.95f, 0},
+                        {300, 1.0f, 1.3f, 1.0f, 0},
                         // every token: the draw walks blocks of sums, then one block
-                        {32000, 0.05f, 1.0f, 1.0f, 0},  {32001, 2.0f, 0.9f, 1.0f, 0},
+                        {32000, 0.05f, 1.0f, 1.0f, 0},
+                        {32001, 2.0f, 0.9f, 1.0f, 0},
                         // top-k's scan over a large vocabulary, with ties at its boundary
-                        {151936, 2.0f, 0.8f, 1.0f, 40}, {32000, 1.0f, 1.0f, 1.0f, 50, 0.25f},
+                        {151936, 2.0f, 0.8f, 1.0f, 40},
+                        {32000, 1.0f, 1.0f, 1.0f, 50, 0.25f},
                         {32000, 1.0f, 1.0f, 0.8f, 7, 0.5f}};
   int c_index = 0;
   for (const Case& c : cases) {
@@ -142,7 +148,8 @@ TEST(SamplerTest, DrawsFollowTheReferenceNucleus) {
     std::mt19937 rng(100 + c_index);
     std::normal_distribution<float> normal(0.0f, c.sigma);
     std::vector<float> logits(size_t(c.n_vocab));
-    for (float& v : logits) v = c.step > 0 ? std::round(normal(rng) / c.step) * c.step : normal(rng);
+    for (float& v : logits)
+      v = c.step > 0 ? std::round(normal(rng) / c.step) * c.step : normal(rng);
     SamplingParams p;
     p.temperature = c.temperature;
     p.top_p = c.top_p;
