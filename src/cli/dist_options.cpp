@@ -116,8 +116,8 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
                 "re-laid as panels at load (slower from a few sequences on; saves that memory)");
   cmd->add_option("--quantization", o.quantization,
                   "Quantize the weights at load: none (default) | int8 | int4 (groups of 32 "
-                  "columns with an f32 scale; every linear layer but the embeddings, routers and "
-                  "MLA's kv_b)");
+                  "columns, each with an f16 scale under one f32 factor per row: Q8_0's and "
+                  "Q4_0's bytes; every linear layer but the embeddings, routers and MLA's kv_b)");
   cmd->add_flag("--batch-invariant", o.batch_invariant,
                 "Batch-invariant products (as vLLM's batch-invariant mode): a sequence's logits, "
                 "and a greedy request's text, are the same alone and in any batch; prefill is "
