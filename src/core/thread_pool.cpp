@@ -39,7 +39,8 @@ void spin_until(Done done) {
 
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
+ThreadPool::ThreadPool(int n_threads)
+    : n_threads_(std::max(1, n_threads)), active_workers_(n_threads_ - 1) {
   workers_.reserve(static_cast<size_t>(n_threads_ - 1));
   for (int i = 0; i < n_threads_ - 1; ++i) {
     workers_.emplace_back([this, i] {
@@ -55,6 +56,7 @@ ThreadPool::~ThreadPool() {
     stop_ = true;
   }
   work_cv_.notify_all();
+  park_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
@@ -90,10 +92,11 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t begin,
   ++generation_;
   // Wake only as many workers as there are chunks besides the caller's first one; spinning
   // workers see generation_ change by themselves.
-  const int64_t to_wake =
-      std::min<int64_t>({n_chunks - 1, static_cast<int64_t>(workers_.size()), n_sleeping_});
+  // Only threads that may take part sleep on work_cv_ (parked workers wait on park_cv_).
+  const int64_t to_wake = std::min<int64_t>(n_chunks - 1, n_sleeping_);
+  const bool wake_all = to_wake == n_sleeping_;
   lock.unlock();
-  if (to_wake == static_cast<int64_t>(workers_.size())) {
+  if (wake_all) {
     work_cv_.notify_all();
   } else {
     for (int64_t i = 0; i < to_wake; ++i) work_cv_.notify_one();
@@ -116,42 +119,100 @@ void ThreadPool::worker_loop(int worker_index) {
   uint64_t seen_generation = generation_;
   while (true) {
     if (worker_index != kCaller) {
+      if (worker_index >= active_workers_) {
+        park_cv_.wait(lock, [&] { return stop_ || worker_index < active_workers_; });
+        if (stop_) return;
+        seen_generation = generation_;  // a job posted while parked has gone on without it
+        continue;
+      }
       if (!stop_ && generation_ == seen_generation) {
         lock.unlock();
         spin_for_job(seen_generation);
         lock.lock();
       }
       ++n_sleeping_;
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen_generation; });
+      work_cv_.wait(lock, [&] {
+        return stop_ || generation_ != seen_generation || worker_index >= active_workers_;
+      });
       --n_sleeping_;
       if (stop_) return;
+      if (worker_index >= active_workers_) continue;
       seen_generation = generation_;
     }
-    // Take chunks of the current job; mu_ is released while one runs.
-    while (job_ != nullptr && next_chunk_ < n_chunks_) {
-      int64_t c = next_chunk_++;
-      const std::function<void(int64_t, int64_t)>& fn = *job_;
-      int64_t begin = c * job_chunk_;
-      int64_t end = c == n_chunks_ - 1 ? job_n_ : begin + job_chunk_;
-      lock.unlock();
-      std::exception_ptr error;
-      try {
-        fn(begin, end);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      lock.lock();
-      ++chunks_done_;
-      if (error) {
-        if (!error_) error_ = error;
-        // Skip the chunks nobody has started: the caller rethrows the error anyway.
-        chunks_done_ += n_chunks_ - next_chunk_;
-        next_chunk_ = n_chunks_;
-      }
-      if (chunks_done_ == n_chunks_) done_cv_.notify_one();
-    }
+    run_chunks(lock);
     if (worker_index == kCaller) return;
   }
+}
+
+void ThreadPool::run_chunks(std::unique_lock<std::mutex>& lock) {
+  // mu_ is released while a chunk runs.
+  while (job_ != nullptr && next_chunk_ < n_chunks_) {
+    int64_t c = next_chunk_++;
+    const std::function<void(int64_t, int64_t)>& fn = *job_;
+    int64_t begin = c * job_chunk_;
+    int64_t end = c == n_chunks_ - 1 ? job_n_ : begin + job_chunk_;
+    lock.unlock();
+    std::exception_ptr error;
+    try {
+      fn(begin, end);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    lock.lock();
+    ++chunks_done_;
+    if (error) {
+      if (!error_) error_ = error;
+      // Skip the chunks nobody has started: the caller rethrows the error anyway.
+      chunks_done_ += n_chunks_ - next_chunk_;
+      next_chunk_ = n_chunks_;
+    }
+    if (chunks_done_ == n_chunks_) done_cv_.notify_one();
+  }
+}
+
+void ThreadPool::set_active_workers(int n) {
+  DUET_CHECK(n >= 0 && n < n_threads_,
+             "set_active_workers(" << n << ") on a pool of " << n_threads_ << " threads");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    active_workers_ = n;
+  }
+  work_cv_.notify_all();
+  park_cv_.notify_all();
+}
+
+int ThreadPool::active_workers() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return active_workers_;
+}
+
+void ThreadPool::help_until(const std::function<bool()>& done) {
+  std::unique_lock<std::mutex> lock(mu_);
+  n_helpers_.fetch_add(1);  // seq_cst: ordered before the done() checks below
+  for (;;) {
+    run_chunks(lock);
+    if (done()) break;
+    // Seen with mu_ held: a job posted after this point changes it.
+    const uint64_t seen = generation_;
+    lock.unlock();
+    spin_until([&] { return generation_.load(std::memory_order_acquire) != seen || done(); });
+    lock.lock();
+    if (generation_ != seen) continue;
+    ++n_sleeping_;
+    work_cv_.wait(lock, [&] { return stop_ || generation_ != seen || done(); });
+    --n_sleeping_;
+    if (stop_) break;
+  }
+  n_helpers_.fetch_sub(1);
+}
+
+// REQUIRES: what makes the helpers' done() true was stored seq_cst (or under mu_) before: then
+// either this sees a helper's count, or that helper's check sees the new state.
+void ThreadPool::wake_helpers() {
+  if (n_helpers_.load() == 0) return;
+  // Taking mu_ orders this after a helper's check of done() under it: none sleeps through.
+  { std::lock_guard<std::mutex> lock(mu_); }
+  work_cv_.notify_all();
 }
 
 void ThreadPool::spin_for_job(uint64_t seen) const {

@@ -34,8 +34,27 @@ class ThreadPool {
   void parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn,
                     int64_t min_chunk = 1);
 
+  // Parks all but `n` of the pool's own worker threads (0 <= n < n_threads()): they sleep until
+  // raised again, while the caller of parallel_for and any helper (help_until) go on taking part.
+  // The overlapped scheduler parks one so that its engine thread, helping, keeps the count of
+  // compute threads at the count of cores.
+  void set_active_workers(int n);
+  int active_workers();
+
+  // The calling thread takes chunks of the pool's jobs, as a worker does (polling for the next,
+  // then sleeping), until done() returns true. done() is checked between chunks, while polling
+  // and, with mu_ held, before sleeping: it must be cheap and safe on any thread, and whoever
+  // makes it true must call wake_helpers() after. Never call it from a chunk or from the thread
+  // inside parallel_for on this pool.
+  void help_until(const std::function<bool()>& done);
+  // Wakes the helpers so that they check their done() again.
+  void wake_helpers();
+
  private:
   void worker_loop(int worker_index);
+  // Runs chunks of the current job until none is left to start. REQUIRES: lock holds mu_ (it
+  // is released while a chunk runs and held again on return).
+  void run_chunks(std::unique_lock<std::mutex>& lock);
   // Polls until generation_ differs from `seen` or the spin budget is spent.
   void spin_for_job(uint64_t seen) const;
   // Polls until every chunk of the current job is done or the spin budget is spent.
@@ -46,13 +65,16 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
+  std::condition_variable park_cv_;  // parked workers wait here for set_active_workers
   // All GUARDED_BY(mu_):
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
   int64_t job_chunk_ = 0;
   int64_t next_chunk_ = 0;   // next chunk index to hand out
   int64_t n_chunks_ = 0;
-  int64_t n_sleeping_ = 0;  // workers blocked on work_cv_: only then is a notify needed
+  int64_t n_sleeping_ = 0;  // workers and helpers blocked on work_cv_: only then is a notify needed
+  int active_workers_ = 0;  // workers [0, active_workers_) take part; the others are parked
+  std::atomic<int> n_helpers_{0};  // threads inside help_until(); written with mu_ held
   bool stop_ = false;
   std::exception_ptr error_;
   // Written only with mu_ held; atomic so that spinning threads may poll them without it.

@@ -54,6 +54,10 @@ double seconds(Clock::duration d) {
 LlmEngine::LlmEngine(const Model& model, ThreadPool& pool, const Tokenizer* tokenizer,
                      const EngineConfig& config, const StepGroup& group)
     : model_(model),
+      pool_(pool),
+      helps_pool_(config.overlap_schedule && config.engine_thread_computes &&
+                  pool.n_threads() >= 2 &&
+                  (group.coord == nullptr || group.coord->world_size() == 1)),
       tokenizer_(tokenizer),
       max_model_len_(model.config().max_position_embeddings),
       blocks_(pool_shape(model, config), pool_blocks(model, config)),
@@ -71,6 +75,7 @@ LlmEngine::LlmEngine(const Model& model, ThreadPool& pool, const Tokenizer* toke
   if (config.num_scheduler_steps < 1 || config.num_scheduler_steps > 64)
     DUET_ERROR("--num-scheduler-steps must be in [1, 64], got " << config.num_scheduler_steps);
   publish_state();
+  if (helps_pool_) pool_.set_active_workers(pool_.n_threads() - 2);
   thread_ = std::thread([this] {
     name_this_thread("duet-engine");
     run();
@@ -85,6 +90,7 @@ LlmEngine::~LlmEngine() {
   inbox_cv_.notify_all();
   thread_.join();
   fail_all("");
+  if (helps_pool_) pool_.set_active_workers(pool_.n_threads() - 1);
 }
 
 std::shared_ptr<RequestStream> LlmEngine::submit(EngineRequest req) {
@@ -202,6 +208,8 @@ bool LlmEngine::step(std::vector<int64_t>& load) {
   const int64_t keep = worker_.overlapped() && step_plan.runs() ? step_plan.n_steps : 0;
   while (worker_.pending() > keep) {
     if (!worker_.ready()) flush_streams();
+    // Until the step in flight posts its output, compute with it.
+    if (helps_pool_) pool_.help_until([&] { return worker_.posted(); });
     generated += process_outputs(worker_.wait());
   }
   // Nothing computes meanwhile (or the other ranks' output travels to rank 0 now): no reason to

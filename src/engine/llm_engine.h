@@ -61,6 +61,10 @@ struct EngineConfig {
   // The overlapped scheduler: steps run on a worker thread while the engine thread processes the
   // previous step's outputs and schedules the next (--disable-overlap-schedule: false).
   bool overlap_schedule = true;
+  // Overlapped on one rank with a pool of 2 threads or more: the engine thread computes the
+  // step's pool jobs while it waits for the step, in place of one of the pool's workers (parked
+  // meanwhile). Off: the engine thread sleeps in the wait (kept for measuring the difference).
+  bool engine_thread_computes = true;
   // Multi-step (--num-scheduler-steps): decode steps a decode-only batch runs per launch, >= 1.
   int64_t num_scheduler_steps = 1;
   // --stream-interval (SGLang's): a request's tokens reach its stream in batches of this many
@@ -179,6 +183,13 @@ class LlmEngine {
   void publish_state();
 
   const Model& model_;
+  ThreadPool& pool_;
+  // EngineConfig::engine_thread_computes, where it applies: the engine thread takes the place of
+  // one of the pool's workers (parked) whenever it waits for the step in flight, so the step's
+  // compute threads and the engine thread together never outnumber the pool's threads. (With
+  // several ranks the engine thread also waits on the control plane, which would leave the
+  // parked worker's core idle: there the worker stays.)
+  const bool helps_pool_;
   const Tokenizer* tokenizer_;
   const int64_t max_model_len_;
   BlockPool blocks_;

@@ -63,6 +63,7 @@ uint64_t StepWorker::launch(StepJob job) {
     } catch (...) {
       std::lock_guard<std::mutex> lock(mu_);
       error_ = std::current_exception();
+      failed_.store(true, std::memory_order_release);
     }
     return id;
   }
@@ -94,8 +95,10 @@ void StepWorker::post(StepOutput out) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     outputs_.push_back(std::move(out));
+    n_posted_.fetch_add(1);  // seq_cst: ThreadPool::wake_helpers
   }
   cv_.notify_all();
+  pool_.wake_helpers();  // an engine thread helping the pool while it waits for this
 }
 
 void StepWorker::loop() {
@@ -114,9 +117,11 @@ void StepWorker::loop() {
       {
         std::lock_guard<std::mutex> lock(mu_);
         error_ = std::current_exception();
+        failed_.store(true);
         jobs_.clear();  // the group has failed: nothing after this step can run
       }
       cv_.notify_all();
+      pool_.wake_helpers();
       return;
     }
   }

@@ -77,6 +77,11 @@ class StepWorker {
   StepOutput wait();
   // Whether wait() would return at once (an output or the error is there).
   bool ready();
+  // The same without the lock, for polling: the caller thread only.
+  bool posted() const {
+    return n_posted_.load(std::memory_order_acquire) > n_taken_ ||
+           failed_.load(std::memory_order_acquire);
+  }
   // Outputs of launched jobs not yet taken by wait().
   int64_t pending() const { return static_cast<int64_t>(n_expected_ - n_taken_); }
   bool overlapped() const { return overlapped_; }
@@ -100,6 +105,10 @@ class StepWorker {
   const bool overlapped_;
   const BeforeJob before_job_;
   std::atomic<uint64_t> n_launched_{0};  // written by the caller thread
+  // Outputs posted, and whether a step failed: posted()'s view of outputs_ and error_. Written
+  // with mu_ held.
+  std::atomic<uint64_t> n_posted_{0};
+  std::atomic<bool> failed_{false};
   uint64_t n_expected_ = 0;  // caller thread only: outputs the launched jobs will post
   uint64_t n_taken_ = 0;     // caller thread only
 

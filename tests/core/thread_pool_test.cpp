@@ -190,6 +190,80 @@ TEST(ThreadPoolTest, SleepingAndSpinningWorkersAreWoken) {
   }
 }
 
+// A parked worker takes no chunk, and is back once raised: with both of a 3-thread pool's workers
+// parked every chunk runs on the caller; with one raised, a chunk that waits for a second thread
+// meets one.
+TEST(ThreadPoolTest, ParkedWorkersTakeNoChunk) {
+  ThreadPool pool(3);
+  pool.set_active_workers(0);
+  const std::thread::id caller = std::this_thread::get_id();
+  for (int round = 0; round < 50; ++round) {
+    std::atomic<int> elsewhere{0};
+    pool.parallel_for(64, [&](int64_t, int64_t) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      if (std::this_thread::get_id() != caller) ++elsewhere;
+    });
+    ASSERT_EQ(elsewhere.load(), 0) << "round " << round;
+  }
+  pool.set_active_workers(1);
+  EXPECT_TRUE(worker_joins(pool));
+  pool.set_active_workers(2);
+  run_and_check(pool, 1000, 1);
+  EXPECT_THROW(pool.set_active_workers(3), Error);
+  EXPECT_THROW(pool.set_active_workers(-1), Error);
+}
+
+// A helper takes the place of a parked worker: it runs chunks of the jobs posted meanwhile (every
+// index still once), sleeps between them, and leaves as soon as its done() turns true, whether
+// it is running a chunk, polling or asleep then.
+TEST(ThreadPoolTest, AHelperComputesUntilItIsDone) {
+  ThreadPool pool(2);
+  pool.set_active_workers(0);
+  std::atomic<bool> done{false};
+  std::atomic<std::thread::id> helper_id{};
+  std::atomic<int> helped{0};
+  std::thread helper([&] {
+    helper_id = std::this_thread::get_id();
+    pool.help_until([&] { return done.load(); });
+  });
+  while (helper_id.load() == std::thread::id{}) std::this_thread::yield();
+  for (int round = 0; round < 40; ++round) {
+    if (round % 10 == 5) std::this_thread::sleep_for(std::chrono::milliseconds(5));  // asleep
+    run_and_check(pool, 1000, 1);
+    std::atomic<int> arrived{0};
+    pool.parallel_for(8, [&](int64_t, int64_t) {
+      arrived++;
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (arrived.load() < 2 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::yield();
+      if (std::this_thread::get_id() == helper_id.load()) ++helped;
+    });
+  }
+  EXPECT_GT(helped.load(), 0) << "the helper never took a chunk";
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // past its polling: asleep
+  done = true;
+  pool.wake_helpers();
+  helper.join();  // hangs (the test times out) if it slept through
+  // An exception in a chunk the helper ran reaches the caller.
+  std::atomic<bool> done2{false};
+  std::thread helper2([&] { pool.help_until([&] { return done2.load(); }); });
+  bool thrown = false;
+  for (int round = 0; round < 200 && !thrown; ++round) {
+    try {
+      pool.parallel_for(4, [&](int64_t b, int64_t) {
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+        if (b == 3) throw std::runtime_error("chunk 3");
+      });
+    } catch (const std::runtime_error&) {
+      thrown = true;
+    }
+  }
+  EXPECT_TRUE(thrown);
+  done2 = true;
+  pool.wake_helpers();
+  helper2.join();
+}
+
 TEST(ThreadPoolTest, AvailableCoresIsPositive) {
   EXPECT_GE(available_cores(), 1);
 }

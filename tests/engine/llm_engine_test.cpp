@@ -244,6 +244,36 @@ TEST_F(LlmEngineTest, ThreadsAreNamed) {
   EXPECT_EQ(seen, kEngine);
 }
 
+// Overlapped on one rank the engine thread computes with the step while it waits for it: one of
+// the pool's workers is parked for the engine's life (the compute threads never outnumber the
+// pool's), the tokens stay the Generator's, and the worker is back once the engine stops.
+TEST_F(LlmEngineTest, TheOverlappedEngineThreadTakesAPoolWorkersPlace) {
+  EXPECT_EQ(pool_.active_workers(), 1);
+  std::vector<int32_t> want;
+  {
+    Generator gen(*model_, pool_);
+    GenerateRequest r;
+    r.prompt = {3, 8, 9, 11, 4};
+    r.max_tokens = 24;
+    want = gen.generate({r})[0].tokens;
+  }
+  for (bool computes : {true, false}) {
+    for (bool overlap : {true, false}) {
+      EngineConfig c;
+      c.overlap_schedule = overlap;
+      c.engine_thread_computes = computes;
+      c.kv_cache_gib = 1.0 / 1024;
+      c.block_size = 4;
+      {
+        LlmEngine e(*model_, pool_, nullptr, c);
+        EXPECT_EQ(pool_.active_workers(), overlap && computes ? 0 : 1) << overlap << computes;
+        EXPECT_EQ(drain(*e.submit(greedy({3, 8, 9, 11, 4}, 24))), want) << overlap << computes;
+      }
+      EXPECT_EQ(pool_.active_workers(), 1);
+    }
+  }
+}
+
 TEST_F(LlmEngineTest, RefusesRequestsThatCanNeverRun) {
   auto e = engine(blocks_gib(8), 8, 64);  // 32 positions in all
   EXPECT_THROW(e->submit(greedy({}, 4)), Error);
