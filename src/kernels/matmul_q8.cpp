@@ -45,8 +45,8 @@ constexpr int64_t kMinParallelMacs = int64_t{1} << 17;
 //   VI dot_u(acc, u, x)       acc + the step's products of unsigned weight bytes
 
 // v held in a register from here on: GCC would otherwise fold its load into each of its uses,
-// loading it again for each, and the one-token blocks are bound by loads (Zen 4 takes one 64-byte
-// load per cycle, two 16-byte broadcasts).
+// loading it again for each (int4's unpacking: twice), which slowed the one-token blocks by about
+// a tenth on Zen 4 (README, "Loads at one token").
 template <typename V>
 DUET_ALWAYS_INLINE void in_register(V& v) {
   asm("" : "+x"(v));
