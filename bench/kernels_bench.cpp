@@ -221,7 +221,7 @@ BENCHMARK(BM_MatmulQuantKernel)
     ->ArgNames({"rows", "cols", "n_tokens", "bits", "kernel"})
     ->ArgsProduct({{512},
                    {1024},
-                   {1, 8, 32},
+                   {1, 4, 8, 32, 64},
                    {8, 4},
                    {static_cast<int64_t>(matmul_q8::Kernel::kAvx2),
                     static_cast<int64_t>(matmul_q8::Kernel::kAvx2Vnni),

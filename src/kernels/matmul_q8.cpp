@@ -44,6 +44,14 @@ constexpr int64_t kMinParallelMacs = int64_t{1} << 17;
 //   unpack_u4(w, lo, hi)      64 bytes of nibbles: steps k (low) and k + 4 (high), as bytes
 //   VI dot_u(acc, u, x)       acc + the step's products of unsigned weight bytes
 
+// v held in a register from here on: GCC would otherwise fold its load into each of its uses,
+// loading it again for each (int4's unpacking: twice), which slowed the one-token blocks by about
+// a tenth on Zen 4 (README, "Loads at one token").
+template <typename V>
+DUET_ALWAYS_INLINE void in_register(V& v) {
+  asm("" : "+x"(v));
+}
+
 // Without VNNI: |x| · (w with x's signs) by vpmaddubsw, whose pairs reach at most 2 · 127² < 2^15
 // (never saturating), then vpmaddwd by ones.
 struct Avx512 {
@@ -67,7 +75,9 @@ struct Avx512 {
     return _mm512_srai_epi32(_mm512_loadu_si512(corr), 4);
   }
   DUET_TARGET_AVX512 DUET_ALWAYS_INLINE static void unpack_u4(const uint8_t* w, W& lo, W& hi) {
-    const __m512i v = _mm512_loadu_si512(w), nibble = _mm512_set1_epi8(0x0f);
+    const __m512i nibble = _mm512_set1_epi8(0x0f);
+    __m512i v = _mm512_loadu_si512(w);
+    in_register(v);
     lo = _mm512_and_si512(v, nibble);
     hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
   }
@@ -151,7 +161,8 @@ struct Avx2 {
     const __m256i nibble = _mm256_set1_epi8(0x0f);
     const auto* p = reinterpret_cast<const __m256i*>(w);
     for (int i = 0; i < 2; ++i) {
-      const __m256i v = _mm256_loadu_si256(p + i);
+      __m256i v = _mm256_loadu_si256(p + i);
+      in_register(v);
       lo.h[i] = _mm256_and_si256(v, nibble);
       hi.h[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
     }
@@ -244,7 +255,9 @@ struct Avx2VnniEvex : Avx2VnniBase {
   }
 };
 
-// A register block's operands: one block of 4 weight rows, up to kTokens tokens.
+// A register block's operands: one block of 4 weight rows, up to kTokens tokens; or n_blocks
+// consecutive whole blocks, run one after the other in one call (for few tokens, where a
+// block's work is short).
 struct Block {
   const uint8_t* w;      // the block's values (kQ8 or kQ4, as the block function)
   const uint16_t* ws;    // the block's f16 group scales
@@ -255,6 +268,7 @@ struct Block {
   float* y;              // y of (t0, first row stored)
   int64_t ld, ldy;       // of the rows of x (q8_ld(cols)); of y
   int r_first, r_count;  // the block's rows stored: [r_first, r_first + r_count)
+  int64_t n_blocks;      // blocks from w on; when above 1, whole ones (r_first 0, r_count 4)
 };
 
 using BlockFn = void (*)(const Block&);
@@ -318,10 +332,13 @@ void simd_rows(Kernel k, const Matrix& w, const Q8Rows& x, int64_t n_tokens, flo
   const int64_t ld = x.ld, n_super = ld / kSuper;
   const int64_t block_bytes = kQ8BlockRows * ld / (w.dtype == DType::kQ4 ? 2 : 1);
   const auto* wq = static_cast<const uint8_t*>(w.data);
-  for (int64_t rb = r_begin / kQ8BlockRows; rb * kQ8BlockRows < r_end; ++rb) {
+  for (int64_t rb = r_begin / kQ8BlockRows, n_blocks; rb * kQ8BlockRows < r_end; rb += n_blocks) {
     const int64_t r0 = rb * kQ8BlockRows;
     const int r_first = static_cast<int>(std::max(r0, r_begin) - r0);
     const int r_count = static_cast<int>(std::min(r0 + kQ8BlockRows, r_end) - r0) - r_first;
+    // Up to kTokens tokens: the whole blocks from here on in one call.
+    const bool whole = r_first == 0 && r_count == kQ8BlockRows;
+    n_blocks = whole && n_tokens <= kTokens ? (r_end - r0) / kQ8BlockRows : 1;
     for (int64_t t = 0; t < n_tokens;) {
       const int n_tok = static_cast<int>(std::min<int64_t>(kTokens, n_tokens - t));
       const Block b{wq + rb * block_bytes,
@@ -334,7 +351,8 @@ void simd_rows(Kernel k, const Matrix& w, const Q8Rows& x, int64_t n_tokens, flo
                     ld,
                     ldy,
                     r_first,
-                    r_count};
+                    r_count,
+                    n_blocks};
       block_fn(k, w.dtype, n_tok)(b);
       t += n_tok;
     }

@@ -22,7 +22,7 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void store_rows(typename K::VF f, const Bloc
 // then they are scaled into the token's f32 accumulator by the weights' scales (f16 × the row's
 // factor, in a register for the whole block: the same f32 scale, exactly) and x's.
 template <int kT, int kBits>
-DUET_SIMD_TARGET void block(const Block& b) {
+DUET_SIMD_TARGET DUET_ALWAYS_INLINE void block_once(const Block& b) {
   using VF = typename K::VF;
   using VI = typename K::VI;
   using W = typename K::W;
@@ -69,6 +69,24 @@ DUET_SIMD_TARGET void block(const Block& b) {
   }
 #pragma GCC unroll 8
   for (int t = 0; t < kT; ++t) store_rows(accf[t], b, b.y + t * b.ldy);
+}
+
+// block_once over b.n_blocks blocks.
+template <int kT, int kBits>
+DUET_SIMD_TARGET void block(const Block& b) {
+  if (b.n_blocks == 1) {
+    block_once<kT, kBits>(b);
+    return;
+  }
+  const int64_t n_super = b.ld / kSuper;
+  Block bi = b;
+  for (int64_t i = 0; i < b.n_blocks; ++i) {
+    block_once<kT, kBits>(bi);
+    bi.w += n_super * (kSuperBytes * kBits / 8);
+    bi.ws += n_super * kLanes;
+    bi.wd += kQ8BlockRows;
+    bi.y += kQ8BlockRows;
+  }
 }
 
 // block<n_tokens, bits of dtype> for n_tokens in [1, kTokens], dtype kQ8 or kQ4.
