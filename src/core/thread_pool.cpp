@@ -94,7 +94,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t begin,
   // workers see generation_ change by themselves.
   // Only threads that may take part sleep on work_cv_ (parked workers wait on park_cv_).
   const int64_t to_wake = std::min<int64_t>(n_chunks - 1, n_sleeping_);
-  const bool wake_all = to_wake == n_sleeping_;
+  const bool wake_all = to_wake > 0 && to_wake == n_sleeping_;
   lock.unlock();
   if (wake_all) {
     work_cv_.notify_all();
