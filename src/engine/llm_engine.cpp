@@ -209,7 +209,7 @@ bool LlmEngine::step(std::vector<int64_t>& load) {
   while (worker_.pending() > keep) {
     if (!worker_.ready()) flush_streams();
     // Until the step in flight posts its output, compute with it.
-    if (helps_pool_) pool_.help_until([&] { return worker_.posted(); });
+    if (helps_pool_) pool_.help_until([&] { return worker_.ready(); });
     generated += process_outputs(worker_.wait());
   }
   // Nothing computes meanwhile (or the other ranks' output travels to rank 0 now): no reason to

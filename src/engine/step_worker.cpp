@@ -86,11 +86,6 @@ StepOutput StepWorker::wait() {
   return out;
 }
 
-bool StepWorker::ready() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return !outputs_.empty() || error_;
-}
-
 void StepWorker::post(StepOutput out) {
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -75,10 +75,9 @@ class StepWorker {
   // The next output in launch order, waiting for it. Rethrows the error of a step that failed
   // (a group failure); every later call rethrows it too.
   StepOutput wait();
-  // Whether wait() would return at once (an output or the error is there).
-  bool ready();
-  // The same without the lock, for polling: the caller thread only.
-  bool posted() const {
+  // Whether wait() would return at once (an output or the error is there). Lock-free, for
+  // polling (ThreadPool::help_until); the caller thread only.
+  bool ready() const {
     return n_posted_.load(std::memory_order_acquire) > n_taken_ ||
            failed_.load(std::memory_order_acquire);
   }
@@ -105,7 +104,7 @@ class StepWorker {
   const bool overlapped_;
   const BeforeJob before_job_;
   std::atomic<uint64_t> n_launched_{0};  // written by the caller thread
-  // Outputs posted, and whether a step failed: posted()'s view of outputs_ and error_. Written
+  // Outputs posted, and whether a step failed: ready()'s view of outputs_ and error_. Written
   // with mu_ held.
   std::atomic<uint64_t> n_posted_{0};
   std::atomic<bool> failed_{false};
