@@ -1,16 +1,21 @@
 #include <cstdio>
 #include <fstream>
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "cli/commands.h"
 #include "cli/dist_options.h"
 #include "cli/kv_cache_option.h"
+#include "cli/scheduler_options.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/generator.h"
 #include "engine/kv_dtype.h"
+#include "engine/llm_engine.h"
 #include "model/model.h"
 #include "text/tokenizer.h"
 
@@ -32,6 +37,7 @@ struct GenerateOptions {
   bool ignore_eos = false;
   std::string kv_cache_dtype = "auto";
   KvCacheDtype kv_dtype = KvCacheDtype::kAuto;  // parsed from kv_cache_dtype
+  EngineConfig engine;  // --disable-overlap-schedule, --num-scheduler-steps, --kv-cache-memory
   DistOptions dist;
 };
 
@@ -70,6 +76,85 @@ void write_logits(const std::string& path, const std::vector<int32_t>& prompt,
   if (!out) throw Error(path + ": write failed");
 }
 
+// What a generate run prints besides the completion.
+struct GenerateSummary {
+  int64_t prompt_tokens = 0;
+  int64_t generated = 0;
+  double prefill_seconds = 0;  // to the first generated token
+  double decode_seconds = 0;   // from the first generated token to the last
+  std::string finish_reason;
+};
+
+// --dump-logits and --max-tokens 0: the Generator, which keeps every prompt position's logits
+// (one step at a time: neither the overlapped scheduler nor multi-step). Returns rank 0's
+// result (empty elsewhere).
+std::optional<GenerateResult> generate_reference(const GenerateOptions& o, const Model& model,
+                                                 ThreadPool& pool, const RankModel& rm,
+                                                 DistContext* ctx, const GenerateRequest& req,
+                                                 GenerateSummary& sum) {
+  Generator gen(model, pool, o.kv_dtype, rm.group);
+  std::vector<GenerateRequest> mine;
+  if (!ctx || ctx->rank() == 0) mine.push_back(req);
+  GenerateStats st;
+  std::vector<GenerateResult> out = gen.generate(mine, &st);
+  if (out.empty()) return std::nullopt;
+  sum.prompt_tokens = st.prompt_tokens;
+  sum.generated = st.generated_tokens;
+  sum.prefill_seconds = st.prefill_seconds;
+  sum.decode_seconds = st.decode_seconds;
+  return out[0];
+}
+
+// Everything else: the serving engine, as `serve` runs it (the overlapped scheduler unless
+// --disable-overlap-schedule, --num-scheduler-steps). Rank 0 submits the request and reads its
+// stream; the other ranks' engines take part in every step until rank 0's engine stops.
+// Returns rank 0's result (empty elsewhere).
+std::optional<GenerateResult> generate_served(const GenerateOptions& o, const Model& model,
+                                              ThreadPool& pool, const RankModel& rm,
+                                              DistContext* ctx, const GenerateRequest& req,
+                                              GenerateSummary& sum) {
+  EngineConfig c = o.engine;
+  c.kv_cache_dtype = o.kv_dtype;
+  // The whole prompt in one step, as the Generator prefills it.
+  c.scheduler.max_num_batched_tokens =
+      std::max<int64_t>(c.scheduler.max_num_batched_tokens, static_cast<int64_t>(req.prompt.size()));
+  LlmEngine engine(model, pool, nullptr, c, rm.group);
+  if (ctx && ctx->rank() != 0) {
+    const std::string error = engine.wait_stopped();
+    if (!error.empty()) DUET_ERROR(error);
+    return std::nullopt;
+  }
+  EngineRequest er;
+  er.prompt = req.prompt;
+  er.max_tokens = req.max_tokens;
+  er.sampling = req.sampling;
+  er.ignore_eos = o.ignore_eos;
+  const Clock::time_point start = Clock::now();
+  std::shared_ptr<RequestStream> stream = engine.submit(er);
+  if (!stream) DUET_ERROR("the engine stopped: " << engine.wait_stopped());
+  GenerateResult r;
+  Clock::time_point first, last;
+  for (;;) {
+    const StreamDelta d = stream->wait(std::chrono::milliseconds(1000));
+    if (!d.tokens.empty()) {
+      last = Clock::now();
+      if (r.tokens.empty()) first = last;
+      r.tokens.insert(r.tokens.end(), d.tokens.begin(), d.tokens.end());
+    }
+    if (!d.finished) continue;
+    if (!d.error.empty()) DUET_ERROR(d.error);
+    r.finish_reason = d.finish_reason;
+    break;
+  }
+  sum.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+  sum.generated = static_cast<int64_t>(r.tokens.size());
+  if (!r.tokens.empty()) {
+    sum.prefill_seconds = std::chrono::duration<double>(first - start).count();
+    sum.decode_seconds = std::chrono::duration<double>(last - first).count();
+  }
+  return r;
+}
+
 // One rank's part of `duet generate`: on several ranks (expert parallelism) rank 0 generates
 // the prompt and the others take part in every step with dummy batches.
 void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
@@ -98,14 +183,14 @@ void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
 
   // The request is rank 0's; on several ranks the others take part in every step with dummy
   // batches, and its logits (--dump-logits) are rank 0's own.
-  Generator gen(*model, pool, o.kv_dtype, rm.group);
-  std::vector<GenerateRequest> mine;
-  if (!ctx || ctx->rank() == 0) mine.push_back(req);
-  GenerateStats st;
-  std::vector<GenerateResult> out = gen.generate(mine, &st);
+  const bool reference = req.prompt_logits || req.max_tokens == 0;
+  GenerateSummary sum;
+  const std::optional<GenerateResult> out =
+      reference ? generate_reference(o, *model, pool, rm, ctx, req, sum)
+                : generate_served(o, *model, pool, rm, ctx, req, sum);
   finish_trace(rm, o.dist, ctx);
-  if (ctx && ctx->rank() != 0) return;
-  const GenerateResult& r = out[0];
+  if (!out) return;
+  const GenerateResult& r = *out;
   if (r.finish_reason == "error") DUET_ERROR(r.error);
 
   if (!tok && std::ifstream(o.model_dir + "/tokenizer.json")) tok = Tokenizer::load(o.model_dir);
@@ -115,14 +200,18 @@ void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
     std::printf("%s\n", nlohmann::json(r.tokens).dump().c_str());
   }
   std::fflush(stdout);
-  const int64_t decoded = st.generated_tokens > 0 ? st.generated_tokens - 1 : 0;
+  const int64_t decoded = sum.generated > 0 ? sum.generated - 1 : 0;
   std::fprintf(stderr,
                "prompt: %lld tokens, %.1f tok/s | generation: %lld tokens, %.1f tok/s | "
-               "finish: %s | %d threads | KV cache %s\n",
-               static_cast<long long>(st.prompt_tokens), st.prompt_tokens / st.prefill_seconds,
-               static_cast<long long>(st.generated_tokens),
-               st.decode_seconds > 0 ? decoded / st.decode_seconds : 0.0, r.finish_reason.c_str(),
-               pool.n_threads(), kv_dtype_name(resolve_kv_dtype(o.kv_dtype, *model)));
+               "finish: %s | %d threads | KV cache %s | %s\n",
+               static_cast<long long>(sum.prompt_tokens),
+               sum.prefill_seconds > 0 ? sum.prompt_tokens / sum.prefill_seconds : 0.0,
+               static_cast<long long>(sum.generated),
+               sum.decode_seconds > 0 ? decoded / sum.decode_seconds : 0.0,
+               r.finish_reason.c_str(), pool.n_threads(),
+               kv_dtype_name(resolve_kv_dtype(o.kv_dtype, *model)),
+               reference ? "one step at a time (all prompt logits)"
+                         : describe_scheduler(o.engine).c_str());
   if (!o.dump_logits.empty()) write_logits(o.dump_logits, req.prompt, r, c.n_vocab);
 }
 
@@ -139,7 +228,7 @@ void add_generate_command(CLI::App& app) {
   auto* text = cmd->add_option("--prompt", o->prompt, "Prompt text");
   auto* ids = cmd->add_option("--prompt-ids", o->prompt_ids, "Prompt token ids, e.g. 1,2,3");
   text->excludes(ids);
-  cmd->add_option("--max-tokens", o->max_tokens, "Tokens to generate (default 16)")
+  cmd->add_option("--max-tokens", o->max_tokens, "Tokens to generate (default 16; 0: prefill only)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--temperature", o->temperature, "0 = greedy (default)")
       ->check(CLI::NonNegativeNumber);
@@ -147,10 +236,15 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", o->top_k, "Keep the k most likely tokens (0 = all)");
   cmd->add_option("--seed", o->seed, "Sampling seed (default: random)");
   cmd->add_option("--dump-logits", o->dump_logits,
-                  "Write {tokens, logits per prompt position, generated} as JSON");
+                  "Write {tokens, logits per prompt position, generated} as JSON (runs one step at "
+                  "a time, without the overlapped scheduler or multi-step)");
   cmd->add_option("--threads", o->threads, "Compute threads (default: available cores)");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "Do not stop at the end-of-sequence token");
   add_kv_cache_dtype_option(cmd, o->kv_cache_dtype);
+  cmd->add_option("--kv-cache-memory", o->engine.kv_cache_gib,
+                  "KV cache size in GiB (default 2; pages are touched only when used)")
+      ->check(CLI::PositiveNumber);
+  add_scheduler_options(cmd, o->engine);
   add_dist_options(cmd, o->dist);
   cmd->callback([o, text, ids] {
     if (text->count() == 0 && ids->count() == 0)

@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/dist_options.h"
 #include "cli/kv_cache_option.h"
+#include "cli/scheduler_options.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/llm_engine.h"
@@ -95,21 +96,17 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
     std::fprintf(stderr, "duet serve: signal %d, stopping\n", sig);
     server.stop();
   });
-  const std::string multi_step =
-      o.engine.num_scheduler_steps > 1
-          ? ", " + std::to_string(o.engine.num_scheduler_steps) + " steps per decode batch"
-          : "";
   const std::string interval =
       o.engine.stream_interval > 1
           ? ", streams every " + std::to_string(o.engine.stream_interval) + " tokens"
           : "";
   std::printf(
       "duet serve: %s on http://%s:%d (%d ranks, %d compute threads each, %lld %s KV "
-      "blocks of %lld, %s scheduler%s%s%s%s)\n",
+      "blocks of %lld, %s%s%s%s)\n",
       so.model_name.c_str(), o.host.c_str(), port, ctx ? ctx->world_size() : 1, pool.n_threads(),
       static_cast<long long>(engine.metrics().snapshot().kv_blocks_total),
       kv_dtype_name(engine.kv_dtype()), static_cast<long long>(o.engine.block_size),
-      o.engine.overlap_schedule ? "overlapped" : "plain", multi_step.c_str(), interval.c_str(),
+      describe_scheduler(o.engine).c_str(), interval.c_str(),
       so.api_key.empty() ? "" : ", API key required",
       o.dist.batch_invariant ? ", batch-invariant" : "");
   std::fflush(stdout);
@@ -154,15 +151,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--block-size", o->engine.block_size, "Positions per KV block (default 16)")
       ->check(CLI::Range(1, 1024));
   add_kv_cache_dtype_option(cmd, *kv_dtype);
-  cmd->add_flag(
-      "--disable-overlap-schedule",
-      [o](int64_t) { o->engine.overlap_schedule = false; },
-      "Run each step after the previous one's outputs are processed (default: the next step "
-      "computes while the engine thread processes outputs and schedules)");
-  cmd->add_option("--num-scheduler-steps", o->engine.num_scheduler_steps,
-                  "Decode steps a decode-only batch runs per scheduler call (multi-step; "
-                  "default 1)")
-      ->check(CLI::Range(1, 64));
+  add_scheduler_options(cmd, o->engine);
   cmd->add_option("--stream-interval", o->engine.stream_interval,
                   "Stream a request's tokens in batches of this many (its first token and its "
                   "end at once; default 1: each token as it comes)")

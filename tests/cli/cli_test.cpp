@@ -118,6 +118,42 @@ TEST_F(CliTest, ExpertParallelGenerateMatchesSingleRank) {
   }
 }
 
+// generate runs the serving engine under every scheduler mode (the overlapped scheduler by
+// default, --disable-overlap-schedule, --num-scheduler-steps N, on one rank and on two) and
+// gives the completion of the reference path (--dump-logits: one step at a time), greedy and
+// seeded; each run names its scheduler.
+TEST_F(CliTest, GenerateRunsEverySchedulerModeToTheSameTokens) {
+  for (const std::string sampling : {"", " --temperature 0.9 --top-k 40 --seed 7"}) {
+    const std::string args =
+        "generate " + dir_ + " --prompt-ids 5,6,7,8 --max-tokens 9 --ignore-eos" + sampling;
+    RunResult ref = run_duet(args + " --dump-logits " + dir_ + "/sched_ref.json");
+    ASSERT_EQ(ref.exit_code, 0) << ref.out;
+    EXPECT_NE(ref.out.find("| one step at a time (all prompt logits)\n"), std::string::npos)
+        << ref.out;
+    const std::string want = first_line(ref.out);
+    const std::vector<std::pair<std::string, std::string>> modes = {
+        {"", "| overlapped scheduler\n"},
+        {" --disable-overlap-schedule", "| plain scheduler\n"},
+        {" --num-scheduler-steps 3", "| overlapped scheduler, 3 steps per decode batch\n"},
+        {" --disable-overlap-schedule --num-scheduler-steps 4",
+         "| plain scheduler, 4 steps per decode batch\n"},
+        {" --num-scheduler-steps 3 --data-parallel-size 2 --enable-expert-parallel "
+         "--distributed-backend inproc",
+         "| overlapped scheduler, 3 steps per decode batch\n"}};
+    for (const auto& [flags, names] : modes) {
+      RunResult r = run_duet(args + flags);
+      ASSERT_EQ(r.exit_code, 0) << flags << ": " << r.out;
+      EXPECT_TRUE(has_line(r.out, want)) << flags << ": want '" << want << "' in\n" << r.out;
+      EXPECT_NE(r.out.find(names), std::string::npos) << flags << ": " << r.out;
+      EXPECT_NE(r.out.find("generation: 9 tokens"), std::string::npos) << flags << ": " << r.out;
+    }
+  }
+  RunResult bad = run_duet("generate " + dir_ + " --prompt-ids 1 --num-scheduler-steps 0");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.out.find("--num-scheduler-steps: Value 0 not in range 1 to 64"),
+            std::string::npos) << bad.out;
+}
+
 TEST_F(CliTest, InconsistentDistributedFlagsAreRefused) {
   const std::string args = "generate " + dir_ + " --prompt-ids 1 --distributed-backend inproc ";
   expect_error(run_duet(args + "--data-parallel-size 2"), "--enable-expert-parallel");
