@@ -1,7 +1,7 @@
-#include <cstdio>
-#include <fstream>
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -116,8 +116,8 @@ std::optional<GenerateResult> generate_served(const GenerateOptions& o, const Mo
   EngineConfig c = o.engine;
   c.kv_cache_dtype = o.kv_dtype;
   // The whole prompt in one step, as the Generator prefills it.
-  c.scheduler.max_num_batched_tokens =
-      std::max<int64_t>(c.scheduler.max_num_batched_tokens, static_cast<int64_t>(req.prompt.size()));
+  c.scheduler.max_num_batched_tokens = std::max<int64_t>(c.scheduler.max_num_batched_tokens,
+                                                         static_cast<int64_t>(req.prompt.size()));
   LlmEngine engine(model, pool, nullptr, c, rm.group);
   if (ctx && ctx->rank() != 0) {
     const std::string error = engine.wait_stopped();
@@ -201,17 +201,16 @@ void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
   }
   std::fflush(stdout);
   const int64_t decoded = sum.generated > 0 ? sum.generated - 1 : 0;
-  std::fprintf(stderr,
-               "prompt: %lld tokens, %.1f tok/s | generation: %lld tokens, %.1f tok/s | "
-               "finish: %s | %d threads | KV cache %s | %s\n",
-               static_cast<long long>(sum.prompt_tokens),
-               sum.prefill_seconds > 0 ? sum.prompt_tokens / sum.prefill_seconds : 0.0,
-               static_cast<long long>(sum.generated),
-               sum.decode_seconds > 0 ? decoded / sum.decode_seconds : 0.0,
-               r.finish_reason.c_str(), pool.n_threads(),
-               kv_dtype_name(resolve_kv_dtype(o.kv_dtype, *model)),
-               reference ? "one step at a time (all prompt logits)"
-                         : describe_scheduler(o.engine).c_str());
+  std::fprintf(
+      stderr,
+      "prompt: %lld tokens, %.1f tok/s | generation: %lld tokens, %.1f tok/s | "
+      "finish: %s | %d threads | KV cache %s | %s\n",
+      static_cast<long long>(sum.prompt_tokens),
+      sum.prefill_seconds > 0 ? sum.prompt_tokens / sum.prefill_seconds : 0.0,
+      static_cast<long long>(sum.generated),
+      sum.decode_seconds > 0 ? decoded / sum.decode_seconds : 0.0, r.finish_reason.c_str(),
+      pool.n_threads(), kv_dtype_name(resolve_kv_dtype(o.kv_dtype, *model)),
+      reference ? "one step at a time (all prompt logits)" : describe_scheduler(o.engine).c_str());
   if (!o.dump_logits.empty()) write_logits(o.dump_logits, req.prompt, r, c.n_vocab);
 }
 

@@ -19,10 +19,10 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/llm_engine.h"
-#include "text/chat_template.h"
 #include "model/model.h"
-#include "text/tokenizer.h"
 #include "server/api_server.h"
+#include "text/chat_template.h"
+#include "text/tokenizer.h"
 
 namespace duet {
 

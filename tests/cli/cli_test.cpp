@@ -150,8 +150,8 @@ TEST_F(CliTest, GenerateRunsEverySchedulerModeToTheSameTokens) {
   }
   RunResult bad = run_duet("generate " + dir_ + " --prompt-ids 1 --num-scheduler-steps 0");
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.out.find("--num-scheduler-steps: Value 0 not in range 1 to 64"),
-            std::string::npos) << bad.out;
+  EXPECT_NE(bad.out.find("--num-scheduler-steps: Value 0 not in range 1 to 64"), std::string::npos)
+      << bad.out;
 }
 
 TEST_F(CliTest, InconsistentDistributedFlagsAreRefused) {
