@@ -35,6 +35,11 @@ struct DistOptions {
   // (set_matmul_batch_invariant), so a greedy request's text is the same alone and under load;
   // implies --no-repack (panels are never read).
   bool batch_invariant = false;
+  // Not a flag; serve sets it. Under the mpirun duet starts itself, the other ranks keep running
+  // when one dies (--enable-recovery), so that they name it and rank 0 answers 503. The batch
+  // commands go without: there a failed or dead rank ends the job with a non-zero exit status
+  // (mpirun_argv says why).
+  bool keep_serving_when_a_rank_dies = false;
   // Two-micro-batch overlap (needs --enable-expert-parallel; one of the two at most).
   bool enable_two_batch_overlap = false;   // --enable-two-batch-overlap (SGLang's TBO)
   bool enable_dbo = false;                 // --enable-dbo (vLLM's DBO)

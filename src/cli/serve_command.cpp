@@ -123,7 +123,9 @@ void run_serve(const ServeOptions& o) {
   // signals. The other MPI ranks keep the default action: mpirun's SIGTERM ends them.
   const sigset_t signals = stop_signals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  launch_ranks(o.dist, o.model_dir, [&](DistContext* ctx) {
+  DistOptions dist = o.dist;
+  dist.keep_serving_when_a_rank_dies = true;
+  launch_ranks(dist, o.model_dir, [&](DistContext* ctx) {
     if (ctx && ctx->rank() != 0 && o.dist.backend == "mpi")
       pthread_sigmask(SIG_UNBLOCK, &signals, nullptr);
     run_serve_rank(o, ctx);

@@ -154,6 +154,18 @@ TEST_F(CliTest, GenerateRunsEverySchedulerModeToTheSameTokens) {
       << bad.out;
 }
 
+// Under the mpirun that duet starts for generate (and the benchmarks), a rank that fails makes
+// the command fail: OpenMPI's mpirun with --enable-recovery (which serve keeps) exits 0 whatever
+// its ranks did.
+TEST_F(CliTest, AFailedRankUnderMpirunFailsTheCommand) {
+  if (std::system("command -v mpirun >/dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  RunResult r = run_duet("generate " + dir_ +
+                         " --prompt-ids 1,100000 --data-parallel-size 2 --enable-expert-parallel");
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("error: rank 0: prompt token id 100000 is outside the vocabulary"),
+            std::string::npos) << r.out;
+}
+
 TEST_F(CliTest, InconsistentDistributedFlagsAreRefused) {
   const std::string args = "generate " + dir_ + " --prompt-ids 1 --distributed-backend inproc ";
   expect_error(run_duet(args + "--data-parallel-size 2"), "--enable-expert-parallel");
