@@ -214,7 +214,8 @@ void launch_ranks(const DistOptions& o, const std::string& model_dir,
       DUET_ERROR(
           "--distributed-backend mpi: this duet was built without MPI (install "
           "libopenmpi-dev and rebuild), or use --distributed-backend inproc");
-    relaunch_under_mpirun(world, o.keep_serving_when_a_rank_dies);  // comes back as the job's ranks, under mpirun
+    relaunch_under_mpirun(
+        world, o.keep_serving_when_a_rank_dies);  // comes back as the job's ranks, under mpirun
   }
 }
 

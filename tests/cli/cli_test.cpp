@@ -163,7 +163,8 @@ TEST_F(CliTest, AFailedRankUnderMpirunFailsTheCommand) {
                          " --prompt-ids 1,100000 --data-parallel-size 2 --enable-expert-parallel");
   EXPECT_NE(r.exit_code, 0) << r.out;
   EXPECT_NE(r.out.find("error: rank 0: prompt token id 100000 is outside the vocabulary"),
-            std::string::npos) << r.out;
+            std::string::npos)
+      << r.out;
 }
 
 TEST_F(CliTest, InconsistentDistributedFlagsAreRefused) {
