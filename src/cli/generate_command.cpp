@@ -82,6 +82,7 @@ struct GenerateSummary {
   int64_t generated = 0;
   double prefill_seconds = 0;  // to the first generated token
   double decode_seconds = 0;   // from the first generated token to the last
+  int64_t decoded = 0;         // the tokens generated in decode_seconds
   std::string finish_reason;
 };
 
@@ -102,6 +103,7 @@ std::optional<GenerateResult> generate_reference(const GenerateOptions& o, const
   sum.generated = st.generated_tokens;
   sum.prefill_seconds = st.prefill_seconds;
   sum.decode_seconds = st.decode_seconds;
+  sum.decoded = std::max<int64_t>(0, st.generated_tokens - 1);
   return out[0];
 }
 
@@ -133,12 +135,18 @@ std::optional<GenerateResult> generate_served(const GenerateOptions& o, const Mo
   std::shared_ptr<RequestStream> stream = engine.submit(er);
   if (!stream) DUET_ERROR("the engine stopped: " << engine.wait_stopped());
   GenerateResult r;
+  // Decode is timed from the first delta read to the last, over the tokens after the first
+  // delta: a delta may carry several tokens when this thread wakes late.
   Clock::time_point first, last;
+  size_t n_first = 0;
   for (;;) {
     const StreamDelta d = stream->wait(std::chrono::milliseconds(1000));
     if (!d.tokens.empty()) {
       last = Clock::now();
-      if (r.tokens.empty()) first = last;
+      if (r.tokens.empty()) {
+        first = last;
+        n_first = d.tokens.size();
+      }
       r.tokens.insert(r.tokens.end(), d.tokens.begin(), d.tokens.end());
     }
     if (!d.finished) continue;
@@ -151,6 +159,7 @@ std::optional<GenerateResult> generate_served(const GenerateOptions& o, const Mo
   if (!r.tokens.empty()) {
     sum.prefill_seconds = std::chrono::duration<double>(first - start).count();
     sum.decode_seconds = std::chrono::duration<double>(last - first).count();
+    sum.decoded = static_cast<int64_t>(r.tokens.size() - n_first);
   }
   return r;
 }
@@ -200,7 +209,6 @@ void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
     std::printf("%s\n", nlohmann::json(r.tokens).dump().c_str());
   }
   std::fflush(stdout);
-  const int64_t decoded = sum.generated > 0 ? sum.generated - 1 : 0;
   std::fprintf(
       stderr,
       "prompt: %lld tokens, %.1f tok/s | generation: %lld tokens, %.1f tok/s | "
@@ -208,7 +216,7 @@ void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
       static_cast<long long>(sum.prompt_tokens),
       sum.prefill_seconds > 0 ? sum.prompt_tokens / sum.prefill_seconds : 0.0,
       static_cast<long long>(sum.generated),
-      sum.decode_seconds > 0 ? decoded / sum.decode_seconds : 0.0, r.finish_reason.c_str(),
+      sum.decode_seconds > 0 ? sum.decoded / sum.decode_seconds : 0.0, r.finish_reason.c_str(),
       pool.n_threads(), kv_dtype_name(resolve_kv_dtype(o.kv_dtype, *model)),
       reference ? "one step at a time (all prompt logits)" : describe_scheduler(o.engine).c_str());
   if (!o.dump_logits.empty()) write_logits(o.dump_logits, req.prompt, r, c.n_vocab);
