@@ -78,22 +78,30 @@ ModeRun run_mode(const Model& model, ThreadPool& pool, const AlternatingBenchOpt
   for (const EngineRequest& r : reqs) streams.push_back(engine.submit(r));
   using Clock = std::chrono::steady_clock;
   // Every prompt is prefilled in the first step (the budget holds them all), so the first token
-  // of the first request marks the start of decode for all. The waits block: no core spins.
-  auto take = [](RequestStream& s, bool until_finished) {
+  // read of the first request marks the start of decode for all; its delta may carry several
+  // tokens (this thread woke late), and the batch decodes in step, so decode is the tokens after
+  // that many per request. The waits block: no core spins.
+  auto take = [](RequestStream& s, bool until_finished, size_t* n_tokens) {
     for (;;) {
       const StreamDelta d = s.wait(std::chrono::milliseconds(1000));
       if (d.finished && !d.error.empty()) DUET_ERROR("request failed: " << d.error);
+      if (n_tokens) *n_tokens += d.tokens.size();
       if (d.finished || (!until_finished && !d.tokens.empty())) return d.finished;
     }
   };
-  const bool first_done = take(*streams.front(), false);
+  size_t n_first = 0;
+  const bool first_done = take(*streams.front(), false, &n_first);
   const Clock::time_point decode_start = Clock::now();
-  if (!first_done) take(*streams.front(), true);
-  for (size_t i = 1; i < streams.size(); ++i) take(*streams[i], true);
+  if (!first_done) take(*streams.front(), true, nullptr);
+  for (size_t i = 1; i < streams.size(); ++i) take(*streams[i], true, nullptr);
   const double decode_s = std::chrono::duration<double>(Clock::now() - decode_start).count();
+  const int64_t decoded = o.gen_len - static_cast<int64_t>(n_first);
+  if (decoded < o.gen_len / 2)
+    DUET_ERROR("mode " << m.name << ": " << n_first << " of the first request's " << o.gen_len
+                       << " tokens arrived at once, too few left to time decode: raise --gen-len");
   const EngineMetricsSnapshot s = engine.metrics().snapshot();
   ModeRun r;
-  r.decode_tps = decode_s > 0 ? double(o.batch) * double(o.gen_len - 1) / decode_s : 0.0;
+  r.decode_tps = decode_s > 0 ? double(o.batch) * double(decoded) / decode_s : 0.0;
   r.gap_ms = s.step_gaps ? s.step_gap_seconds / double(s.step_gaps) * 1e3 : 0.0;
   r.forward_ms = s.forward_steps ? s.forward_seconds / double(s.forward_steps) * 1e3 : 0.0;
   return r;
