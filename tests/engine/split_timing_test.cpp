@@ -220,14 +220,15 @@ std::vector<int64_t> split_steps(OverlapMode mode, const Delays& d) {
 // With the split's second slot slow (a split step waits 20 ms more per layer), auto keeps steps
 // whole after timing each twice: steps 0 and 1 split (their times arrive kLag = 2 steps late),
 // then whole, but for the re-try at the 32nd and 33rd decisions. With the first slot slow per
-// token (a whole step's 8 tokens wait twice as long as a half's 4), auto keeps splitting: steps 0
+// token (a whole step's 8 tokens wait twice as long as a half's 4: 40 ms per layer against 20, so
+// that a loaded machine's hiccups of a few ms do not swap them), auto keeps splitting: steps 0
 // and 1 split, 2 to 4 whole (until two whole times have arrived), then split but for the re-try.
 TEST(SplitTimesTest, AStepRunnerLearnsWhichRunsFaster) {
   for (OverlapMode mode : {OverlapMode::kTbo, OverlapMode::kDbo}) {
     const std::vector<int64_t> slow_split = split_steps(mode, {{0, 20000}, {0, 0}});
     EXPECT_EQ(slow_split[0], 4) << overlap_mode_name(mode);
     EXPECT_EQ(slow_split[1], slow_split[0]);
-    const std::vector<int64_t> slow_whole = split_steps(mode, {{0, 0}, {2500, 0}});
+    const std::vector<int64_t> slow_whole = split_steps(mode, {{0, 0}, {5000, 0}});
     EXPECT_EQ(slow_whole[0], 40 - 5) << overlap_mode_name(mode);
     EXPECT_EQ(slow_whole[1], slow_whole[0]);
   }
