@@ -231,10 +231,7 @@ void run_latency(const LatencyOptions& o) {
     return;
   }
   if (!o.scheduler_modes.empty()) {
-    if (o.dist.data_parallel_size > 1)
-      DUET_ERROR("--scheduler-modes runs on one rank (serve's multi-rank engine is measured by "
-                 "`bench serve`)");
-    run_schedule_bench(alternating(o, o.scheduler_modes));
+    run_schedule_bench(alternating(o, o.scheduler_modes), o.dist);
     return;
   }
   launch_ranks(o.dist, o.model_dir, [&](DistContext* ctx) {

@@ -49,8 +49,10 @@ inline SamplingParams bench_sampling(const SamplingParams& p, uint64_t seed, siz
 }
 
 // `duet bench latency --scheduler-modes`: the batch through the serving engine per scheduler
-// mode ("plain,overlap,multistep4,overlap+multistep4"; bench_schedule.cpp).
-void run_schedule_bench(const AlternatingBenchOptions& o);
+// mode ("plain,overlap,multistep4,overlap+multistep4"; bench_schedule.cpp), on the ranks `dist`
+// describes (one, or a data-parallel group with each rank decoding o.batch sequences).
+struct DistOptions;
+void run_schedule_bench(const AlternatingBenchOptions& o, const DistOptions& dist);
 
 // `duet bench latency --quantizations none,int8,int4`: the batch through the model loaded under
 // each --quantization (bench_quantization.cpp).

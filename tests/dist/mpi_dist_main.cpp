@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 #include <signal.h>
+#include <sys/prctl.h>
 
 #include <chrono>
 #include <cstdio>
@@ -47,6 +48,24 @@ TEST(MpiDist, RankInfo) {
 TEST(MpiDist, EveryCollective) {
   DistContext ctx = make_mpi_context();
   test::check_every_collective(ctx);
+}
+
+// A thread that waits in a collective (the engine thread, for the control plane) naps with a 1 us
+// timer slack, not Linux's default 50 us, which stretched each short nap to ~70 us.
+TEST(MpiDist, AThreadWaitingInACollectiveNapsWithFineTimers) {
+  DistContext ctx = make_mpi_context();
+  long before = -1, after = -1;
+  std::thread t([&] {
+    // Linux's default; a thread inherits its creator's slack, and this test's main thread has
+    // waited in collectives before.
+    ::prctl(PR_SET_TIMERSLACK, 50000UL, 0, 0, 0);
+    before = ::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    ctx.coord().barrier();
+    after = ::prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+  });
+  t.join();
+  EXPECT_EQ(before, 50000);
+  EXPECT_EQ(after, 1000);
 }
 
 // duet starts MPI with its TCP transport sending messages up to 4 MiB eagerly (no rendezvous
