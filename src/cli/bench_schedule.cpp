@@ -1,9 +1,9 @@
 // `duet bench latency --scheduler-modes ...`: one batch of requests through the serving engine
-// (LlmEngine, on one rank or a data-parallel group) under each scheduler mode in turn, alternating over rounds in one run:
-// plain (each step after the previous one's outputs are processed), the overlapped scheduler,
-// multi-step decoding, or both. Prints per mode the decode tok/s, the step gap (end of one
-// forward pass to the start of the next) against the forward pass, and the ratio to the first
-// mode, medians over the rounds.
+// (LlmEngine, on one rank or a data-parallel group) under each scheduler mode in turn, alternating
+// over rounds in one run: plain (each step after the previous one's outputs are processed), the
+// overlapped scheduler, multi-step decoding, or both. Prints per mode the decode tok/s, the step
+// gap (end of one forward pass to the start of the next) against the forward pass, and the ratio to
+// the first mode, medians over the rounds.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -187,8 +187,7 @@ void run_schedule_bench(const AlternatingBenchOptions& o, const DistOptions& dis
   }
   if (modes.empty()) DUET_ERROR("--scheduler-modes lists no mode");
   if (o.gen_len < 2) DUET_ERROR("--scheduler-modes needs --gen-len of 2 or more");
-  launch_ranks(dist, o.model_dir,
-               [&](DistContext* ctx) { schedule_rank(o, dist, modes, ctx); });
+  launch_ranks(dist, o.model_dir, [&](DistContext* ctx) { schedule_rank(o, dist, modes, ctx); });
 }
 
 }  // namespace duet
