@@ -475,6 +475,16 @@ TEST_F(CliTest, SchedulerModes) {
   ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* row : {"\nplain ", "\noverlap ", "\nmultistep3 ", "\noverlap+multistep2 "})
     EXPECT_NE(r.out.find(row), std::string::npos) << row << " missing in:\n" << r.out;
+  // On two ranks: rank 0 submits both ranks' batches and prints the group's table.
+  RunResult two = run_duet("bench latency " + dir_ +
+                           " --batch 2 --prompt-len 4 --gen-len 6 --rounds 1 --threads 1"
+                           " --scheduler-modes plain,overlap+multistep2 --data-parallel-size 2"
+                           " --enable-expert-parallel --distributed-backend inproc");
+  ASSERT_EQ(two.exit_code, 0) << two.out;
+  EXPECT_NE(two.out.find(", 2 ranks (batch per rank, tok/s of all)"), std::string::npos)
+      << two.out;
+  for (const char* row : {"\nplain ", "\noverlap+multistep2 "})
+    EXPECT_NE(two.out.find(row), std::string::npos) << row << " missing in:\n" << two.out;
   expect_error(run_duet("bench latency " + dir_ + " --scheduler-modes overlap+turbo"),
                "overlap+turbo");
   expect_error(run_duet("bench latency " + dir_ + " --scheduler-modes multistep0"), "multistep0");
