@@ -101,6 +101,8 @@ ModeRun run_mode(const RankModel& rm, ThreadPool& pool, const AlternatingBenchOp
   size_t n_first = 0;
   const bool first_done = take(*streams.front(), false, &n_first);
   const Clock::time_point decode_start = Clock::now();
+  // The step figures of decode only: the prefill's forward pass is behind this point.
+  const EngineMetricsSnapshot s0 = engine.metrics().snapshot();
   if (!first_done) take(*streams.front(), true, nullptr);
   for (size_t i = 1; i < streams.size(); ++i) take(*streams[i], true, nullptr);
   const double decode_s = std::chrono::duration<double>(Clock::now() - decode_start).count();
@@ -114,8 +116,10 @@ ModeRun run_mode(const RankModel& rm, ThreadPool& pool, const AlternatingBenchOp
   const EngineMetricsSnapshot s = engine.metrics().snapshot();
   ModeRun r;
   r.decode_tps = decode_s > 0 ? double(reqs.size()) * double(decoded) / decode_s : 0.0;
-  r.gap_ms = s.step_gaps ? s.step_gap_seconds / double(s.step_gaps) * 1e3 : 0.0;
-  r.forward_ms = s.forward_steps ? s.forward_seconds / double(s.forward_steps) * 1e3 : 0.0;
+  const double gaps = double(s.step_gaps - s0.step_gaps);
+  const double steps = double(s.forward_steps - s0.forward_steps);
+  r.gap_ms = gaps > 0 ? (s.step_gap_seconds - s0.step_gap_seconds) / gaps * 1e3 : 0.0;
+  r.forward_ms = steps > 0 ? (s.forward_seconds - s0.forward_seconds) / steps * 1e3 : 0.0;
   return r;
 }
 
