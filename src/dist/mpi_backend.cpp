@@ -190,6 +190,9 @@ void use_fine_timer_slack() {
   (void)set;
 }
 
+// MpiCoordinator::broadcast: the bytes that travel with the size in its first round.
+constexpr int64_t kInlineBroadcast = 4096 - static_cast<int64_t>(sizeof(int64_t));
+
 // A duplicate of MPI_COMM_WORLD whose errors return instead of aborting, and the poll loop that
 // waits on its requests without spinning.
 class MpiChannel {
@@ -325,13 +328,30 @@ class MpiCoordinator final : public Coordinator {
   MpiCoordinator(const RankInfo& info, std::chrono::milliseconds watchdog)
       : Coordinator(info), ch_(watchdog) {}
 
+  // One round for a small message: its size and its first kInlineBroadcast bytes travel
+  // together in a fixed-size block, and only a longer message's rest takes a second round. The
+  // serving engine's control messages and decode outputs fit (tens of bytes to a few KB), and on
+  // several ranks they are broadcast every step: across a network each round is a round trip.
   void broadcast(std::string& bytes, int src) override {
     int64_t n = static_cast<int64_t>(bytes.size());
+    char head[sizeof(int64_t) + kInlineBroadcast];
+    const int64_t inline_n = std::min<int64_t>(n, kInlineBroadcast);
+    if (rank() == src) {
+      std::memcpy(head, &n, sizeof n);
+      std::memcpy(head + sizeof n, bytes.data(), static_cast<size_t>(inline_n));
+    }
     MPI_Request req = MPI_REQUEST_NULL;
-    ch_.wait(&req, "broadcast (size)", MPI_Ibcast(&n, 1, MPI_INT64_T, src, ch_.comm(), &req));
-    bytes.resize(static_cast<size_t>(n));
     ch_.wait(&req, "broadcast",
-             MPI_Ibcast(bytes.data(), to_int(n, "broadcast"), MPI_BYTE, src, ch_.comm(), &req));
+             MPI_Ibcast(head, static_cast<int>(sizeof head), MPI_BYTE, src, ch_.comm(), &req));
+    if (rank() != src) {
+      std::memcpy(&n, head, sizeof n);
+      bytes.assign(head + sizeof n, static_cast<size_t>(std::min<int64_t>(n, kInlineBroadcast)));
+      bytes.resize(static_cast<size_t>(n));
+    }
+    if (n <= kInlineBroadcast) return;
+    ch_.wait(&req, "broadcast (rest)",
+             MPI_Ibcast(bytes.data() + kInlineBroadcast, to_int(n - kInlineBroadcast, "broadcast"),
+                        MPI_BYTE, src, ch_.comm(), &req));
   }
 
   void barrier() override {

@@ -197,6 +197,14 @@ inline void check_coordinator(DistContext& ctx) {
   std::string empty = me == 0 ? "" : "x";
   c.broadcast(empty, 0);
   EXPECT_EQ(empty, "");
+  // Around the MPI backend's one-round limit (4088 bytes with the size) and well past it.
+  for (size_t len : {size_t(4087), size_t(4088), size_t(4089), size_t(100000)}) {
+    std::string want(len, '\0');
+    for (size_t i = 0; i < len; ++i) want[i] = static_cast<char>('a' + (i * 7 + len) % 26);
+    std::string msg = me == n - 1 ? want : std::string(3, 'z');
+    c.broadcast(msg, n - 1);
+    EXPECT_EQ(msg, want) << len;
+  }
   c.barrier();
   std::vector<int64_t> all = c.all_gather({me, 10 * me});
   ASSERT_EQ(all.size(), static_cast<size_t>(2 * n));
