@@ -10,15 +10,12 @@
 
 namespace duet {
 
+using fp8_impl::scale_row;
+
 namespace {
 
 int64_t scale_cols(const Matrix& w) {
   return (w.cols + w.f8.block_cols - 1) / w.f8.block_cols;
-}
-
-// The scales of row r's blocks: [scale_cols(w)] f32.
-const float* scale_row(const Matrix& w, int64_t r) {
-  return w.f8.scale_inv + (w.f8.row0 + r) / w.f8.block_rows * scale_cols(w);
 }
 
 const uint8_t* code_row(const Matrix& w, int64_t r) {
@@ -411,6 +408,7 @@ bool has_f16c() {
 RowsFn rows_fn(simd::Isa isa) {
   if (isa == simd::Isa::kScalar) return &matmul_rows_scalar;
   if (isa == simd::Isa::kAvx2) return has_f16c() ? &matmul_rows_avx2 : &matmul_rows_scalar;
+  if (simd::has_dpbf16(isa)) return pairs_rows_fn(isa);
   return &matmul_rows_avx512;
 }
 
