@@ -62,8 +62,8 @@ void matmul_rows_dpbf16(const Matrix& w, XRows x, int64_t n_tokens, float* y, in
   if (!x.bf16) x = matmul_impl::round_x(x, w.cols, n_tokens, x_buf);
   if (n_tokens < matmul_impl::kFp8PairsMinTokens || matmul_batch_invariant()) {
     thread_local std::vector<float> f32_buf;
-    return matmul_rows_avx512(w, widened_x(x, w.cols, n_tokens, f32_buf), n_tokens, y, ldy,
-                              r_begin, r_end, tiled);
+    return matmul_rows_avx512(w, widened_x(x, w.cols, n_tokens, f32_buf), n_tokens, y, ldy, r_begin,
+                              r_end, tiled);
   }
   if constexpr (kIsa == simd::Isa::kAvx512Bf16) {
     avx512bf16::matmul_rows(w, x, n_tokens, y, ldy, r_begin, r_end);

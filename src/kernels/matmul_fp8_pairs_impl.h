@@ -37,9 +37,9 @@ DUET_SIMD_TARGET void widen_rows(const Matrix& w, int64_t r, int64_t nr, uint16_
     for (int64_t c = 0; c < cols; c += kPairW) {
       const int64_t n = std::min<int64_t>(kPairW, cols - c);
       const __m256i v =
-          n == kPairW ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + c))
-                      : _mm256_maskz_loadu_epi8(static_cast<__mmask32>((uint64_t{1} << n) - 1u),
-                                                codes + c);
+          n == kPairW
+              ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + c))
+              : _mm256_maskz_loadu_epi8(static_cast<__mmask32>((uint64_t{1} << n) - 1u), codes + c);
       const __m512i lo = _mm512_castps_si512(fp8_simd::widen(_mm256_castsi256_si128(v)));
       const __m512i hi = _mm512_castps_si512(fp8_simd::widen(_mm256_extracti128_si256(v, 1)));
       _mm512_storeu_si512(o + c, _mm512_permutex2var_epi16(lo, high_halves, hi));
@@ -53,8 +53,8 @@ DUET_SIMD_TARGET void widen_rows(const Matrix& w, int64_t r, int64_t nr, uint16_
 // totals. The loops over R and T are unrolled so the sums stay in registers.
 template <int R, int T>
 DUET_SIMD_TARGET void pair_tile(const uint16_t* wb, int64_t ldb, const float* const* sr,
-                                int64_t cols, int64_t bc, const uint16_t* xt, int64_t ldx,
-                                float* y, int64_t ldy) {
+                                int64_t cols, int64_t bc, const uint16_t* xt, int64_t ldx, float* y,
+                                int64_t ldy) {
   V tot[R][T];
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
@@ -116,7 +116,8 @@ constexpr std::array<TileFn, sizeof...(I)> make_tile_table(std::integer_sequence
 
 // The tile kernel for nr <= kRows rows and nt <= kTokens tokens.
 inline TileFn tile_fn(int64_t nr, int64_t nt) {
-  static constexpr auto kTable = make_tile_table(std::make_integer_sequence<int, kRows * kTokens>{});
+  static constexpr auto kTable =
+      make_tile_table(std::make_integer_sequence<int, kRows * kTokens>{});
   return kTable[static_cast<size_t>((nr - 1) * kTokens + (nt - 1))];
 }
 

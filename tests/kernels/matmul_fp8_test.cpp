@@ -134,7 +134,7 @@ TEST(MatmulFp8Test, WideningIsExactForEveryCode) {
 TEST(MatmulFp8Test, MatchesTheDequantizedProduct) {
   std::mt19937 rng(11);
   ThreadPool pool(2);
-  const Shape shapes[] = {{1, 16, 128, 128},  {5, 130, 128, 128}, {37, 300, 128, 128},
+  const Shape shapes[] = {{1, 16, 128, 128},    {5, 130, 128, 128}, {37, 300, 128, 128},
                           {130, 257, 128, 128}, {64, 96, 16, 32},   {9, 50, 1, 16},
                           {21, 200, 16, 48},    {6, 1000, 128, 128}};
   for (const Shape& s : shapes) {
