@@ -44,12 +44,15 @@ using S = simd::Avx512Bf16Emulated;
 
 // x's rounded rows [n_tokens, cols] as f32 (exactly), for the f32 kernels: rows at a 64-byte
 // aligned address, matmul_impl::padded_ld(cols) apart.
-XRows widened_x(const XRows& x, int64_t cols, int64_t n_tokens, std::vector<float>& buf) {
+DUET_TARGET_AVX512 XRows widened_x(const XRows& x, int64_t cols, int64_t n_tokens,
+                                   std::vector<float>& buf) {
   const int64_t ld = matmul_impl::padded_ld(cols);
   float* out = matmul_impl::aligned_floats(buf, n_tokens * ld);  // [n_tokens, ld] f32
   for (int64_t t = 0; t < n_tokens; ++t) {
-    const uint16_t* row = x.bf16 + t * x.ld;
-    for (int64_t c = 0; c < cols; ++c) out[t * ld + c] = bf16_to_f32(row[c]);
+    const uint16_t* row = x.bf16 + t * x.ld;  // zero past cols, to a whole number of vectors
+    for (int64_t c = 0; c < cols; c += simd::Avx512::kWidth) {
+      _mm512_store_ps(out + t * ld + c, simd::Avx512::load(row + c));
+    }
   }
   return XRows(out, ld);
 }
