@@ -36,6 +36,12 @@ void matmul_rows_avx512(const Matrix& w, XRows x, int64_t n_tokens, float* y, in
                         int64_t r_begin, int64_t r_end, bool tiled);
 void matmul_rows_avx2(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
                       int64_t r_begin, int64_t r_end, bool tiled);
+// matmul_rows_avx512's one-token kernel for every token count, widening the codes in three
+// integer instructions rather than through f16 (values × 2^-120, f32 subnormals for E4M3's), for
+// x multiplied by 2^64 (exactly; the product is then the true one, normal unless |x| < 2^-61,
+// as long as |x| < 2^63): the AVX-512 BF16 kernels pass x so (matmul_fp8_pairs.cpp).
+void matmul_rows_shift_avx512(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
+                              int64_t r_begin, int64_t r_end);
 void matmul_rows_scalar(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
                         int64_t r_begin, int64_t r_end, bool tiled);
 
@@ -59,6 +65,10 @@ RowsFn rows_fn(simd::Isa isa);
 RowsFn pairs_rows_fn(simd::Isa isa);
 using XwColsFn = void (*)(const Matrix&, const float*, int64_t, float*, int64_t, int64_t);
 XwColsFn xw_cols_fn(simd::Isa isa);
+
+// The 16 codes' values × 2^-120, as matmul_rows_shift_avx512 widens them (needs AVX-512): the
+// code's bits shifted into an f32's, exact for every code but the NaNs 0x7f and 0xff.
+void e4m3_values_over_2_120(const uint8_t codes[16], float out[16]);
 
 // The 16 codes' values × 2^-8, as the AVX-512 kernels widen them (exposed for tests; needs
 // AVX-512): each code's bits placed in an f16 and converted, exact for all 256 codes.

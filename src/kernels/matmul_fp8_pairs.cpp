@@ -42,8 +42,8 @@ using S = simd::Avx512Bf16Emulated;
 
 #pragma GCC diagnostic pop
 
-// x's rounded rows [n_tokens, cols] as f32 (exactly), for the f32 kernels: rows at a 64-byte
-// aligned address, matmul_impl::padded_ld(cols) apart.
+// x's rounded rows [n_tokens, cols] as f32 times 2^64 (exactly, short of |x| >= 2^64), for
+// matmul_rows_shift_avx512: rows at a 64-byte aligned address, matmul_impl::padded_ld(cols) apart.
 DUET_TARGET_AVX512 XRows widened_x(const XRows& x, int64_t cols, int64_t n_tokens,
                                    std::vector<float>& buf) {
   const int64_t ld = matmul_impl::padded_ld(cols);
@@ -51,7 +51,8 @@ DUET_TARGET_AVX512 XRows widened_x(const XRows& x, int64_t cols, int64_t n_token
   for (int64_t t = 0; t < n_tokens; ++t) {
     const uint16_t* row = x.bf16 + t * x.ld;  // zero past cols, to a whole number of vectors
     for (int64_t c = 0; c < cols; c += simd::Avx512::kWidth) {
-      _mm512_store_ps(out + t * ld + c, simd::Avx512::load(row + c));
+      _mm512_store_ps(out + t * ld + c,
+                      _mm512_mul_ps(simd::Avx512::load(row + c), _mm512_set1_ps(0x1p64f)));
     }
   }
   return XRows(out, ld);
@@ -59,14 +60,14 @@ DUET_TARGET_AVX512 XRows widened_x(const XRows& x, int64_t cols, int64_t n_token
 
 template <simd::Isa kIsa>
 void matmul_rows_dpbf16(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
-                        int64_t r_begin, int64_t r_end, bool tiled) {
+                        int64_t r_begin, int64_t r_end, bool /*tiled*/) {
   DUET_CHECK(w.f8.block_cols % 16 == 0, "fp8 matmul: block_cols " << w.f8.block_cols);
   thread_local std::vector<uint16_t> x_buf;
   if (!x.bf16) x = matmul_impl::round_x(x, w.cols, n_tokens, x_buf);
   if (n_tokens < matmul_impl::kFp8PairsMinTokens || matmul_batch_invariant()) {
     thread_local std::vector<float> f32_buf;
-    return matmul_rows_avx512(w, widened_x(x, w.cols, n_tokens, f32_buf), n_tokens, y, ldy, r_begin,
-                              r_end, tiled);
+    return matmul_rows_shift_avx512(w, widened_x(x, w.cols, n_tokens, f32_buf), n_tokens, y, ldy,
+                                    r_begin, r_end);
   }
   if constexpr (kIsa == simd::Isa::kAvx512Bf16) {
     avx512bf16::matmul_rows(w, x, n_tokens, y, ldy, r_begin, r_end);

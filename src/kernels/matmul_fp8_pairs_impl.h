@@ -122,24 +122,31 @@ inline TileFn tile_fn(int64_t nr, int64_t nt) {
 }
 
 // y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), t < n_tokens; w fp8, x rounded
-// (XRows::rounded). Each tile of kRows rows is widened once (into L1) and serves every block of
-// tokens; x's rows stay in L2 across tiles.
+// (XRows::rounded). kWidenRows rows at a time are widened once (into L2); then kChunk tokens at a
+// time (their rows of x in L2 too) run over them, each tile of kRows rows serving every block of
+// kTokens tokens of the chunk from L1.
 DUET_SIMD_TARGET void matmul_rows(const Matrix& w, const XRows& x, int64_t n_tokens, float* y,
                                   int64_t ldy, int64_t r_begin, int64_t r_end) {
+  constexpr int64_t kWidenRows = 32, kChunk = 48;
   const int64_t cols = w.cols, bc = w.f8.block_cols;
   const int64_t ldb = (cols + kPairW - 1) / kPairW * kPairW;
   thread_local std::vector<uint16_t> buf;
-  uint16_t* wb = matmul_impl::aligned_bf16(buf, kRows * ldb);  // [kRows, ldb] bf16
-  const matmul_impl::EvenBlocks tb(n_tokens, kTokens);
-  for (int64_t r = r_begin; r < r_end; r += kRows) {
-    const int64_t nr = std::min<int64_t>(kRows, r_end - r);
-    widen_rows(w, r, nr, wb, ldb);
-    const float* sr[kRows];
-    for (int64_t i = 0; i < nr; ++i) sr[i] = scale_row(w, r + i);
-    for (int64_t b = 0; b < tb.n; ++b) {
-      const int64_t t = tb.begin(b);
-      tile_fn(nr, tb.size(b))(wb, ldb, sr, cols, bc, x.bf16 + t * x.ld, x.ld,
-                              y + t * ldy + (r - r_begin), ldy);
+  uint16_t* wb = matmul_impl::aligned_bf16(buf, kWidenRows * ldb);  // [kWidenRows, ldb] bf16
+  for (int64_t r0 = r_begin; r0 < r_end; r0 += kWidenRows) {
+    const int64_t r1 = std::min(r_end, r0 + kWidenRows);
+    widen_rows(w, r0, r1 - r0, wb, ldb);
+    for (int64_t t0 = 0; t0 < n_tokens; t0 += kChunk) {
+      const matmul_impl::EvenBlocks tb(std::min(kChunk, n_tokens - t0), kTokens);
+      for (int64_t r = r0; r < r1; r += kRows) {
+        const int64_t nr = std::min<int64_t>(kRows, r1 - r);
+        const float* sr[kRows];
+        for (int64_t i = 0; i < nr; ++i) sr[i] = scale_row(w, r + i);
+        for (int64_t b = 0; b < tb.n; ++b) {
+          const int64_t t = t0 + tb.begin(b);
+          tile_fn(nr, tb.size(b))(wb + (r - r0) * ldb, ldb, sr, cols, bc, x.bf16 + t * x.ld, x.ld,
+                                  y + t * ldy + (r - r_begin), ldy);
+        }
+      }
     }
   }
 }

@@ -126,6 +126,49 @@ TEST(MatmulFp8Test, WideningIsExactForEveryCode) {
   }
 }
 
+// The one-token kernels on AVX-512 BF16 widen each code by shifting its bits into an f32's: exact
+// for every code but E4M3's NaNs, subnormals (f32 subnormals then) and signed zero included.
+TEST(MatmulFp8Test, ShiftWideningIsExactForEveryCode) {
+  if (!simd::isa_supported(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512";
+  for (int c0 = 0; c0 < 256; c0 += 16) {
+    uint8_t codes[16];
+    float got[16];
+    for (int i = 0; i < 16; ++i) codes[i] = static_cast<uint8_t>(c0 + i);
+    fp8_impl::e4m3_values_over_2_120(codes, got);
+    for (int i = 0; i < 16; ++i) {
+      if ((codes[i] & 0x7f) == 0x7f) continue;
+      const double want = double(e4m3_to_f32(codes[i])) * 0x1p-120;
+      EXPECT_EQ(double(got[i]), want) << "code " << c0 + i;
+      EXPECT_EQ(std::signbit(got[i]), (codes[i] & 0x80) != 0) << "code " << c0 + i;
+    }
+  }
+}
+
+// Activations from 1e-12 to 1e12 (the shift widening multiplies x by 2^64 and sums the products as
+// the true ones × 2^-56): as the dequantized product, on every instruction set, 1 to 5 tokens.
+TEST(MatmulFp8Test, TinyAndHugeActivations) {
+  std::mt19937 rng(18);
+  ThreadPool pool(2);
+  const Fp8Weights w = random_fp8(rng, {24, 256, 128, 128}, 3.0);
+  const std::vector<float> wd = dequantized(w.m);
+  const Matrix wf{DType::kF32, 24, 256, wd.data()};
+  for (double magnitude : {1e-12, 1e-6, 1e6, 1e12}) {
+    for (int64_t n : {1, 2, 5}) {
+      std::vector<float> x = random_x(rng, n * 256);
+      for (float& v : x) v = static_cast<float>(v * magnitude);
+      std::vector<float> want(static_cast<size_t>(n * 24)), got(want.size());
+      for (Isa isa : isas()) {
+        const std::vector<float> xm = as_multiplied(isa, x, n);
+        matmul_scalar(wf, xm.data(), n, want.data());
+        matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), n,
+                                 got.data());
+        expect_close(got, want, abs_product(w.m, xm, n),
+                     std::string(simd::isa_name(isa)) + " |x| ~ " + std::to_string(magnitude));
+      }
+    }
+  }
+}
+
 // matmul() on every instruction set, the AVX-512 row kernel and the scalar one against the plain
 // product with the dequantized f32 matrix: ragged rows and columns, blocks of several sizes
 // (blocks of 16 and 48 columns end inside a vector of bf16 pairs), 1 to 100 tokens. On AVX-512
