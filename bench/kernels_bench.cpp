@@ -161,7 +161,8 @@ void BM_MatmulFp8(benchmark::State& state) {
   const size_t n_copies = cold ? (kColdBytes + matrix_bytes - 1) / matrix_bytes : 1;
   std::mt19937 rng(1);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<uint8_t> codes(n_copies * static_cast<size_t>(rows * cols));  // [n_copies, rows, cols]
+  std::vector<uint8_t> codes(n_copies *
+                             static_cast<size_t>(rows * cols));  // [n_copies, rows, cols]
   for (uint8_t& c : codes) {
     c = static_cast<uint8_t>(rng());
     if ((c & 0x7f) == 0x7f) c = 0;  // no NaN codes

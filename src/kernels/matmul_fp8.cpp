@@ -193,8 +193,9 @@ DUET_TARGET_AVX512 void tile(const Matrix& w, int64_t r, const float* const* xt,
 #pragma GCC unroll 8
       for (int j = 0; j < T; ++j) {
         // Scaled back to the true sum first: the scale times 2^56 could overflow.
-        const __m512 sum =
-            kWiden == Widen::kShift ? _mm512_mul_ps(blk[i][j], _mm512_set1_ps(kShiftSum)) : blk[i][j];
+        const __m512 sum = kWiden == Widen::kShift
+                               ? _mm512_mul_ps(blk[i][j], _mm512_set1_ps(kShiftSum))
+                               : blk[i][j];
         tot[i][j] = _mm512_fmadd_ps(sum, s, tot[i][j]);
       }
     }

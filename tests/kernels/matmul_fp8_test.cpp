@@ -160,8 +160,7 @@ TEST(MatmulFp8Test, TinyAndHugeActivations) {
       for (Isa isa : isas()) {
         const std::vector<float> xm = as_multiplied(isa, x, n);
         matmul_scalar(wf, xm.data(), n, want.data());
-        matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), n,
-                                 got.data());
+        matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), n, got.data());
         expect_close(got, want, abs_product(w.m, xm, n),
                      std::string(simd::isa_name(isa)) + " |x| ~ " + std::to_string(magnitude));
       }
