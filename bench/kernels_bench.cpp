@@ -187,7 +187,7 @@ void BM_MatmulFp8(benchmark::State& state) {
 
 BENCHMARK(BM_MatmulFp8)
     ->ArgNames({"rows", "cols", "n_tokens", "threads", "cold", "isa"})
-    ->ArgsProduct({{512, 2048}, {1024}, {1, 4, 16, 128}, {1, 2}, {1, 0}, {0, 1}})
+    ->ArgsProduct({{512, 2048}, {1024}, {1, 4, 6, 8, 16, 128}, {1, 2}, {1, 0}, {0, 1}})
     ->UseRealTime();
 
 // Products with int8 or int4 weights (--quantization int8 | int4), the weights' values random

@@ -183,7 +183,7 @@ TEST(MatmulFp8Test, MatchesTheDequantizedProduct) {
     const Fp8Weights w = random_fp8(rng, s);
     const std::vector<float> wd = dequantized(w.m);
     const Matrix wf{DType::kF32, s.rows, s.cols, wd.data()};
-    for (int64_t n : {1, 2, 3, 4, 7, 33, 100}) {
+    for (int64_t n : {1, 2, 3, 4, 7, 8, 33, 100}) {
       const std::vector<float> x = random_x(rng, n * s.cols);
       std::vector<float> want(static_cast<size_t>(n * s.rows));
       matmul_scalar(wf, x.data(), n, want.data());
@@ -233,7 +233,7 @@ TEST(MatmulFp8Test, PairKernelsEqualTheirEmulation) {
   std::mt19937 rng(17);
   ThreadPool pool(2);
   const Fp8Weights w = random_fp8(rng, {70, 400, 32, 48});
-  for (int64_t n : {4, 9, 64}) {
+  for (int64_t n : {8, 9, 64}) {
     const std::vector<float> x = random_x(rng, n * 400);
     std::vector<float> native(static_cast<size_t>(n * 70)), emulated(native.size()),
         f32(native.size());
