@@ -144,6 +144,52 @@ void matmul_args(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_MatmulBf16)->Apply(matmul_args);
 
+// Products with fp8 weights (E4M3 codes, an f32 scale per 128 × 128 block, as DeepSeek-V3 ships
+// them), random codes, from memory (cold 1) or cache (cold 0), on an instruction set (isa: 0 the
+// CPU's best, 1 AVX-512 without BF16, as on Ice Lake): weight_GB/s counts the codes and scales.
+void BM_MatmulFp8(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1), n_tokens = state.range(2);
+  const int n_threads = static_cast<int>(state.range(3));
+  const bool cold = state.range(4) != 0;
+  const simd::Isa isa = state.range(5) == 0 ? simd::best_isa() : simd::Isa::kAvx512;
+  if (!simd::isa_supported(isa)) {
+    state.SkipWithError("this CPU lacks the instruction set");
+    return;
+  }
+  const int64_t n_scales = (rows + 127) / 128 * ((cols + 127) / 128);
+  const size_t matrix_bytes = static_cast<size_t>(rows * cols + 4 * n_scales);
+  const size_t n_copies = cold ? (kColdBytes + matrix_bytes - 1) / matrix_bytes : 1;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint8_t> codes(n_copies *
+                             static_cast<size_t>(rows * cols));  // [n_copies, rows, cols]
+  for (uint8_t& c : codes) {
+    c = static_cast<uint8_t>(rng());
+    if ((c & 0x7f) == 0x7f) c = 0;  // no NaN codes
+  }
+  std::vector<float> scales(n_copies * static_cast<size_t>(n_scales), 0.01f);
+  std::vector<float> x(static_cast<size_t>(n_tokens * cols));  // [n_tokens, cols] f32
+  for (float& v : x) v = normal(rng);
+  std::vector<float> y(static_cast<size_t>(n_tokens * rows));  // [n_tokens, rows] f32
+  ThreadPool pool(n_threads);
+  cycle_copies(state, n_copies, y, [&](size_t copy) {
+    Matrix w{DType::kF8E4M3, rows, cols, codes.data() + copy * static_cast<size_t>(rows * cols)};
+    w.f8 = {scales.data() + copy * static_cast<size_t>(n_scales), 128, 128, 0};
+    matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w, x.data(), n_tokens, y.data());
+  });
+  state.counters["weight_GB/s"] = benchmark::Counter(static_cast<double>(matrix_bytes) * 1e-9,
+                                                     benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * static_cast<double>(rows * cols * n_tokens) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.SetLabel(simd::isa_name(isa));
+}
+
+BENCHMARK(BM_MatmulFp8)
+    ->ArgNames({"rows", "cols", "n_tokens", "threads", "cold", "isa"})
+    ->ArgsProduct({{512, 2048}, {1024}, {1, 4, 6, 8, 16, 128}, {1, 2}, {1, 0}, {0, 1}})
+    ->UseRealTime();
+
 // Products with int8 or int4 weights (--quantization int8 | int4), the weights' values random
 // bytes, read from memory (cold 1: copies cycled as for BM_MatmulBf16) or from cache (cold 0, the
 // kernel's own ceiling): the rate at which decode streams quantized weights, to quote against

@@ -1,8 +1,9 @@
 // Matrix products of f32 activations with weight matrices (bf16, f32, fp8, or int8 and int4:
 // DType::kQ8, kQ4, kernels/quantize.h), accumulating in f32.
 // The SIMD path (AVX-512 BF16, AVX-512, AVX2, scalar) is chosen once at run time from the CPU's
-// features. With AVX-512 BF16, products with bf16 weights round x to bf16 first (to nearest
-// even) and multiply bf16 pairs with vdpbf16ps, as llama.cpp and oneDNN do on such CPUs.
+// features. With AVX-512 BF16, products with bf16 and fp8 weights round x to bf16 first (to
+// nearest even) and multiply bf16 pairs with vdpbf16ps, as llama.cpp and oneDNN do on such CPUs
+// (fp8 from a few tokens on; below, the rounded x by f32 FMAs: kernels/matmul_fp8.h).
 #pragma once
 
 #include <cstdint>

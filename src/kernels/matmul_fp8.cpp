@@ -10,15 +10,12 @@
 
 namespace duet {
 
+using fp8_impl::scale_row;
+
 namespace {
 
 int64_t scale_cols(const Matrix& w) {
   return (w.cols + w.f8.block_cols - 1) / w.f8.block_cols;
-}
-
-// The scales of row r's blocks: [scale_cols(w)] f32.
-const float* scale_row(const Matrix& w, int64_t r) {
-  return w.f8.scale_inv + (w.f8.row0 + r) / w.f8.block_rows * scale_cols(w);
 }
 
 const uint8_t* code_row(const Matrix& w, int64_t r) {
@@ -114,12 +111,47 @@ DUET_TARGET_AVX512 inline __mmask16 first(int64_t n) {
 
 using fp8_simd::widen;  // 16 codes' values × 2^-8
 
+// 16 codes' values × 2^-120 in three integer instructions: the sign-extended code shifted left by
+// 20 puts E4M3's exponent and mantissa where an f32's low exponent bits and high mantissa bits
+// are (bit 31 keeps the sign), so each code reads as an f32 of the same bits with 120 less
+// exponent bias; subnormal codes land on f32 subnormals, exactly. (widen's f16 conversion costs
+// more than the rest of a one-token step.) Multiplied by x × kShiftX, the products are the true
+// ones × 2^-56: normal unless |x| < 2^-61.
+DUET_TARGET_AVX512 inline __m512 widen_shift(__m128i codes) {
+  const __m512i v = _mm512_slli_epi32(_mm512_cvtepi8_epi32(codes), 20);
+  return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(static_cast<int>(0x87f00000u))));
+}
+constexpr float kShiftX = 0x1p64f;    // what x must be multiplied by for widen_shift
+constexpr float kShiftSum = 0x1p56f;  // what a block's sum is multiplied by, before its scale
+
+// How tile() widens: widen (values × 2^-8, x as it is) or widen_shift (x × kShiftX).
+enum class Widen { kF16, kShift };
+
 // y[t * ldy + i] = x[t] · w[r + i] for i < R, t < T: per block, R × T vector partial sums,
 // multiplied by the block's scale into R × T totals. The loops over R and T are unrolled so the
 // sums stay in registers (-O2 leaves them in memory otherwise: 6x slower). Unless pf is null,
 // the R rows of codes at pf (the next tile's, cols bytes apart) are prefetched along the way: a
 // row of a few KB is too short for the hardware prefetcher.
-template <int R, int T>
+// blk[i][j] += the products of columns [c, c + 16) of rows wr[i] and x rows xt[j]: whole
+// vectors, or the columns k has (masked loads, the rest zero).
+template <int R, int T, Widen kWiden>
+DUET_TARGET_AVX512 DUET_ALWAYS_INLINE void step(const uint8_t* const* wr, const float* const* xt,
+                                                int64_t c, __mmask16 k, __m512 (&blk)[R][T]) {
+  __m512 xv[T];
+#pragma GCC unroll 8
+  for (int j = 0; j < T; ++j)
+    xv[j] = k == 0 ? _mm512_loadu_ps(xt[j] + c) : _mm512_maskz_loadu_ps(k, xt[j] + c);
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i) {
+    const __m128i codes = k == 0 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr[i] + c))
+                                 : _mm_maskz_loadu_epi8(k, wr[i] + c);
+    const __m512 wv = kWiden == Widen::kShift ? widen_shift(codes) : widen(codes);
+#pragma GCC unroll 8
+    for (int j = 0; j < T; ++j) blk[i][j] = _mm512_fmadd_ps(wv, xv[j], blk[i][j]);
+  }
+}
+
+template <int R, int T, Widen kWiden>
 DUET_TARGET_AVX512 void tile(const Matrix& w, int64_t r, const float* const* xt, float* y,
                              int64_t ldy, const uint8_t* pf) {
   const int64_t cols = w.cols, bc = w.f8.block_cols;
@@ -138,48 +170,82 @@ DUET_TARGET_AVX512 void tile(const Matrix& w, int64_t r, const float* const* xt,
     for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
       for (int j = 0; j < T; ++j) blk[i][j] = _mm512_setzero_ps();
-    // Whole vectors with plain loads (the byte load folds into vpmovsxbw), the ragged end masked.
+    // Whole vectors with plain loads (the byte load folds into the widening), a cache line of
+    // codes per row at a time, then the ragged end masked.
     const int64_t c_full = c0 + (c1 - c0) / kW * kW;
-    for (int64_t c = c0; c < c1; c += kW) {
-      const bool whole = c < c_full;
-      const __mmask16 k = first(c1 - c);
-      if (pf && c % 64 == 0) prefetch_lines<R>(pf, cols, c);
-      __m512 xv[T];
-#pragma GCC unroll 8
-      for (int j = 0; j < T; ++j)
-        xv[j] = whole ? _mm512_loadu_ps(xt[j] + c) : _mm512_maskz_loadu_ps(k, xt[j] + c);
-#pragma GCC unroll 8
-      for (int i = 0; i < R; ++i) {
-        const __m128i codes = whole ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(wr[i] + c))
-                                    : _mm_maskz_loadu_epi8(k, wr[i] + c);
-        const __m512 wv = widen(codes);
-#pragma GCC unroll 8
-        for (int j = 0; j < T; ++j) blk[i][j] = _mm512_fmadd_ps(wv, xv[j], blk[i][j]);
+    int64_t c = c0;
+    for (; c + 4 * kW <= c_full; c += 4 * kW) {
+      if (pf) prefetch_lines<R>(pf, cols, c);
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) step<R, T, kWiden>(wr, xt, c + u * kW, 0, blk);
+    }
+    for (; c < c1; c += kW) {
+      if (pf) prefetch_lines<R>(pf, cols, c);
+      if (c < c_full) {
+        step<R, T, kWiden>(wr, xt, c, 0, blk);
+      } else {
+        step<R, T, kWiden>(wr, xt, c, first(c1 - c), blk);
       }
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; ++i) {
       const __m512 s = _mm512_set1_ps(sr[i][b]);
 #pragma GCC unroll 8
-      for (int j = 0; j < T; ++j) tot[i][j] = _mm512_fmadd_ps(blk[i][j], s, tot[i][j]);
+      for (int j = 0; j < T; ++j) {
+        // Scaled back to the true sum first: the scale times 2^56 could overflow.
+        const __m512 sum = kWiden == Widen::kShift
+                               ? _mm512_mul_ps(blk[i][j], _mm512_set1_ps(kShiftSum))
+                               : blk[i][j];
+        tot[i][j] = _mm512_fmadd_ps(sum, s, tot[i][j]);
+      }
     }
   }
+  const float unit = kWiden == Widen::kShift ? 1.0f : 256.0f;
 #pragma GCC unroll 8
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
-    for (int j = 0; j < T; ++j) y[j * ldy + i] = _mm512_reduce_add_ps(tot[i][j]) * 256.0f;
+    for (int j = 0; j < T; ++j) y[j * ldy + i] = _mm512_reduce_add_ps(tot[i][j]) * unit;
 }
 
-template <int R>
+template <int R, Widen kWiden>
 DUET_TARGET_AVX512 void tile_tokens(const Matrix& w, int64_t r, const float* const* xt, int n,
                                     float* y, int64_t ldy, const uint8_t* pf) {
   switch (n) {
     case 1:
-      return tile<R, 1>(w, r, xt, y, ldy, pf);
+      return tile<R, 1, kWiden>(w, r, xt, y, ldy, pf);
     case 2:
-      return tile<R, 2>(w, r, xt, y, ldy, pf);
+      return tile<R, 2, kWiden>(w, r, xt, y, ldy, pf);
     default:
-      return tile<R, 3>(w, r, xt, y, ldy, pf);
+      return tile<R, 3, kWiden>(w, r, xt, y, ldy, pf);
+  }
+}
+
+// The row kernels' loops over row tiles and blocks of tokens, widening as kWiden says.
+template <Widen kWiden>
+DUET_TARGET_AVX512 void tiles(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
+                              int64_t r_begin, int64_t r_end) {
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += kChunk) {
+    const matmul_impl::EvenBlocks tb(std::min(kChunk, n_tokens - t0), kTokens);
+    for (int64_t r = r_begin; r < r_end;) {
+      const bool full = r_end - r >= kRows;
+      // The next tile's rows, while the first token block reads these (past r_end they are
+      // another thread's or past the matrix: prefetches never fault).
+      const uint8_t* next = code_row(w, r + (full ? kRows : 1));
+      for (int64_t b = 0; b < tb.n; ++b) {
+        const uint8_t* pf = b == 0 ? next : nullptr;
+        const int64_t t = t0 + tb.begin(b);
+        const int n = static_cast<int>(tb.size(b));
+        const float* xt[kTokens];
+        for (int j = 0; j < n; ++j) xt[j] = x.row(t + j, w.cols);
+        float* yt = y + t * ldy + (r - r_begin);
+        if (full) {
+          tile_tokens<kRows, kWiden>(w, r, xt, n, yt, ldy, pf);
+        } else {
+          tile_tokens<1, kWiden>(w, r, xt, n, yt, ldy, pf);
+        }
+      }
+      r += full ? kRows : 1;
+    }
   }
 }
 
@@ -232,29 +298,14 @@ DUET_TARGET_AVX512 void matmul_rows_avx512(const Matrix& w, XRows x, int64_t n_t
     }
     return;
   }
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += kChunk) {
-    const matmul_impl::EvenBlocks tb(std::min(kChunk, n_tokens - t0), kTokens);
-    for (int64_t r = r_begin; r < r_end;) {
-      const bool full = r_end - r >= kRows;
-      // The next tile's rows, while the first token block reads these (past r_end they are
-      // another thread's or past the matrix: prefetches never fault).
-      const uint8_t* next = code_row(w, r + (full ? kRows : 1));
-      for (int64_t b = 0; b < tb.n; ++b) {
-        const uint8_t* pf = b == 0 ? next : nullptr;
-        const int64_t t = t0 + tb.begin(b);
-        const int n = static_cast<int>(tb.size(b));
-        const float* xt[kTokens];
-        for (int j = 0; j < n; ++j) xt[j] = x.row(t + j, w.cols);
-        float* yt = y + t * ldy + (r - r_begin);
-        if (full) {
-          tile_tokens<kRows>(w, r, xt, n, yt, ldy, pf);
-        } else {
-          tile_tokens<1>(w, r, xt, n, yt, ldy, pf);
-        }
-      }
-      r += full ? kRows : 1;
-    }
-  }
+  tiles<Widen::kF16>(w, x, n_tokens, y, ldy, r_begin, r_end);
+}
+
+DUET_TARGET_AVX512 void matmul_rows_shift_avx512(const Matrix& w, XRows x, int64_t n_tokens,
+                                                 float* y, int64_t ldy, int64_t r_begin,
+                                                 int64_t r_end) {
+  DUET_CHECK(w.f8.block_cols % kW == 0, "fp8 matmul: block_cols " << w.f8.block_cols);
+  tiles<Widen::kShift>(w, x, n_tokens, y, ldy, r_begin, r_end);
 }
 
 DUET_TARGET_AVX512 void matmul_xw_cols_avx512(const Matrix& w, const float* x, int64_t n_tokens,
@@ -281,6 +332,10 @@ DUET_TARGET_AVX512 void matmul_xw_cols_avx512(const Matrix& w, const float* x, i
       }
     }
   }
+}
+
+DUET_TARGET_AVX512 void e4m3_values_over_2_120(const uint8_t codes[16], float out[16]) {
+  _mm512_storeu_ps(out, widen_shift(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes))));
 }
 
 DUET_TARGET_AVX512 void e4m3_values_over_256(const uint8_t codes[16], float out[16]) {
@@ -411,6 +466,7 @@ bool has_f16c() {
 RowsFn rows_fn(simd::Isa isa) {
   if (isa == simd::Isa::kScalar) return &matmul_rows_scalar;
   if (isa == simd::Isa::kAvx2) return has_f16c() ? &matmul_rows_avx2 : &matmul_rows_scalar;
+  if (simd::has_dpbf16(isa)) return pairs_rows_fn(isa);
   return &matmul_rows_avx512;
 }
 

@@ -22,6 +22,12 @@ void dequantize_fp8(const Matrix& w, float* out);
 
 namespace fp8_impl {
 
+// The scales of row r's blocks: [ceil(w.cols / w.f8.block_cols)] f32.
+inline const float* scale_row(const Matrix& w, int64_t r) {
+  const int64_t n_cb = (w.cols + w.f8.block_cols - 1) / w.f8.block_cols;
+  return w.f8.scale_inv + (w.f8.row0 + r) / w.f8.block_rows * n_cb;
+}
+
 // y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), t < n_tokens, with x's rows
 // contiguous or gathered (not rounded), w fp8 with f8.block_cols a multiple of 16. The shape
 // of matmul_impl's row kernels (`tiled` is ignored: one path serves every token count).
@@ -30,6 +36,12 @@ void matmul_rows_avx512(const Matrix& w, XRows x, int64_t n_tokens, float* y, in
                         int64_t r_begin, int64_t r_end, bool tiled);
 void matmul_rows_avx2(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
                       int64_t r_begin, int64_t r_end, bool tiled);
+// matmul_rows_avx512's one-token kernel for every token count, widening the codes in three
+// integer instructions rather than through f16 (values × 2^-120, f32 subnormals for E4M3's), for
+// x multiplied by 2^64 (exactly; the product is then the true one, normal unless |x| < 2^-61,
+// as long as |x| < 2^63): the AVX-512 BF16 kernels pass x so (matmul_fp8_pairs.cpp).
+void matmul_rows_shift_avx512(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
+                              int64_t r_begin, int64_t r_end);
 void matmul_rows_scalar(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
                         int64_t r_begin, int64_t r_end, bool tiled);
 
@@ -40,12 +52,23 @@ void matmul_xw_cols_avx512(const Matrix& w, const float* x, int64_t n_tokens, fl
 void matmul_xw_cols_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y,
                            int64_t c_begin, int64_t c_end);
 
-// The row kernel for products on isa: AVX-512 on the AVX-512 instruction sets, AVX2 on AVX2
-// (scalar without F16C), scalar on scalar. matmul_xw's is AVX-512 or scalar.
+// The row kernel for products on isa: on the instruction sets that multiply bf16 pairs,
+// pairs_rows_fn(isa); AVX-512 on AVX-512, AVX2 on AVX2 (scalar without F16C), scalar on scalar.
+// matmul_xw's is AVX-512 or scalar.
 using RowsFn = void (*)(const Matrix&, XRows, int64_t, float*, int64_t, int64_t, int64_t, bool);
 RowsFn rows_fn(simd::Isa isa);
+
+// On an instruction set that multiplies bf16 pairs (simd::has_dpbf16(isa)), from
+// matmul_fp8_pairs.cpp: x rounded to bf16 (here, unless it comes rounded), then from
+// matmul_impl::kFp8PairsMinTokens tokens on (unless batch-invariant) the codes widened to bf16
+// and multiplied in pairs, else matmul_rows_avx512 on the rounded x.
+RowsFn pairs_rows_fn(simd::Isa isa);
 using XwColsFn = void (*)(const Matrix&, const float*, int64_t, float*, int64_t, int64_t);
 XwColsFn xw_cols_fn(simd::Isa isa);
+
+// The 16 codes' values × 2^-120, as matmul_rows_shift_avx512 widens them (needs AVX-512): the
+// code's bits shifted into an f32's, exact for every code but the NaNs 0x7f and 0xff.
+void e4m3_values_over_2_120(const uint8_t codes[16], float out[16]);
 
 // The 16 codes' values × 2^-8, as the AVX-512 kernels widen them (exposed for tests; needs
 // AVX-512): each code's bits placed in an f16 and converted, exact for all 256 codes.

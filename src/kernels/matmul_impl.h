@@ -97,11 +97,21 @@ inline uint16_t* aligned_bf16(std::vector<uint16_t>& v, int64_t n) {
   return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t{63});
 }
 
-// Whether products with dtype weights on isa read x rounded to bf16: bf16 weights on an
-// instruction set that multiplies bf16 pairs.
+// Whether products with dtype weights on isa read x rounded to bf16 (to nearest even, as round_x
+// makes it): bf16 and fp8 weights on an instruction set that multiplies bf16 pairs, for every
+// token count (so a row's result does not depend on how many tokens it runs with beyond f32
+// summation order).
 inline bool rounds_x(simd::Isa isa, DType dtype) {
-  return simd::has_dpbf16(isa) && dtype == DType::kBF16;
+  return simd::has_dpbf16(isa) && (dtype == DType::kBF16 || dtype == DType::kF8E4M3);
 }
+
+// From this many tokens on, products with fp8 weights on an instruction set that multiplies bf16
+// pairs widen the codes to bf16 (exactly) and multiply them with x in pairs
+// (matmul_fp8_pairs.cpp); with fewer, and while batch-invariant, the codes are widened to f32 and
+// multiplied with x (rounded all the same) by FMAs (matmul_fp8.cpp). BM_MatmulFp8 on the Zen 4 VM,
+// 512 × 1024 (a routed expert), one thread: at 4 tokens the FMAs were faster (41–49 GFLOP/s from
+// memory against 36), at 6 even, from 8 on the pairs (86–89 from cache against 63–72).
+constexpr int64_t kFp8PairsMinTokens = 8;
 
 // x[n_tokens, cols] rounded to bf16 (to nearest even, NaN kept, as f32_to_bf16) into buf: rows
 // at a 64-byte aligned address, whole cache lines plus one apart, zero past cols. Needs AVX-512

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "kernels/fp8_rows.h"
 #include "kernels/grouped_matmul.h"
@@ -90,6 +91,15 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
   }
 }
 
+// x as isa's kernels multiply it by fp8 weights: rounded to bf16 where matmul_impl::rounds_x
+// (AVX-512 BF16 and its emulation, for every token count), else as it is.
+std::vector<float> as_multiplied(Isa isa, const std::vector<float>& x, int64_t /*n_tokens*/) {
+  if (!matmul_impl::rounds_x(isa, DType::kF8E4M3)) return x;
+  std::vector<float> r(x.size());
+  for (size_t i = 0; i < r.size(); ++i) r[i] = bf16_to_f32(f32_to_bf16(x[i]));
+  return r;
+}
+
 std::vector<Isa> isas() {
   std::vector<Isa> out;
   for (Isa isa :
@@ -116,19 +126,64 @@ TEST(MatmulFp8Test, WideningIsExactForEveryCode) {
   }
 }
 
+// The one-token kernels on AVX-512 BF16 widen each code by shifting its bits into an f32's: exact
+// for every code but E4M3's NaNs, subnormals (f32 subnormals then) and signed zero included.
+TEST(MatmulFp8Test, ShiftWideningIsExactForEveryCode) {
+  if (!simd::isa_supported(Isa::kAvx512)) GTEST_SKIP() << "no AVX-512";
+  for (int c0 = 0; c0 < 256; c0 += 16) {
+    uint8_t codes[16];
+    float got[16];
+    for (int i = 0; i < 16; ++i) codes[i] = static_cast<uint8_t>(c0 + i);
+    fp8_impl::e4m3_values_over_2_120(codes, got);
+    for (int i = 0; i < 16; ++i) {
+      if ((codes[i] & 0x7f) == 0x7f) continue;
+      const double want = double(e4m3_to_f32(codes[i])) * 0x1p-120;
+      EXPECT_EQ(double(got[i]), want) << "code " << c0 + i;
+      EXPECT_EQ(std::signbit(got[i]), (codes[i] & 0x80) != 0) << "code " << c0 + i;
+    }
+  }
+}
+
+// Activations from 1e-12 to 1e12 (the shift widening multiplies x by 2^64 and sums the products as
+// the true ones × 2^-56): as the dequantized product, on every instruction set, 1 to 5 tokens.
+TEST(MatmulFp8Test, TinyAndHugeActivations) {
+  std::mt19937 rng(18);
+  ThreadPool pool(2);
+  const Fp8Weights w = random_fp8(rng, {24, 256, 128, 128}, 3.0);
+  const std::vector<float> wd = dequantized(w.m);
+  const Matrix wf{DType::kF32, 24, 256, wd.data()};
+  for (double magnitude : {1e-12, 1e-6, 1e6, 1e12}) {
+    for (int64_t n : {1, 2, 5}) {
+      std::vector<float> x = random_x(rng, n * 256);
+      for (float& v : x) v = static_cast<float>(v * magnitude);
+      std::vector<float> want(static_cast<size_t>(n * 24)), got(want.size());
+      for (Isa isa : isas()) {
+        const std::vector<float> xm = as_multiplied(isa, x, n);
+        matmul_scalar(wf, xm.data(), n, want.data());
+        matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), n, got.data());
+        expect_close(got, want, abs_product(w.m, xm, n),
+                     std::string(simd::isa_name(isa)) + " |x| ~ " + std::to_string(magnitude));
+      }
+    }
+  }
+}
+
 // matmul() on every instruction set, the AVX-512 row kernel and the scalar one against the plain
-// product with the dequantized f32 matrix: ragged rows and columns, blocks of several sizes, 1 to
-// 100 tokens.
+// product with the dequantized f32 matrix: ragged rows and columns, blocks of several sizes
+// (blocks of 16 and 48 columns end inside a vector of bf16 pairs), 1 to 100 tokens. On AVX-512
+// BF16 and its emulation against the product on x rounded to bf16 (as bf16 weights multiply it):
+// the codes' values are widened exactly, so the result is that product up to f32 sums.
 TEST(MatmulFp8Test, MatchesTheDequantizedProduct) {
   std::mt19937 rng(11);
   ThreadPool pool(2);
   const Shape shapes[] = {{1, 16, 128, 128},    {5, 130, 128, 128}, {37, 300, 128, 128},
-                          {130, 257, 128, 128}, {64, 96, 16, 32},   {9, 50, 1, 16}};
+                          {130, 257, 128, 128}, {64, 96, 16, 32},   {9, 50, 1, 16},
+                          {21, 200, 16, 48},    {6, 1000, 128, 128}};
   for (const Shape& s : shapes) {
     const Fp8Weights w = random_fp8(rng, s);
     const std::vector<float> wd = dequantized(w.m);
     const Matrix wf{DType::kF32, s.rows, s.cols, wd.data()};
-    for (int64_t n : {1, 2, 3, 4, 7, 33, 100}) {
+    for (int64_t n : {1, 2, 3, 4, 7, 8, 33, 100}) {
       const std::vector<float> x = random_x(rng, n * s.cols);
       std::vector<float> want(static_cast<size_t>(n * s.rows));
       matmul_scalar(wf, x.data(), n, want.data());
@@ -140,9 +195,13 @@ TEST(MatmulFp8Test, MatchesTheDequantizedProduct) {
       matmul_scalar(w.m, x.data(), n, got.data());
       expect_close(got, want, bound, "scalar " + at);
       for (Isa isa : isas()) {
+        const std::vector<float> xm = as_multiplied(isa, x, n);
+        std::vector<float> want_m = want;
+        if (xm != x) matmul_scalar(wf, xm.data(), n, want_m.data());
         std::fill(got.begin(), got.end(), -1.0f);
         matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), n, got.data());
-        expect_close(got, want, bound, std::string(simd::isa_name(isa)) + " " + at);
+        expect_close(got, want_m, xm != x ? abs_product(w.m, xm, n) : bound,
+                     std::string(simd::isa_name(isa)) + " " + at);
       }
     }
   }
@@ -166,16 +225,40 @@ TEST(MatmulFp8Test, BatchInvariantProductsDoNotDependOnTheTokenCount) {
   set_matmul_batch_invariant(false);
 }
 
+// The bf16-pair kernels on vdpbf16ps give their emulation's bits (the data has no denormals), so
+// the suite's runs on the emulation vouch for CPUs with the instruction; and they round x (the
+// AVX-512 kernels' product on x as it is differs).
+TEST(MatmulFp8Test, PairKernelsEqualTheirEmulation) {
+  if (!simd::isa_supported(Isa::kAvx512Bf16)) GTEST_SKIP() << "no AVX-512 BF16";
+  std::mt19937 rng(17);
+  ThreadPool pool(2);
+  const Fp8Weights w = random_fp8(rng, {70, 400, 32, 48});
+  for (int64_t n : {8, 9, 64}) {
+    const std::vector<float> x = random_x(rng, n * 400);
+    std::vector<float> native(static_cast<size_t>(n * 70)), emulated(native.size()),
+        f32(native.size());
+    matmul_impl::matmul_with(Isa::kAvx512Bf16, matmul_impl::Path::kAuto, pool, w.m, x.data(), n,
+                             native.data());
+    matmul_impl::matmul_with(Isa::kAvx512Bf16Emulated, matmul_impl::Path::kAuto, pool, w.m,
+                             x.data(), n, emulated.data());
+    matmul_impl::matmul_with(Isa::kAvx512, matmul_impl::Path::kAuto, pool, w.m, x.data(), n,
+                             f32.data());
+    EXPECT_EQ(native, emulated) << n << " tokens";
+    EXPECT_NE(native, f32) << n << " tokens";
+  }
+}
+
 // A row slice starting inside a block (MLA's per-head slices of kv_b_proj) reads its rows' scales.
 TEST(MatmulFp8Test, RowSliceInsideABlockKeepsItsScales) {
   std::mt19937 rng(12);
   ThreadPool pool(2);
   const Fp8Weights w = random_fp8(rng, {100, 64, 32, 32});
   const std::vector<float> x = random_x(rng, 3 * 64);
-  std::vector<float> full(3 * 100);
-  matmul_scalar(w.m, x.data(), 3, full.data());
   const Matrix slice = w.m.row_slice(21, 40);
   for (Isa isa : isas()) {
+    const std::vector<float> xm = as_multiplied(isa, x, 3);
+    std::vector<float> full(3 * 100);
+    matmul_scalar(w.m, xm.data(), 3, full.data());
     std::vector<float> got(3 * 40);
     matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, slice, x.data(), 3, got.data());
     for (int64_t t = 0; t < 3; ++t)
@@ -204,14 +287,14 @@ TEST(MatmulFp8Test, EdgeBlocksAndExtremeScales) {
   }
   const std::vector<float> wd = dequantized(w.m);
   const Matrix wf{DType::kF32, w.m.rows, w.m.cols, wd.data()};
-  for (int64_t n : {1, 5}) {
+  for (int64_t n : {1, 5, 40}) {
     const std::vector<float> x = random_x(rng, n * 200);
     std::vector<float> want(static_cast<size_t>(n * 70)), got(want.size());
-    matmul_scalar(wf, x.data(), n, want.data());
-    const std::vector<double> bound = abs_product(w.m, x, n);
     for (Isa isa : isas()) {
+      const std::vector<float> xm = as_multiplied(isa, x, n);
+      matmul_scalar(wf, xm.data(), n, want.data());
       matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), n, got.data());
-      expect_close(got, want, bound, simd::isa_name(isa));
+      expect_close(got, want, abs_product(w.m, xm, n), simd::isa_name(isa));
     }
   }
 }
@@ -245,10 +328,11 @@ TEST(MatmulFp8Test, GroupedProductsTakeFp8Experts) {
   const Fp8Weights gate = random_fp8(rng, {96, 144, 128, 128});
   const Fp8Weights up = random_fp8(rng, {96, 144, 128, 128});
   const std::vector<float> x = random_x(rng, 5 * 144);
-  std::vector<float> g(5 * 96), u(5 * 96);
-  matmul_scalar(gate.m, x.data(), 5, g.data());
-  matmul_scalar(up.m, x.data(), 5, u.data());
   for (Isa isa : isas()) {
+    const std::vector<float> xm = as_multiplied(isa, x, 5);
+    std::vector<float> g(5 * 96), u(5 * 96);
+    matmul_scalar(gate.m, xm.data(), 5, g.data());
+    matmul_scalar(up.m, xm.data(), 5, u.data());
     std::vector<float> y(5 * 96), yg(5 * 96);
     grouped_impl::matmul_grouped_with(isa, pool, {MatmulGroup{gate.m, x.data(), 5, y.data()}});
     grouped_impl::gated_matmul_grouped_with(isa, pool,

@@ -1,0 +1,87 @@
+// Products with fp8 weights on instruction sets that multiply bf16 pairs (AVX-512 BF16 and its
+// emulation). x is rounded to bf16 as for bf16 weights (matmul_impl::round_x), for every token
+// count; from kFp8PairsMinTokens tokens on the codes are widened to bf16 exactly and multiplied
+// with vdpbf16ps (matmul_fp8_pairs_impl.h); fewer tokens, and batch-invariant products, run the
+// f32 kernels of matmul_fp8.cpp on the rounded x.
+
+#include <algorithm>
+#include <array>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/fp8_simd_impl.h"
+#include "kernels/matmul_fp8.h"
+#include "kernels/matmul_impl.h"
+#include "kernels/simd_impl.h"
+
+namespace duet::fp8_impl {
+
+namespace {
+
+using fp8_impl::scale_row;
+
+// GCC 12's AVX-512 intrinsics trip -Wuninitialized where inlined (see simd_impl.h).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace avx512bf16 {
+using S = simd::Avx512Bf16;
+#define DUET_SIMD_TARGET DUET_TARGET_AVX512BF16
+#include "kernels/matmul_fp8_pairs_impl.h"
+#undef DUET_SIMD_TARGET
+}  // namespace avx512bf16
+
+namespace avx512bf16_emulated {
+using S = simd::Avx512Bf16Emulated;
+#define DUET_SIMD_TARGET DUET_TARGET_AVX512
+#include "kernels/matmul_fp8_pairs_impl.h"
+#undef DUET_SIMD_TARGET
+}  // namespace avx512bf16_emulated
+
+#pragma GCC diagnostic pop
+
+// x's rounded rows [n_tokens, cols] as f32 times 2^64 (exactly, short of |x| >= 2^64), for
+// matmul_rows_shift_avx512: rows at a 64-byte aligned address, matmul_impl::padded_ld(cols) apart.
+DUET_TARGET_AVX512 XRows widened_x(const XRows& x, int64_t cols, int64_t n_tokens,
+                                   std::vector<float>& buf) {
+  const int64_t ld = matmul_impl::padded_ld(cols);
+  float* out = matmul_impl::aligned_floats(buf, n_tokens * ld);  // [n_tokens, ld] f32
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const uint16_t* row = x.bf16 + t * x.ld;  // zero past cols, to a whole number of vectors
+    for (int64_t c = 0; c < cols; c += simd::Avx512::kWidth) {
+      _mm512_store_ps(out + t * ld + c,
+                      _mm512_mul_ps(simd::Avx512::load(row + c), _mm512_set1_ps(0x1p64f)));
+    }
+  }
+  return XRows(out, ld);
+}
+
+template <simd::Isa kIsa>
+void matmul_rows_dpbf16(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
+                        int64_t r_begin, int64_t r_end, bool /*tiled*/) {
+  DUET_CHECK(w.f8.block_cols % 16 == 0, "fp8 matmul: block_cols " << w.f8.block_cols);
+  thread_local std::vector<uint16_t> x_buf;
+  if (!x.bf16) x = matmul_impl::round_x(x, w.cols, n_tokens, x_buf);
+  if (n_tokens < matmul_impl::kFp8PairsMinTokens || matmul_batch_invariant()) {
+    thread_local std::vector<float> f32_buf;
+    return matmul_rows_shift_avx512(w, widened_x(x, w.cols, n_tokens, f32_buf), n_tokens, y, ldy,
+                                    r_begin, r_end);
+  }
+  if constexpr (kIsa == simd::Isa::kAvx512Bf16) {
+    avx512bf16::matmul_rows(w, x, n_tokens, y, ldy, r_begin, r_end);
+  } else {
+    avx512bf16_emulated::matmul_rows(w, x, n_tokens, y, ldy, r_begin, r_end);
+  }
+}
+
+}  // namespace
+
+RowsFn pairs_rows_fn(simd::Isa isa) {
+  DUET_CHECK(simd::has_dpbf16(isa), "fp8 pairs: " << simd::isa_name(isa));
+  return isa == simd::Isa::kAvx512Bf16 ? &matmul_rows_dpbf16<simd::Isa::kAvx512Bf16>
+                                       : &matmul_rows_dpbf16<simd::Isa::kAvx512Bf16Emulated>;
+}
+
+}  // namespace duet::fp8_impl
