@@ -185,8 +185,19 @@ void MpiHeartbeat::heard(int peer, const Beat& beat, Clock::time_point now) {
 }
 
 void MpiHeartbeat::exchange() {
+  // The sockets' beats first, in and out: MPI's calls below may wait for MPI's lock behind the
+  // other threads' polls of their transfers, and this rank's beats must not wait with them.
   std::vector<std::pair<int, Beat>> got;  // (peer, its beat) taken this beat
   if (sockets_) got = sockets_->receive();
+  Beat mine;
+  {
+    const Clock::time_point now = Clock::now();
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [p, beat] : got) heard(p, beat, now);
+    mine = Beat{seq_++, stuck_ms(now)};
+  }
+  if (sockets_) sockets_->send(mine);
+  got.clear();
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || broken_[p]) continue;
     // Every message that arrived, not one per beat, so that a backlog never shows old state.
@@ -205,14 +216,11 @@ void MpiHeartbeat::exchange() {
       }
     }
   }
-  const Clock::time_point now = Clock::now();
-  Beat mine;
-  {
+  if (!got.empty()) {
+    const Clock::time_point now = Clock::now();
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [p, beat] : got) heard(p, beat, now);
-    mine = Beat{seq_++, stuck_ms(now)};
   }
-  if (sockets_) sockets_->send(mine);
   if (!paths_.mpi) return;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || broken_[p]) continue;
