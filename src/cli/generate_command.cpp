@@ -83,7 +83,6 @@ struct GenerateSummary {
   double prefill_seconds = 0;  // to the first generated token
   double decode_seconds = 0;   // from the first generated token to the last
   int64_t decoded = 0;         // the tokens generated in decode_seconds
-  std::string finish_reason;
 };
 
 // --dump-logits and --max-tokens 0: the Generator, which keeps every prompt position's logits
