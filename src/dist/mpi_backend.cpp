@@ -300,8 +300,8 @@ class MpiChannel {
       // all-to-alls): naps of at most 20 us while the wait is young, as a longer one overshoots
       // its end (plain scheduler, `tiny`, 2 ranks across an emulated 1 Gbit/s link: 3.5x the
       // decode tok/s against a 200 us cap, measured); then up to 200 us, to spare the core.
-      const auto cap = now - t0 < kYoungWait ? std::chrono::microseconds(20)
-                                             : std::chrono::microseconds(200);
+      const auto cap =
+          now - t0 < kYoungWait ? std::chrono::microseconds(20) : std::chrono::microseconds(200);
       nap = std::min(nap * 2, cap);
     }
   }

@@ -481,8 +481,7 @@ TEST_F(CliTest, SchedulerModes) {
                            " --scheduler-modes plain,overlap+multistep2 --data-parallel-size 2"
                            " --enable-expert-parallel --distributed-backend inproc");
   ASSERT_EQ(two.exit_code, 0) << two.out;
-  EXPECT_NE(two.out.find(", 2 ranks (batch per rank, tok/s of all)"), std::string::npos)
-      << two.out;
+  EXPECT_NE(two.out.find(", 2 ranks (batch per rank, tok/s of all)"), std::string::npos) << two.out;
   for (const char* row : {"\nplain ", "\noverlap+multistep2 "})
     EXPECT_NE(two.out.find(row), std::string::npos) << row << " missing in:\n" << two.out;
   expect_error(run_duet("bench latency " + dir_ + " --scheduler-modes overlap+turbo"),
