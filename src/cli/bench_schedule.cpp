@@ -64,7 +64,7 @@ struct ModeRun {
 constexpr double kKvCacheGib = 1.0;
 
 // One batch through an engine in mode m: every request's prompt, then gen_len tokens each.
-// Decode is timed from the moment every request has its first token to the last token.
+// Decode is timed from the first token read of the first request to the last token.
 // On several ranks rank 0 submits and reads every request (its engine hands them out, the least
 // loaded rank first, so each rank decodes o.batch) and the other ranks' engines take part until
 // rank 0's stops; they return an empty ModeRun.

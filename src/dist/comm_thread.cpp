@@ -2,8 +2,6 @@
 
 #include <ctime>
 
-#include <sys/prctl.h>
-
 #include <algorithm>
 
 #include "core/affinity.h"
@@ -108,9 +106,6 @@ CommHandle CommThread::submit(std::string name, std::function<void()> run) {
 
 void CommThread::loop() {
   t_alive = alive_.get();
-  // Backends poll their transfers with naps of a few microseconds; Linux's default 50 us timer
-  // slack would stretch each to ~55 us, which measurably slowed small all-to-alls.
-  ::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
   for (;;) {
     std::shared_ptr<detail::CommTask> task;
     {

@@ -184,7 +184,7 @@ MpiRuntime& runtime(std::chrono::milliseconds watchdog = kMpiWatchdog) {
 // default 50 us stretched a 2 us nap to ~70 us on the Zen 4 VM (measured), and the control
 // plane's collectives, which the engine thread waits for every step on several ranks, paid that
 // per nap (plain scheduler, `tiny`, 2 MPI ranks: twice the decode tok/s with it). Set once on
-// each thread that waits here; the communication thread sets its own at start (comm_thread.cpp).
+// each thread that waits here: the engine thread, the communication thread (the all-to-alls).
 void use_fine_timer_slack() {
   thread_local const bool set = (::prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0), true);
   (void)set;
