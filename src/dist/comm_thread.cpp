@@ -1,8 +1,7 @@
 #include "dist/comm_thread.h"
 
-#include <ctime>
-
 #include <algorithm>
+#include <ctime>
 
 #include "core/affinity.h"
 #include "core/error.h"
