@@ -57,7 +57,11 @@ done
 
 status=0
 (cd "$cache" && DUET_TEST_HEADER_TIMEOUT="$header_timeout" DUET_BASE_URL="http://127.0.0.1:$port" DUET_MODEL=tiny DUET_TEST_API_KEY="$api_key" \
-  node --test --test-timeout=120000 serve.test.mjs) || status=$?
+  timeout 480 node --test --test-timeout=120000 serve.test.mjs) || status=$?
+if [ "$status" -eq 124 ]; then  # before ctest's 600 s, so that a hang leaves its evidence
+  echo "FAIL: the client's tests ran past 480 s" >&2
+  serve_dump_state
+fi
 # A second server on the same port must fail loudly, not share the port.
 if "$duet" serve "$work/model" --host 127.0.0.1 --port "$port" >"$work/second.out" 2>&1; then
   echo "FAIL: a second duet serve started on port $port" >&2
