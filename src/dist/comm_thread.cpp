@@ -11,11 +11,11 @@ namespace duet {
 namespace {
 using Clock = std::chrono::steady_clock;
 
-// The sign of life of the communication thread this code runs on, if any.
-thread_local detail::AliveTicks* t_alive = nullptr;
+// The shared state of the communication thread this code runs on, if any.
+thread_local detail::CommShared* t_shared = nullptr;
 
-void mark_alive(detail::AliveTicks& alive) {
-  alive.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+void mark_alive(detail::CommShared& shared) {
+  shared.alive.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
 }
 }  // namespace
 
@@ -26,11 +26,25 @@ void CommHandle::wait() {
   const auto limit = watchdog_ + std::chrono::seconds(1);
   const Clock::time_point start = Clock::now();
   std::unique_lock<std::mutex> lock(task_->mu);
+  if (task_->done) {
+    if (task_->error) std::rethrow_exception(task_->error);
+    return;
+  }
+  // Counted as a waiter while blocked, which wakes a thread napping between sparse polls.
+  struct Waiter {
+    detail::CommShared& s;
+    explicit Waiter(detail::CommShared& shared) : s(shared) {
+      s.waiters.fetch_add(1);
+      { std::lock_guard<std::mutex> nap(s.nap_mu); }  // a nap between its check and its sleep
+      s.nap_cv.notify_one();                           // sees the count or gets the signal
+    }
+    ~Waiter() { s.waiters.fetch_sub(1); }
+  } waiter(*thread_);
   for (;;) {
-    const Clock::time_point alive(Clock::duration(alive_->load(std::memory_order_relaxed)));
+    const Clock::time_point alive(Clock::duration(thread_->alive.load(std::memory_order_relaxed)));
     const Clock::time_point deadline = std::max(start, alive) + limit;
     if (task_->cv.wait_until(lock, deadline, [this] { return task_->done; })) break;
-    const Clock::time_point again(Clock::duration(alive_->load(std::memory_order_relaxed)));
+    const Clock::time_point again(Clock::duration(thread_->alive.load(std::memory_order_relaxed)));
     if (again <= alive) {
       const auto waited =
           std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
@@ -71,14 +85,27 @@ CommThread::Usage CommThread::usage() const {
 CommThread::CommThread(std::string name, std::chrono::milliseconds watchdog)
     : name_(std::move(name)),
       watchdog_(watchdog),
-      alive_(std::make_shared<detail::AliveTicks>(0)),
+      shared_(std::make_shared<detail::CommShared>()),
       thread_([this] {
         name_this_thread(("duet-" + name_).c_str());
         loop();
       }) {}
 
 void CommThread::keepalive() {
-  if (t_alive) mark_alive(*t_alive);
+  if (t_shared) mark_alive(*t_shared);
+}
+
+bool CommThread::awaited() {
+  return !t_shared || t_shared->waiters.load(std::memory_order_relaxed) > 0;
+}
+
+void CommThread::nap(std::chrono::microseconds d) {
+  if (!t_shared || t_shared->waiters.load() > 0) {
+    std::this_thread::sleep_for(d);
+    return;
+  }
+  std::unique_lock<std::mutex> lock(t_shared->nap_mu);
+  t_shared->nap_cv.wait_for(lock, d, [] { return t_shared->waiters.load() > 0; });
 }
 
 CommThread::~CommThread() {
@@ -100,11 +127,11 @@ CommHandle CommThread::submit(std::string name, std::function<void()> run) {
     queue_.push_back(task);
   }
   cv_.notify_one();
-  return CommHandle(task, alive_, watchdog_);
+  return CommHandle(task, shared_, watchdog_);
 }
 
 void CommThread::loop() {
-  t_alive = alive_.get();
+  t_shared = shared_.get();
   for (;;) {
     std::shared_ptr<detail::CommTask> task;
     {
@@ -114,7 +141,7 @@ void CommThread::loop() {
       task = std::move(queue_.front());
       queue_.pop_front();
     }
-    mark_alive(*alive_);
+    mark_alive(*shared_);
     const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
     const int64_t cpu0 = thread_cpu_ns();
     std::exception_ptr error = failed_;
@@ -126,7 +153,7 @@ void CommThread::loop() {
         failed_ = error;
       }
     }
-    mark_alive(*alive_);
+    mark_alive(*shared_);
     busy_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(
                     std::chrono::steady_clock::now() - started)
                     .count();

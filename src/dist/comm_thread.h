@@ -31,18 +31,26 @@ struct CommTask {
   bool done = false;         // GUARDED_BY(mu)
   std::exception_ptr error;  // GUARDED_BY(mu)
 };
-// When a communication thread last showed that it is not stuck (steady_clock ticks): it took a
-// task, finished one, or a backend polling for its peers said so (CommThread::keepalive).
-using AliveTicks = std::atomic<std::chrono::steady_clock::rep>;
+// What a communication thread shares with its handles.
+struct CommShared {
+  // When the thread last showed that it is not stuck (steady_clock ticks): it took a task,
+  // finished one, or a backend polling for its peers said so (CommThread::keepalive).
+  std::atomic<std::chrono::steady_clock::rep> alive{0};
+  // Handles blocked in wait() for this thread's tasks right now: while there are none, its
+  // backend's polls can be sparse (CommThread::awaited, CommThread::nap).
+  std::atomic<int> waiters{0};
+  std::mutex nap_mu;
+  std::condition_variable nap_cv;  // a nap of the thread's, cut short by a new waiter
+};
 }  // namespace detail
 
 // The receipt of an asynchronous collective. wait() is the receive half.
 class CommHandle {
  public:
   CommHandle() = default;  // an empty handle: wait() returns at once
-  CommHandle(std::shared_ptr<detail::CommTask> task,
-             std::shared_ptr<const detail::AliveTicks> alive, std::chrono::milliseconds watchdog)
-      : task_(std::move(task)), alive_(std::move(alive)), watchdog_(watchdog) {}
+  CommHandle(std::shared_ptr<detail::CommTask> task, std::shared_ptr<detail::CommShared> thread,
+             std::chrono::milliseconds watchdog)
+      : task_(std::move(task)), thread_(std::move(thread)), watchdog_(watchdog) {}
 
   // Blocks until the collective finished; rethrows its error (duet::Error naming it). Throws
   // duet::Error if the communication thread shows no sign of life for the watchdog time plus
@@ -59,7 +67,7 @@ class CommHandle {
 
  private:
   std::shared_ptr<detail::CommTask> task_;
-  std::shared_ptr<const detail::AliveTicks> alive_;
+  std::shared_ptr<detail::CommShared> thread_;
   std::chrono::milliseconds watchdog_{0};
 };
 
@@ -80,6 +88,15 @@ class CommThread {
   // watchdog is in charge of that wait, so the handles waiting on this thread do not give up
   // however long alive peers take. Does nothing on any other thread.
   static void keepalive();
+  // For a backend's poll loop: whether a result of the current wait is awaited now, i.e. true
+  // on any thread but a communication thread (its caller waits itself), and on a communication
+  // thread while a handle is blocked in wait() for one of its tasks. A transfer that no one waits
+  // for yet (posted ahead, the caller computing meanwhile) needs no tight polling, whose wake-ups
+  // would take the core from that computation.
+  static bool awaited();
+  // Sleeps for `d` (the caller's poll interval). On a communication thread that no one awaits,
+  // a handle that starts waiting ends the nap at once.
+  static void nap(std::chrono::microseconds d);
   // From now on each task becomes a span of `trace`'s communication track, from post to
   // completion (null: stop). The trace must outlive the thread or the next set_trace.
   void set_trace(Trace* trace) { trace_.store(trace); }
@@ -100,7 +117,7 @@ class CommThread {
 
   std::string name_;
   std::chrono::milliseconds watchdog_;
-  std::shared_ptr<detail::AliveTicks> alive_;
+  std::shared_ptr<detail::CommShared> shared_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<detail::CommTask>> queue_;  // GUARDED_BY(mu_)

@@ -207,8 +207,10 @@ CommHandle EpDispatcher::ll_dispatch_chunk(int c, int64_t BW) {
     send_at[r] = ll_pos(r, rank_, n_rank_) * BW + L + before * RW;
     send_bytes[r] = r == rank_ ? 0 : rows * RW * 4;
   }
+  // Named before the call: its arguments' order is unspecified, and the lambda takes the bytes.
+  std::string name = with_bytes("ep_dispatch(low_latency, chunk)", send_bytes);
   return comm_.start(
-      with_bytes("ep_dispatch(low_latency, chunk)", send_bytes),
+      std::move(name),
       [this, c, L, l0, l1, RW, R, BW, send_at = std::move(send_at),
        send_bytes = std::move(send_bytes)](CollectiveOps& ops) {
         std::vector<int64_t> recv_at, want;

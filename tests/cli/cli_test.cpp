@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <nlohmann/json.hpp>
 
 #include "cli/run_duet.h"
@@ -351,6 +352,41 @@ TEST_F(CliTest, TraceFileShowsStepsMicroBatchesAndTransfers) {
     EXPECT_TRUE(has(4, "ep_dispatch(high_throughput")) << path;
     EXPECT_TRUE(has(4, "bytes sent")) << path;
   }
+}
+
+// Each chunk of single-batch overlap's transfers is named with the bytes it sends: summed over
+// both ranks, the dispatch's chunks carry the rows that the combine's chunks bring back, plus the
+// first chunk's row counts (one word per local expert). A name taken after the bytes had moved
+// into the transfer read 0 for every later dispatch chunk.
+TEST_F(CliTest, TraceFileNamesTheBytesOfEverySboChunk) {
+  const std::string trace = dir_ + "/sbo_trace.json";
+  RunResult r = run_duet("generate " + dir_ +
+                         " --prompt-ids 5,6,7,8,9,10,11,12,13 --max-tokens 3 "
+                         "--enable-single-batch-overlap --sbo-combine-chunks 2 "
+                         "--all2all-backend low_latency --data-parallel-size 2 "
+                         "--enable-expert-parallel --distributed-backend inproc --trace-file " +
+                         trace);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const int64_t n_local = 4;  // the tiny preset's 8 experts over 2 ranks
+  int64_t dispatch_bytes = 0, combine_bytes = 0, dispatch_spans = 0, combine_spans = 0;
+  const std::regex sent(R"(^ep_(dispatch|combine)\(low_latency, chunk\), (\d+) bytes sent$)");
+  for (int rank : {0, 1}) {
+    const std::string path = dir_ + "/sbo_trace.rank" + std::to_string(rank) + ".json";
+    const nlohmann::json t = nlohmann::json::parse(test::read_file(path));
+    for (const nlohmann::json& e : t["traceEvents"]) {
+      std::smatch m;
+      const std::string name = e.value("name", "");
+      if (e["ph"] != "X" || !std::regex_match(name, m, sent)) continue;
+      const bool dispatch = m[1] == "dispatch";
+      (dispatch ? dispatch_bytes : combine_bytes) += std::stoll(m[2]);
+      ++(dispatch ? dispatch_spans : combine_spans);
+    }
+  }
+  ASSERT_GT(dispatch_spans, 0);
+  EXPECT_EQ(dispatch_spans, combine_spans);
+  EXPECT_GT(combine_bytes, 0);
+  // Half of the dispatch's spans are first chunks, each with the counts for the other rank.
+  EXPECT_EQ(dispatch_bytes - dispatch_spans / 2 * n_local * 4, combine_bytes);
 }
 
 // bench overlap runs off, TBO and DBO in each round on one group and prints a row for each, with
