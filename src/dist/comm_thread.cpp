@@ -36,7 +36,7 @@ void CommHandle::wait() {
     explicit Waiter(detail::CommShared& shared) : s(shared) {
       s.waiters.fetch_add(1);
       { std::lock_guard<std::mutex> nap(s.nap_mu); }  // a nap between its check and its sleep
-      s.nap_cv.notify_one();                           // sees the count or gets the signal
+      s.nap_cv.notify_one();                          // sees the count or gets the signal
     }
     ~Waiter() { s.waiters.fetch_sub(1); }
   } waiter(*thread_);

@@ -315,9 +315,8 @@ class MpiChannel {
         nap = std::chrono::microseconds(2);
         continue;
       }
-      const auto cap = awaited && now - awaited_since < kYoungWait
-                           ? std::chrono::microseconds(20)
-                           : std::chrono::microseconds(200);
+      const auto cap = awaited && now - awaited_since < kYoungWait ? std::chrono::microseconds(20)
+                                                                   : std::chrono::microseconds(200);
       nap = std::min(nap * 2, cap);
     }
   }

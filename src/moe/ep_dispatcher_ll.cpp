@@ -209,15 +209,13 @@ CommHandle EpDispatcher::ll_dispatch_chunk(int c, int64_t BW) {
   }
   // Named before the call: its arguments' order is unspecified, and the lambda takes the bytes.
   std::string name = with_bytes("ep_dispatch(low_latency, chunk)", send_bytes);
-  return comm_.start(
-      std::move(name),
-      [this, c, L, l0, l1, RW, R, BW, send_at = std::move(send_at),
-       send_bytes = std::move(send_bytes)](CollectiveOps& ops) {
-        std::vector<int64_t> recv_at, want;
-        ll_chunk_runs(recv_.data(), recv_bytes_, rank_, {L, R, RW, BW}, l0, l1, &recv_at, &want);
-        runs_all_to_all(ops, rank_, send_.data(), send_at, send_bytes, recv_.data(), recv_at, want,
-                        "low_latency dispatch", c);
-      });
+  return comm_.start(std::move(name), [this, c, L, l0, l1, RW, R, BW, send_at = std::move(send_at),
+                                       send_bytes = std::move(send_bytes)](CollectiveOps& ops) {
+    std::vector<int64_t> recv_at, want;
+    ll_chunk_runs(recv_.data(), recv_bytes_, rank_, {L, R, RW, BW}, l0, l1, &recv_at, &want);
+    runs_all_to_all(ops, rank_, send_.data(), send_at, send_bytes, recv_.data(), recv_at, want,
+                    "low_latency dispatch", c);
+  });
 }
 
 void EpDispatcher::ll_dispatch_chunk_ready(int c) {

@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <nlohmann/json.hpp>
+#include <regex>
 
 #include "cli/run_duet.h"
 #include "core/thread_pool.h"
