@@ -56,6 +56,9 @@ class Coordinator {
   // Each rank contributes `values` (the same count on every rank); returns every rank's values
   // in rank order, [world_size * values.size()].
   virtual std::vector<int64_t> all_gather(const std::vector<int64_t>& values) = 0;
+  // Each rank contributes `bytes` (any size, each rank its own); returns every rank's bytes, in
+  // rank order. For small messages, as broadcast.
+  virtual std::vector<std::string> all_gather_bytes(const std::string& bytes) = 0;
 
  private:
   RankInfo info_;

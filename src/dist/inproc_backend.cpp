@@ -46,6 +46,15 @@ class InprocCoordinator final : public Coordinator {
     return out;
   }
 
+  std::vector<std::string> all_gather_bytes(const std::string& bytes) override {
+    std::vector<std::string> out;
+    hub_->collective(InprocHub::kControl, rank(), "all_gather_bytes", &bytes,
+                     [&](const std::vector<const void*>& posts) {
+                       for (const void* p : posts) out.push_back(*static_cast<const std::string*>(p));
+                     });
+    return out;
+  }
+
  private:
   std::shared_ptr<InprocHub> hub_;
 };

@@ -393,6 +393,45 @@ class MpiCoordinator final : public Coordinator {
     return out;
   }
 
+  // One round for small messages, as broadcast: each rank's size and first kInlineBroadcast
+  // bytes in a fixed-size block; the rests of longer ones, if any, in a second round.
+  std::vector<std::string> all_gather_bytes(const std::string& bytes) override {
+    constexpr size_t kBlock = sizeof(int64_t) + kInlineBroadcast;
+    const size_t world = static_cast<size_t>(world_size());
+    const int64_t n = static_cast<int64_t>(bytes.size());
+    std::vector<char> mine(kBlock), heads(kBlock * world);  // [world, kBlock]
+    std::memcpy(mine.data(), &n, sizeof n);
+    std::memcpy(mine.data() + sizeof n, bytes.data(),
+                static_cast<size_t>(std::min<int64_t>(n, kInlineBroadcast)));
+    MPI_Request req = MPI_REQUEST_NULL;
+    ch_.wait(&req, "all_gather_bytes",
+             MPI_Iallgather(mine.data(), static_cast<int>(kBlock), MPI_BYTE, heads.data(),
+                            static_cast<int>(kBlock), MPI_BYTE, ch_.comm(), &req));
+    std::vector<std::string> out(world);
+    std::vector<int> rest(world), at(world);
+    int64_t total_rest = 0;
+    for (size_t r = 0; r < world; ++r) {
+      int64_t len = 0;
+      std::memcpy(&len, heads.data() + r * kBlock, sizeof len);
+      if (len < 0) DUET_ERROR("all_gather_bytes: rank " << r << " sent a size of " << len);
+      out[r].assign(heads.data() + r * kBlock + sizeof len,
+                    static_cast<size_t>(std::min<int64_t>(len, kInlineBroadcast)));
+      rest[r] = to_int(std::max<int64_t>(0, len - kInlineBroadcast), "all_gather_bytes");
+      at[r] = to_int(total_rest, "all_gather_bytes");
+      total_rest += rest[r];
+    }
+    if (total_rest == 0) return out;
+    std::vector<char> rests(static_cast<size_t>(total_rest));
+    const int me = rank();
+    ch_.wait(&req, "all_gather_bytes (rest)",
+             MPI_Iallgatherv(bytes.data() + std::min<int64_t>(n, kInlineBroadcast), rest[me],
+                             MPI_BYTE, rests.data(), rest.data(), at.data(), MPI_BYTE, ch_.comm(),
+                             &req));
+    for (size_t r = 0; r < world; ++r)
+      out[r].append(rests.data() + at[r], static_cast<size_t>(rest[r]));
+    return out;
+  }
+
  private:
   MpiChannel ch_;
 };

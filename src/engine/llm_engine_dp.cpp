@@ -6,6 +6,7 @@
 // Messages are JSON on the coordinator (small: one token and its text per request per step).
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -151,21 +152,27 @@ void LlmEngine::exchange_outputs(std::vector<int64_t>& load, uint64_t prompt_tok
     load[0] = scheduler_.n_running() + scheduler_.n_waiting();
     return;
   }
-  // The other ranks' output travels to rank 0, one broadcast per rank that has any.
-  std::string out = coord.is_master() ? std::string() : take_outbox();
-  const std::vector<int64_t> outs = coord.all_gather(
-      {static_cast<int64_t>(out.size()), static_cast<int64_t>(prompt_tokens),
-       static_cast<int64_t>(generated), static_cast<int64_t>(preempted), scheduler_.n_running(),
-       scheduler_.n_waiting(), blocks_.n_used()});
-  for (int r = 1; r < world; ++r) {
-    if (outs[static_cast<size_t>(r) * kNumOutputs + kOutboxBytes] == 0) continue;
-    std::string bytes = coord.rank() == r ? out : std::string();
-    coord.broadcast(bytes, r);
-    if (coord.is_master()) apply_outbox(bytes);
-  }
+  // Each rank's counts, then the output of its requests (rank 0's: none), in one round: rank 0
+  // feeds the streams with the others' output, every rank learns every rank's load.
+  const std::string out = coord.is_master() ? std::string() : take_outbox();
+  const int64_t counts[kNumOutputs] = {static_cast<int64_t>(out.size()),
+                                       static_cast<int64_t>(prompt_tokens),
+                                       static_cast<int64_t>(generated),
+                                       static_cast<int64_t>(preempted),
+                                       scheduler_.n_running(),
+                                       scheduler_.n_waiting(),
+                                       blocks_.n_used()};
+  std::string mine(reinterpret_cast<const char*>(counts), sizeof counts);
+  mine += out;
+  const std::vector<std::string> got = coord.all_gather_bytes(mine);
   int64_t sum[kNumOutputs] = {};
   for (int r = 0; r < world; ++r) {
-    const int64_t* o = &outs[static_cast<size_t>(r) * kNumOutputs];
+    const std::string& g = got[static_cast<size_t>(r)];
+    int64_t o[kNumOutputs] = {};
+    if (g.size() >= sizeof o) std::memcpy(o, g.data(), sizeof o);
+    if (g.size() < sizeof o || g.size() - sizeof o != static_cast<size_t>(o[kOutboxBytes]))
+      DUET_ERROR("the step's output exchange: rank " << r << " sent " << g.size() << " bytes");
+    if (coord.is_master() && o[kOutboxBytes] > 0) apply_outbox(g.substr(sizeof o));
     for (int i = 0; i < kNumOutputs; ++i) sum[i] += o[i];
     load[static_cast<size_t>(r)] = o[kRunning] + o[kWaiting];
   }

@@ -91,6 +91,7 @@ class SoloCoordinator : public Coordinator {
   void broadcast(std::string&, int) override {}
   void barrier() override {}
   std::vector<int64_t> all_gather(const std::vector<int64_t>& values) override { return values; }
+  std::vector<std::string> all_gather_bytes(const std::string& bytes) override { return {bytes}; }
 };
 
 }  // namespace duet

@@ -205,6 +205,28 @@ inline void check_coordinator(DistContext& ctx) {
     c.broadcast(msg, n - 1);
     EXPECT_EQ(msg, want) << len;
   }
+  // Every rank's own bytes to every rank: all empty, short, around the one-round limit on one
+  // rank (others empty), and long on every rank.
+  auto text = [](int r, size_t len) {
+    std::string t(len, '\0');
+    for (size_t i = 0; i < len; ++i) t[i] = static_cast<char>('a' + (i * 5 + r * 3 + len) % 26);
+    return t;
+  };
+  auto lengths = [&](int pattern, int r) -> size_t {
+    switch (pattern) {
+      case 0: return 0;
+      case 1: return 3 + static_cast<size_t>(r);
+      case 2: return r == n - 1 ? 4087 : 0;
+      case 3: return r == n - 1 ? 4088 : 0;
+      case 4: return r == 0 ? 4089 : 10;
+      default: return 100000 + 17 * static_cast<size_t>(r);
+    }
+  };
+  for (int pattern = 0; pattern <= 5; ++pattern) {
+    const std::vector<std::string> got = c.all_gather_bytes(text(me, lengths(pattern, me)));
+    ASSERT_EQ(got.size(), static_cast<size_t>(n)) << pattern;
+    for (int r = 0; r < n; ++r) EXPECT_EQ(got[r], text(r, lengths(pattern, r))) << pattern << " " << r;
+  }
   c.barrier();
   std::vector<int64_t> all = c.all_gather({me, 10 * me});
   ASSERT_EQ(all.size(), static_cast<size_t>(2 * n));
