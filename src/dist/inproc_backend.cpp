@@ -50,7 +50,8 @@ class InprocCoordinator final : public Coordinator {
     std::vector<std::string> out;
     hub_->collective(InprocHub::kControl, rank(), "all_gather_bytes", &bytes,
                      [&](const std::vector<const void*>& posts) {
-                       for (const void* p : posts) out.push_back(*static_cast<const std::string*>(p));
+                       for (const void* p : posts)
+                         out.push_back(*static_cast<const std::string*>(p));
                      });
     return out;
   }

@@ -423,10 +423,10 @@ class MpiCoordinator final : public Coordinator {
     if (total_rest == 0) return out;
     std::vector<char> rests(static_cast<size_t>(total_rest));
     const int me = rank();
-    ch_.wait(&req, "all_gather_bytes (rest)",
-             MPI_Iallgatherv(bytes.data() + std::min<int64_t>(n, kInlineBroadcast), rest[me],
-                             MPI_BYTE, rests.data(), rest.data(), at.data(), MPI_BYTE, ch_.comm(),
-                             &req));
+    ch_.wait(
+        &req, "all_gather_bytes (rest)",
+        MPI_Iallgatherv(bytes.data() + std::min<int64_t>(n, kInlineBroadcast), rest[me], MPI_BYTE,
+                        rests.data(), rest.data(), at.data(), MPI_BYTE, ch_.comm(), &req));
     for (size_t r = 0; r < world; ++r)
       out[r].append(rests.data() + at[r], static_cast<size_t>(rest[r]));
     return out;

@@ -214,18 +214,25 @@ inline void check_coordinator(DistContext& ctx) {
   };
   auto lengths = [&](int pattern, int r) -> size_t {
     switch (pattern) {
-      case 0: return 0;
-      case 1: return 3 + static_cast<size_t>(r);
-      case 2: return r == n - 1 ? 4087 : 0;
-      case 3: return r == n - 1 ? 4088 : 0;
-      case 4: return r == 0 ? 4089 : 10;
-      default: return 100000 + 17 * static_cast<size_t>(r);
+      case 0:
+        return 0;
+      case 1:
+        return 3 + static_cast<size_t>(r);
+      case 2:
+        return r == n - 1 ? 4087 : 0;
+      case 3:
+        return r == n - 1 ? 4088 : 0;
+      case 4:
+        return r == 0 ? 4089 : 10;
+      default:
+        return 100000 + 17 * static_cast<size_t>(r);
     }
   };
   for (int pattern = 0; pattern <= 5; ++pattern) {
     const std::vector<std::string> got = c.all_gather_bytes(text(me, lengths(pattern, me)));
     ASSERT_EQ(got.size(), static_cast<size_t>(n)) << pattern;
-    for (int r = 0; r < n; ++r) EXPECT_EQ(got[r], text(r, lengths(pattern, r))) << pattern << " " << r;
+    for (int r = 0; r < n; ++r)
+      EXPECT_EQ(got[r], text(r, lengths(pattern, r))) << pattern << " " << r;
   }
   c.barrier();
   std::vector<int64_t> all = c.all_gather({me, 10 * me});
