@@ -219,7 +219,13 @@ XRows direct_x(simd::Isa isa, const Matrix& w, XRows x, int64_t n_tokens, XBuffe
     q.q8 = &matmul_q8::quantize_x(x, cols, n_tokens, buf.q8, matmul_q8::kernel_for(isa));
     return q;
   }
-  if (rounds_x(isa, w.dtype)) return n_tokens > 0 ? round_x(x, cols, n_tokens, buf.bf16) : x;
+  if (rounds_x(isa, w.dtype)) {
+    if (n_tokens == 0) return x;
+    const XRows rounded = round_x(x, cols, n_tokens, buf.bf16);
+    return w.dtype == DType::kF8E4M3 && fp8_reads_widened(n_tokens)
+               ? widen_x(rounded, cols, n_tokens, buf.f32)
+               : rounded;
+  }
   if (reads_panels(isa, w, n_tokens) || n_tokens < 2 || n_tokens >= tiled_min_tokens(w.dtype) ||
       aligned_rows(x, cols)) {
     return x;

@@ -41,6 +41,9 @@ struct XRows {
   const float* base = nullptr;
   const float* const* rows = nullptr;
   const uint16_t* bf16 = nullptr;  // rounded rows, or null
+  // The rounded rows widened to f32 and multiplied by 2^64 (exactly), at the same ld, for the
+  // fp8 kernels' shift widening (matmul_impl::widen_x), or null.
+  const float* widened = nullptr;
   const Q8Rows* q8 = nullptr;      // x quantized for kQ8/kQ4 weights by direct_x, or null
   // Contiguous or rounded rows: elements from one row to the next; 0 = the product's cols.
   int64_t ld = 0;

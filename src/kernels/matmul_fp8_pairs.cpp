@@ -42,32 +42,16 @@ using S = simd::Avx512Bf16Emulated;
 
 #pragma GCC diagnostic pop
 
-// x's rounded rows [n_tokens, cols] as f32 times 2^64 (exactly, short of |x| >= 2^64), for
-// matmul_rows_shift_avx512: rows at a 64-byte aligned address, matmul_impl::padded_ld(cols) apart.
-DUET_TARGET_AVX512 XRows widened_x(const XRows& x, int64_t cols, int64_t n_tokens,
-                                   std::vector<float>& buf) {
-  const int64_t ld = matmul_impl::padded_ld(cols);
-  float* out = matmul_impl::aligned_floats(buf, n_tokens * ld);  // [n_tokens, ld] f32
-  for (int64_t t = 0; t < n_tokens; ++t) {
-    const uint16_t* row = x.bf16 + t * x.ld;  // zero past cols, to a whole number of vectors
-    for (int64_t c = 0; c < cols; c += simd::Avx512::kWidth) {
-      _mm512_store_ps(out + t * ld + c,
-                      _mm512_mul_ps(simd::Avx512::load(row + c), _mm512_set1_ps(0x1p64f)));
-    }
-  }
-  return XRows(out, ld);
-}
-
 template <simd::Isa kIsa>
 void matmul_rows_dpbf16(const Matrix& w, XRows x, int64_t n_tokens, float* y, int64_t ldy,
                         int64_t r_begin, int64_t r_end, bool /*tiled*/) {
   DUET_CHECK(w.f8.block_cols % 16 == 0, "fp8 matmul: block_cols " << w.f8.block_cols);
   thread_local std::vector<uint16_t> x_buf;
   if (!x.bf16) x = matmul_impl::round_x(x, w.cols, n_tokens, x_buf);
-  if (n_tokens < matmul_impl::kFp8PairsMinTokens || matmul_batch_invariant()) {
-    thread_local std::vector<float> f32_buf;
-    return matmul_rows_shift_avx512(w, widened_x(x, w.cols, n_tokens, f32_buf), n_tokens, y, ldy,
-                                    r_begin, r_end);
+  if (matmul_impl::fp8_reads_widened(n_tokens)) {
+    thread_local std::vector<float> f32_buf;  // unless direct_x widened x for the whole product
+    if (!x.widened) x = matmul_impl::widen_x(x, w.cols, n_tokens, f32_buf);
+    return matmul_rows_shift_avx512(w, XRows(x.widened, x.ld), n_tokens, y, ldy, r_begin, r_end);
   }
   if constexpr (kIsa == simd::Isa::kAvx512Bf16) {
     avx512bf16::matmul_rows(w, x, n_tokens, y, ldy, r_begin, r_end);
@@ -85,3 +69,22 @@ RowsFn pairs_rows_fn(simd::Isa isa) {
 }
 
 }  // namespace duet::fp8_impl
+
+namespace duet::matmul_impl {
+
+DUET_TARGET_AVX512 XRows widen_x(XRows x, int64_t cols, int64_t n_tokens, std::vector<float>& buf) {
+  DUET_CHECK(x.bf16 && x.ld >= (cols + 15) / 16 * 16,
+             "widen_x: x not rounded, or ld " << x.ld << " for " << cols << " cols");
+  float* out = aligned_floats(buf, n_tokens * x.ld);  // [n_tokens, x.ld] f32
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    const uint16_t* row = x.bf16 + t * x.ld;  // zero past cols, to a whole number of vectors
+    for (int64_t c = 0; c < cols; c += simd::Avx512::kWidth) {
+      _mm512_store_ps(out + t * x.ld + c,
+                      _mm512_mul_ps(simd::Avx512::load(row + c), _mm512_set1_ps(0x1p64f)));
+    }
+  }
+  x.widened = out;
+  return x;
+}
+
+}  // namespace duet::matmul_impl

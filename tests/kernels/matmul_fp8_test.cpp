@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/dtype.h"
@@ -246,6 +247,45 @@ TEST(MatmulFp8Test, PairKernelsEqualTheirEmulation) {
     EXPECT_EQ(native, emulated) << n << " tokens";
     EXPECT_NE(native, f32) << n << " tokens";
   }
+}
+
+// Below the pairs' token count (and while batch-invariant), direct_x widens the rounded x once
+// per product (x.widened = each rounded value × 2^64, at the rounded rows' stride), and the row
+// kernels give the same bits from it as from x itself, which they round and widen per call.
+TEST(MatmulFp8Test, DirectXWidensOncePerProductBelowThePairs) {
+  std::mt19937 rng(18);
+  const int64_t rows = 40, cols = 300;
+  const Fp8Weights w = random_fp8(rng, {rows, cols, 128, 128});
+  for (Isa isa : {Isa::kAvx512Bf16, Isa::kAvx512Bf16Emulated}) {
+    if (!simd::isa_supported(isa)) continue;
+    for (bool invariant : {false, true}) {
+      set_matmul_batch_invariant(invariant);
+      for (int64_t n : {int64_t{1}, int64_t{3}, matmul_impl::kFp8PairsMinTokens - 1,
+                        matmul_impl::kFp8PairsMinTokens}) {
+        const std::string what = std::string(simd::isa_name(isa)) +
+                                 (invariant ? " invariant " : " ") + std::to_string(n) + " tokens";
+        const std::vector<float> x = random_x(rng, n * cols);
+        matmul_impl::XBuffer buf;
+        const XRows d = matmul_impl::direct_x(isa, w.m, x.data(), n, buf);
+        ASSERT_NE(d.bf16, nullptr) << what;
+        ASSERT_EQ(d.widened != nullptr, matmul_impl::fp8_reads_widened(n)) << what;
+        if (d.widened) {
+          EXPECT_EQ(reinterpret_cast<uintptr_t>(d.widened) % 64, 0u) << what;
+          for (int64_t t = 0; t < n; ++t)
+            for (int64_t c = 0; c < cols; ++c)
+              ASSERT_EQ(d.widened[t * d.ld + c], bf16_to_f32(d.bf16[t * d.ld + c]) * 0x1p64f)
+                  << what << " token " << t << " column " << c;
+        }
+        std::vector<float> from_direct(static_cast<size_t>(n * rows)), from_x(from_direct.size());
+        matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, w.m, d, n, from_direct.data(),
+                                      rows, 0, rows);
+        matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, w.m, x.data(), n,
+                                      from_x.data(), rows, 0, rows);
+        EXPECT_EQ(from_direct, from_x) << what;
+      }
+    }
+  }
+  set_matmul_batch_invariant(false);
 }
 
 // A row slice starting inside a block (MLA's per-head slices of kv_b_proj) reads its rows' scales.

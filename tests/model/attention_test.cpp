@@ -1,0 +1,111 @@
+// attention_gqa splits its work (query blocks × KV heads) over the pool from a few hundred KV
+// rows on: every split gives the same bits as one thread, and the softmax-weighted sums a plain
+// double loop gives.
+#include "model/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/thread_pool.h"
+
+namespace duet {
+namespace {
+
+// f32 rows of each sequence's positions, one layer: [n_seq][n_pos, width] for k and v.
+class TestKv final : public KvStore {
+ public:
+  TestKv(int n_seq, int64_t n_pos, int64_t width, std::mt19937& rng) : width_(width) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int s = 0; s < n_seq; ++s) {
+      k_.emplace_back(static_cast<size_t>(n_pos * width));
+      v_.emplace_back(static_cast<size_t>(n_pos * width));
+      for (float& f : k_.back()) f = normal(rng);
+      for (float& f : v_.back()) f = normal(rng);
+    }
+  }
+  DType dtype() const override { return DType::kF32; }
+  void* k(int32_t seq_id, int64_t /*il*/, int64_t pos) override {
+    return k_[seq_id].data() + pos * width_;
+  }
+  void* v(int32_t seq_id, int64_t /*il*/, int64_t pos) override {
+    return v_[seq_id].data() + pos * width_;
+  }
+  KvRows rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) override {
+    return KvRows{k(seq_id, il, pos), v(seq_id, il, pos), width_, width_, n_max};
+  }
+
+ private:
+  int64_t width_;
+  std::vector<std::vector<float>> k_, v_;
+};
+
+// out of token t, head h, in double: softmax over positions [0, pos] of scale · q · k, times v.
+std::vector<double> reference(const ForwardInput& in, TestKv& kv, const GqaShape& s,
+                              const std::vector<float>& q) {
+  const int64_t hd = s.head_dim, group = s.n_head / s.n_head_kv, q_w = s.n_head * hd;
+  std::vector<double> out(static_cast<size_t>(in.n_tokens() * q_w));
+  for (int64_t t = 0; t < in.n_tokens(); ++t) {
+    const int32_t seq = in.spans[in.span_of[t]].seq_id;
+    for (int64_t h = 0; h < s.n_head; ++h) {
+      const int64_t off = h / group * hd;
+      const float* qh = q.data() + t * q_w + h * hd;
+      std::vector<double> p(static_cast<size_t>(in.pos[t] + 1));
+      double max = -INFINITY, sum = 0;
+      for (int64_t j = 0; j <= in.pos[t]; ++j) {
+        const float* kj = static_cast<const float*>(kv.k(seq, 0, j)) + off;
+        double d = 0;
+        for (int64_t c = 0; c < hd; ++c) d += double(qh[c]) * kj[c];
+        p[j] = d * s.scale;
+        max = std::max(max, p[j]);
+      }
+      for (double& x : p) sum += (x = std::exp(x - max));
+      for (int64_t j = 0; j <= in.pos[t]; ++j) {
+        const float* vj = static_cast<const float*>(kv.v(seq, 0, j)) + off;
+        for (int64_t c = 0; c < hd; ++c) out[t * q_w + h * hd + c] += p[j] / sum * vj[c];
+      }
+    }
+  }
+  return out;
+}
+
+TEST(AttentionTest, EverySplitOverThePoolGivesOneThreadsBits) {
+  std::mt19937 rng(21);
+  const GqaShape shape{8, 4, 64, 0.125f};
+  const int64_t q_w = shape.n_head * shape.head_dim;
+  TestKv kv(3, 700, shape.n_head_kv * shape.head_dim, rng);
+  ThreadPool one(1), two(2), four(4);
+  // One sequence decoding at short and long contexts (KV rows from 4 to 2,800), then a batch
+  // of decode steps and a prompt chunk.
+  std::vector<ForwardInput> inputs;
+  for (int64_t n_past : {0, 15, 40, 63, 64, 200, 699}) {
+    inputs.emplace_back();
+    const int32_t tok = 1;
+    inputs.back().add(0, n_past, &tok, 1, true);
+  }
+  inputs.emplace_back();
+  const std::vector<int32_t> toks(20, 1);
+  inputs.back().add(0, 100, toks.data(), 1, true);
+  inputs.back().add(1, 30, toks.data(), 20, true);
+  inputs.back().add(2, 5, toks.data(), 1, true);
+  for (const ForwardInput& in : inputs) {
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> q(static_cast<size_t>(in.n_tokens() * q_w));
+    for (float& f : q) f = normal(rng);
+    std::vector<float> want(q.size()), got(q.size());
+    attention_gqa(one, in, kv, 0, shape, q.data(), want.data());
+    for (ThreadPool* pool : {&two, &four}) {
+      attention_gqa(*pool, in, kv, 0, shape, q.data(), got.data());
+      ASSERT_EQ(got, want) << pool->n_threads() << " threads, " << in.n_tokens()
+                           << " tokens, last at " << in.pos.back();
+    }
+    const std::vector<double> exact = reference(in, kv, shape, q);
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(want[i], exact[i], 1e-5) << "element " << i << " at " << in.pos.back();
+  }
+}
+
+}  // namespace
+}  // namespace duet
