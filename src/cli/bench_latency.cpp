@@ -184,8 +184,8 @@ void run_latency_single(const LatencyOptions& o) {
         "weights: attention, dense MLP and output matrices also as panels (%.1f MB packed "
         "at load; --no-repack reads them as stored)\n",
         double(model->panel_bytes()) / 1e6);
-  } else {
-    std::printf("weights: as stored\n");
+  } else if (model->quantization().quantization == Quantization::kNone) {
+    std::printf("weights: as stored\n");  // (quantized: the line above says what they are)
   }
   std::printf("prefill: %8.1f tok/s  %7.1f GFLOP/s  (%.3f s for %lld tokens)\n", prefill_tps,
               prefill_gflops, st.prefill_seconds, (long long)st.prompt_tokens);

@@ -249,6 +249,7 @@ TEST_F(CliTest, QuantizationIsCheckedAndReported) {
                              "--quantization int8");
   ASSERT_EQ(bench.exit_code, 0) << bench.out;
   EXPECT_NE(bench.out.find("weights: quantization int8: "), std::string::npos) << bench.out;
+  EXPECT_EQ(bench.out.find("weights: as stored"), std::string::npos) << bench.out;
   // --quantizations: the loads side by side, a row each, ratios to the first.
   RunResult both = run_duet("bench latency " + dir_ +
                             " --batch 1 --prompt-len 4 --gen-len 3 --threads 1 --rounds 2 "
