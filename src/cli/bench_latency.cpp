@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <memory>
 #include <random>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/dist_options.h"
@@ -34,7 +35,7 @@ struct LatencyOptions {
   bool profile_ops = false;
   std::string scheduler_modes;  // set: the serving engine under each mode (bench_schedule.cpp)
   std::string quantizations;    // set: the model under each quantization (bench_quantization.cpp)
-  int rounds = 3;
+  int rounds = 0;  // 0: 3 for --scheduler-modes and --quantizations, else 1
   DistOptions dist;
   SamplingParams sampling;  // --temperature, --top-p, --top-k
 };
@@ -129,15 +130,30 @@ void run_latency_single(const LatencyOptions& o) {
   Generator gen(*model, pool, o.kv_dtype, rm.group);
   const std::vector<GenerateRequest> reqs = make_requests(o, c.n_vocab);
 
-  // The limits are the best of a measurement before and one after the run: on a shared machine
-  // one of them may run during a neighbour's burst and read low.
-  const double bw_before = measure_read_bandwidth(pool);
-  const double peak_before = measure_peak_flops(pool);
+  // Rounds of the batch, each between two measurements of the read bandwidth and the FMA peak.
+  // The limits printed first are the best measurement of the run (a neighbour's burst on a
+  // shared machine makes one read low); each round's decode is also set against the mean of the
+  // two bandwidth measurements around it, since this machine's bandwidth drifts by up to half
+  // from minute to minute and only a limit measured beside the decode compares with it.
+  const int rounds = o.rounds > 0 ? o.rounds : 1;
+  std::vector<double> bws{measure_read_bandwidth(pool)};
+  double peak = measure_peak_flops(pool);
   gen.generate(reqs);  // warm-up: pages of the mapped weights, buffers
-  GenerateStats st;
   gen.profile_ops(o.profile_ops);
-  gen.generate(reqs, &st);
-  const double bw = std::max(bw_before, measure_read_bandwidth(pool));
+  std::vector<GenerateStats> runs(static_cast<size_t>(rounds));
+  for (GenerateStats& run : runs) {
+    gen.generate(reqs, &run);
+    bws.push_back(measure_read_bandwidth(pool));
+    peak = std::max(peak, measure_peak_flops(pool));
+  }
+  const double bw = *std::max_element(bws.begin(), bws.end());
+  // The figures below are those of the round with the median decode time.
+  std::vector<size_t> order(runs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return runs[a].decode_seconds < runs[b].decode_seconds;
+  });
+  const GenerateStats& st = runs[order[order.size() / 2]];
 
   // Prefill: FLOPs of the matmuls (2 per weight per token) plus attention scores and sums. The
   // output projection runs for the last token of each prompt only.
@@ -158,7 +174,7 @@ void run_latency_single(const LatencyOptions& o) {
       double(o.batch) * 2.0 * output_params;
   const double prefill_tps = st.prompt_tokens / st.prefill_seconds;
   const double prefill_gflops = prefill_flops / st.prefill_seconds / 1e9;
-  const double peak_gflops = std::max(peak_before, measure_peak_flops(pool)) / 1e9;
+  const double peak_gflops = peak / 1e9;
 
   // Decode: every step reads the dense weights, the experts routed to, and the KV rows.
   const int64_t steps = st.decode_steps;
@@ -202,6 +218,21 @@ void run_latency_single(const LatencyOptions& o) {
               achieved / 1e9, bw / 1e9, achieved / bw);
   std::printf("decode bandwidth limit %.1f tok/s; achieved/limit %.2f\n", limit_tps,
               limit_tps > 0 ? decode_tokens / st.decode_seconds / limit_tps : 0.0);
+  if (rounds > 1 && steps > 0) {
+    std::printf("decode achieved/limit per round, against the bandwidth measured before and after it:");
+    std::vector<double> ratios;
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const GenerateStats& r = runs[i];
+      const double per_step = model->dense_bytes_per_step() +
+                              double(r.decode_expert_bytes + r.decode_kv_bytes) / r.decode_steps;
+      const double around = (bws[i] + bws[i + 1]) / 2;
+      ratios.push_back(per_step / (r.decode_seconds / r.decode_steps) / around);
+      std::printf(" %.2f", ratios.back());
+    }
+    std::sort(ratios.begin(), ratios.end());
+    std::printf(" (median %.2f; bandwidth %.1f-%.1f GB/s)\n", ratios[ratios.size() / 2],
+                *std::min_element(bws.begin(), bws.end()) / 1e9, bw / 1e9);
+  }
   print_step_gap(st);
   if (o.profile_ops) print_op_seconds(st, steps);
   finish_trace(rm, o.dist, nullptr);
@@ -217,7 +248,7 @@ AlternatingBenchOptions alternating(const LatencyOptions& o, const std::string& 
   a.gen_len = o.gen_len;
   a.threads = o.threads;
   a.seed = o.seed;
-  a.rounds = o.rounds;
+  a.rounds = o.rounds > 0 ? o.rounds : 3;
   a.kv_dtype = o.kv_dtype;
   a.sampling = o.sampling;
   return a;
@@ -269,7 +300,9 @@ void add_bench_latency(CLI::App& bench) {
                   "none,int8,int4) and compare prefill and decode tok/s, alternating over "
                   "--rounds");
   cmd->add_option("--rounds", o->rounds,
-                  "Rounds of --scheduler-modes or --quantizations (default 3)")
+                  "Rounds of --scheduler-modes or --quantizations (default 3), or of the "
+                  "batch alone (default 1), each round's decode then also set against the "
+                  "bandwidth measured just before and after it")
       ->check(CLI::PositiveNumber);
   add_dist_options(cmd, o->dist);
   cmd->callback([o] {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -204,6 +205,30 @@ TEST_F(CliTest, KvCacheDtypeIsCheckedAndReported) {
                              "--kv-cache-dtype f32");
   ASSERT_EQ(bench.exit_code, 0) << bench.out;
   EXPECT_NE(bench.out.find(", KV cache f32\n"), std::string::npos) << bench.out;
+}
+
+// bench latency --rounds N: N rounds of the batch, each decode also set against the bandwidth
+// measured just before and after it (one ratio per round and their median); without it, one
+// round and no such line.
+TEST_F(CliTest, BenchLatencyRoundsSetEachDecodeAgainstTheBandwidthAroundIt) {
+  const std::string bench =
+      "bench latency " + dir_ + " --batch 2 --prompt-len 4 --gen-len 3 --threads 1";
+  RunResult one = run_duet(bench), three = run_duet(bench + " --rounds 3");
+  ASSERT_EQ(one.exit_code, 0) << one.out;
+  ASSERT_EQ(three.exit_code, 0) << three.out;
+  const std::string line = "decode achieved/limit per round, against the bandwidth measured";
+  EXPECT_EQ(one.out.find(line), std::string::npos) << one.out;
+  const size_t at = three.out.find(line);
+  ASSERT_NE(at, std::string::npos) << three.out;
+  const std::string rest = three.out.substr(three.out.find(':', at) + 1);
+  double r[3], median;
+  ASSERT_EQ(std::sscanf(rest.c_str(), " %lf %lf %lf (median %lf", &r[0], &r[1], &r[2], &median), 4)
+      << three.out;
+  std::sort(r, r + 3);
+  EXPECT_GT(r[0], 0.0);
+  EXPECT_DOUBLE_EQ(median, r[1]) << three.out;
+  // The steps of each round: 2 decode steps after the prefill, the same in the median round.
+  EXPECT_NE(three.out.find("2 steps x 2 seqs"), std::string::npos) << three.out;
 }
 
 // --no-repack: bench latency says whether the dense matrices were packed as panels, and
