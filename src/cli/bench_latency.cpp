@@ -35,7 +35,7 @@ struct LatencyOptions {
   bool profile_ops = false;
   std::string scheduler_modes;  // set: the serving engine under each mode (bench_schedule.cpp)
   std::string quantizations;    // set: the model under each quantization (bench_quantization.cpp)
-  int rounds = 0;  // 0: 3 for --scheduler-modes and --quantizations, else 1
+  int rounds = 0;               // 0: 3 for --scheduler-modes and --quantizations, else 1
   DistOptions dist;
   SamplingParams sampling;  // --temperature, --top-p, --top-k
 };
@@ -150,9 +150,8 @@ void run_latency_single(const LatencyOptions& o) {
   // The figures below are those of the round with the median decode time.
   std::vector<size_t> order(runs.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return runs[a].decode_seconds < runs[b].decode_seconds;
-  });
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return runs[a].decode_seconds < runs[b].decode_seconds; });
   const GenerateStats& st = runs[order[order.size() / 2]];
 
   // Prefill: FLOPs of the matmuls (2 per weight per token) plus attention scores and sums. The
@@ -219,7 +218,8 @@ void run_latency_single(const LatencyOptions& o) {
   std::printf("decode bandwidth limit %.1f tok/s; achieved/limit %.2f\n", limit_tps,
               limit_tps > 0 ? decode_tokens / st.decode_seconds / limit_tps : 0.0);
   if (rounds > 1 && steps > 0) {
-    std::printf("decode achieved/limit per round, against the bandwidth measured before and after it:");
+    std::printf(
+        "decode achieved/limit per round, against the bandwidth measured before and after it:");
     std::vector<double> ratios;
     for (size_t i = 0; i < runs.size(); ++i) {
       const GenerateStats& r = runs[i];
