@@ -122,6 +122,72 @@ TEST(GroupedMatmulTest, MatchesScalarPerGroup) {
   }
 }
 
+// Up to 4 tokens in every group (decode), the products share out long runs of rows, two tasks per
+// thread, instead of 64-row tasks: each group's results are the same bits as when a group of 5
+// tokens among them brings the 64-row tasks back (plain, gated and scattered products).
+TEST(GroupedMatmulTest, DecodeTasksOfLongRunsGiveTheSameBits) {
+  ThreadPool pool(2);
+  std::mt19937 rng(13);
+  const int64_t n_in = 130, n_ff = 300;
+  const std::vector<int64_t> few = {1, 4, 0, 2, 3};
+  for (Isa isa : isas()) {
+    const std::string what = simd::isa_name(isa);
+    std::vector<Weights> gates, ups, downs;
+    std::vector<std::vector<float>> xs, ins;
+    for (int64_t n : few) {
+      gates.push_back(random_weights(rng, n_ff, n_in));
+      ups.push_back(random_weights(rng, n_ff, n_in));
+      downs.push_back(random_weights(rng, n_in, n_ff));
+      xs.push_back(random_vector(rng, n * n_in));
+      ins.push_back(random_vector(rng, n * n_ff));
+    }
+    const Weights extra_w = random_weights(rng, n_ff, n_in), extra_down = random_weights(rng, n_in, n_ff);
+    const std::vector<float> extra_x = random_vector(rng, 5 * n_in), extra_in = random_vector(rng, 5 * n_ff);
+    // Pass 0: the few groups alone (long runs); pass 1: with the 5-token group (64-row tasks).
+    std::vector<std::vector<float>> plain[2], gated[2];
+    std::vector<float> scattered[2];
+    for (int pass = 0; pass < 2; ++pass) {
+      const size_t n_groups = few.size() + static_cast<size_t>(pass);
+      std::vector<MatmulGroup> mg;
+      std::vector<GatedGroup> gg;
+      std::vector<ScatterGroup> sg;
+      std::vector<std::vector<float*>> rows(n_groups);
+      std::vector<std::vector<float>> weights(n_groups);
+      plain[pass].resize(n_groups);
+      gated[pass].resize(n_groups);
+      scattered[pass].assign(static_cast<size_t>(20 * n_in), 0.5f);
+      int64_t next_row = 0;
+      for (size_t g = 0; g < n_groups; ++g) {
+        const bool extra = g == few.size();
+        const int64_t n = extra ? 5 : few[g];
+        const float* x = extra ? extra_x.data() : xs[g].data();
+        plain[pass][g].assign(static_cast<size_t>(n * n_ff), kGuard);
+        gated[pass][g].assign(static_cast<size_t>(n * n_ff), kGuard);
+        mg.push_back({extra ? extra_w.m : gates[g].m, x, n, plain[pass][g].data()});
+        gg.push_back({extra ? extra_w.m : gates[g].m, extra ? extra_w.m : ups[g].m, x, n,
+                      gated[pass][g].data()});
+        for (int64_t i = 0; i < n; ++i) {
+          rows[g].push_back(scattered[pass].data() + (next_row++) * n_in);
+          weights[g].push_back(0.25f * static_cast<float>(i + 1));
+        }
+        sg.push_back({extra ? extra_down.m : downs[g].m, extra ? extra_in.data() : ins[g].data(), n,
+                      rows[g].data(), weights[g].data()});
+      }
+      matmul_grouped_with(isa, pool, mg);
+      gated_matmul_grouped_with(isa, pool, gg);
+      matmul_grouped_scatter_with(isa, pool, sg, {});
+    }
+    for (size_t g = 0; g < few.size(); ++g) {
+      EXPECT_EQ(plain[0][g], plain[1][g]) << what << " plain group " << g;
+      EXPECT_EQ(gated[0][g], gated[1][g]) << what << " gated group " << g;
+    }
+    const size_t shared = 10 * n_in;  // the output rows of the few groups (1 + 4 + 0 + 2 + 3)
+    EXPECT_EQ(std::vector<float>(scattered[0].begin(), scattered[0].begin() + shared),
+              std::vector<float>(scattered[1].begin(), scattered[1].begin() + shared))
+        << what << " scatter";
+  }
+}
+
 // silu(x · gateᵀ) ⊙ (x · upᵀ) from the scalar products, for groups of 0..17 tokens, on every
 // instruction set.
 TEST(GroupedMatmulTest, GatedMatchesScalarSiluMul) {
