@@ -94,7 +94,8 @@ std::vector<XRows> direct_xs(simd::Isa isa, const std::vector<G>& groups, Weight
 int64_t scatter_cols_per_task(int64_t n_out, int64_t most, int n_threads) {
   constexpr int64_t kTile = 16;
   const int64_t want = n_out / (2 * static_cast<int64_t>(n_threads)) / kTile * kTile;
-  return std::clamp<int64_t>(want, kTile, most > kStreamMaxTokens ? kTaskRows : std::max(kTile, want));
+  return std::clamp<int64_t>(want, kTile,
+                             most > kStreamMaxTokens ? kTaskRows : std::max(kTile, want));
 }
 
 }  // namespace
@@ -103,8 +104,8 @@ namespace grouped_impl {
 
 void matmul_grouped_with(simd::Isa isa, ThreadPool& pool, const std::vector<MatmulGroup>& groups) {
   for (const MatmulGroup& g : groups) check_group("matmul_grouped", g.w, g.x, g.n_tokens, g.y);
-  const std::vector<Task>& tasks =
-      make_tasks(groups, [](const MatmulGroup& g) { return g.w.rows; }, pool.n_threads());
+  const std::vector<Task>& tasks = make_tasks(
+      groups, [](const MatmulGroup& g) { return g.w.rows; }, pool.n_threads());
   const std::vector<XRows> xs =
       direct_xs(isa, groups, [](const MatmulGroup& g) -> const Matrix& { return g.w; });
   pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t begin, int64_t end) {
@@ -127,8 +128,8 @@ void gated_matmul_grouped_with(simd::Isa isa, ThreadPool& pool,
                    << g.gate.rows << ", " << g.gate.cols << "] " << dtype_name(g.gate.dtype)
                    << " up [" << g.up.rows << ", " << g.up.cols << "] " << dtype_name(g.up.dtype));
   }
-  const std::vector<Task>& tasks =
-      make_tasks(groups, [](const GatedGroup& g) { return g.gate.rows; }, pool.n_threads());
+  const std::vector<Task>& tasks = make_tasks(
+      groups, [](const GatedGroup& g) { return g.gate.rows; }, pool.n_threads());
   const std::vector<XRows> xs =
       direct_xs(isa, groups, [](const GatedGroup& g) -> const Matrix& { return g.gate; });
   pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t begin, int64_t end) {

@@ -141,8 +141,10 @@ TEST(GroupedMatmulTest, DecodeTasksOfLongRunsGiveTheSameBits) {
       xs.push_back(random_vector(rng, n * n_in));
       ins.push_back(random_vector(rng, n * n_ff));
     }
-    const Weights extra_w = random_weights(rng, n_ff, n_in), extra_down = random_weights(rng, n_in, n_ff);
-    const std::vector<float> extra_x = random_vector(rng, 5 * n_in), extra_in = random_vector(rng, 5 * n_ff);
+    const Weights extra_w = random_weights(rng, n_ff, n_in),
+                  extra_down = random_weights(rng, n_in, n_ff);
+    const std::vector<float> extra_x = random_vector(rng, 5 * n_in),
+                             extra_in = random_vector(rng, 5 * n_ff);
     // Pass 0: the few groups alone (long runs); pass 1: with the 5-token group (64-row tasks).
     std::vector<std::vector<float>> plain[2], gated[2];
     std::vector<float> scattered[2];
