@@ -16,11 +16,13 @@ namespace {
 // rows), and few enough to spread a group's rows over the threads.
 constexpr int64_t kTaskRows = 64;
 
-// Up to this many tokens in every group (decode), products share out long runs of rows instead,
-// two tasks per thread: each task then reads a matrix's rows as one stream. Tasks of 64 rows cut
-// a one-token MoE layer into segments of 18-128 KB, each a stream started cold. One layer's four
-// experts at one token (gate/up [512, 1024], down [1024, 512]), cold, 2 threads, Zen 4, the two
-// alternating in one process, medians of 21: int4 174 -> 153 us, bf16 472-485 -> 461-465 us.
+// Up to this many tokens in every group (decode), products share out long runs of rows instead:
+// the groups' rows, end to end, cut into two equal runs per thread, each read as few streams.
+// Tasks of 64 rows cut a one-token MoE layer into segments of 18-128 KB, each a stream started
+// cold. One layer's four experts at one token (gate/up [512, 1024], down [1024, 512]), cold, 2
+// threads, Zen 4, the two alternating in one process, medians of 21: int4 174 -> 153 us, bf16
+// 472-485 -> 461-465 us. (Runs of whole rows per group instead, 768 rows for attention's q, k, v
+// of 2048, 512, 512 rows, left the threads 1792 and 1280 rows: equal runs across groups.)
 constexpr int64_t kStreamMaxTokens = 4;
 
 template <typename G>
@@ -30,14 +32,6 @@ int64_t most_tokens(const std::vector<G>& groups) {
   return most;
 }
 
-// Rows per task for `total` rows over all groups with work: kTaskRows, or (decode) two tasks' worth
-// per thread in whole 16-row tiles, at least kTaskRows.
-int64_t rows_per_task(int64_t total, int64_t most, int n_threads) {
-  if (most > kStreamMaxTokens) return kTaskRows;
-  const int64_t share = (total + 2 * n_threads - 1) / (2 * n_threads);
-  return std::max(kTaskRows, (share + 15) / 16 * 16);
-}
-
 // Rows [r_begin, r_end) of group g's product.
 struct Task {
   int32_t g;
@@ -45,23 +39,62 @@ struct Task {
   int64_t r_end;
 };
 
-// The tasks of groups with work, in group order. Reuses the calling thread's buffer, so a step
-// does not allocate.
+// A product's work: runs of tasks, run i being tasks [runs[i], runs[i + 1]); the pool shares out
+// runs.
+struct Work {
+  std::vector<Task> tasks;
+  std::vector<size_t> runs;  // [n_runs + 1]
+  int64_t n_runs() const { return static_cast<int64_t>(runs.size()) - 1; }
+};
+
+// The work of the groups with work, in group order: tasks of kTaskRows rows, each a run of its
+// own; or, up to kStreamMaxTokens tokens in every group, the groups' rows end to end in two equal
+// runs per thread (of whole 16-row tiles, at least kTaskRows), cut inside a group only at a
+// multiple of 4 rows (a block of int8 rows). Reuses the calling thread's buffers, so a step does
+// not allocate.
 template <typename G, typename RowsOf>
-const std::vector<Task>& make_tasks(const std::vector<G>& groups, RowsOf rows_of, int n_threads) {
-  thread_local std::vector<Task> tasks;
-  tasks.clear();
+const Work& make_work(const std::vector<G>& groups, RowsOf rows_of, int n_threads) {
+  thread_local Work w;
+  w.tasks.clear();
+  w.runs.assign(1, 0);
+  const auto close_run = [&] {
+    if (w.tasks.size() > w.runs.back()) w.runs.push_back(w.tasks.size());
+  };
+  if (most_tokens(groups) > kStreamMaxTokens) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (groups[g].n_tokens == 0) continue;
+      const int64_t rows = rows_of(groups[g]);
+      for (int64_t r = 0; r < rows; r += kTaskRows) {
+        w.tasks.push_back({static_cast<int32_t>(g), r, std::min(rows, r + kTaskRows)});
+        close_run();
+      }
+    }
+    return w;
+  }
   int64_t total = 0;
   for (const G& g : groups) total += g.n_tokens > 0 ? rows_of(g) : 0;
-  const int64_t per_task = rows_per_task(total, most_tokens(groups), n_threads);
+  const int64_t share = (total + 2 * n_threads - 1) / (2 * n_threads);
+  const int64_t per_run = std::max(kTaskRows, (share + 15) / 16 * 16);
+  int64_t left = per_run;  // rows the current run still takes
   for (size_t g = 0; g < groups.size(); ++g) {
     if (groups[g].n_tokens == 0) continue;
     const int64_t rows = rows_of(groups[g]);
-    for (int64_t r = 0; r < rows; r += per_task) {
-      tasks.push_back({static_cast<int32_t>(g), r, std::min(rows, r + per_task)});
+    for (int64_t r = 0; r < rows;) {
+      int64_t take = std::min(rows - r, left);
+      if (take < rows - r) take = take / 4 * 4;
+      if (take > 0) {
+        w.tasks.push_back({static_cast<int32_t>(g), r, r + take});
+        r += take;
+        left -= take;
+      }
+      if (left < 4 || take == 0) {
+        close_run();
+        left = per_run;
+      }
     }
   }
-  return tasks;
+  close_run();
+  return w;
 }
 
 void check_group(const char* op, const Matrix& w, const XRows& x, int64_t n_tokens,
@@ -104,13 +137,13 @@ namespace grouped_impl {
 
 void matmul_grouped_with(simd::Isa isa, ThreadPool& pool, const std::vector<MatmulGroup>& groups) {
   for (const MatmulGroup& g : groups) check_group("matmul_grouped", g.w, g.x, g.n_tokens, g.y);
-  const std::vector<Task>& tasks = make_tasks(
+  const Work& work = make_work(
       groups, [](const MatmulGroup& g) { return g.w.rows; }, pool.n_threads());
   const std::vector<XRows> xs =
       direct_xs(isa, groups, [](const MatmulGroup& g) -> const Matrix& { return g.w; });
-  pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const Task& t = tasks[i];
+  pool.parallel_for(work.n_runs(), [&](int64_t begin, int64_t end) {
+    for (size_t i = work.runs[begin]; i < work.runs[end]; ++i) {
+      const Task& t = work.tasks[i];
       const MatmulGroup& g = groups[t.g];
       matmul_impl::matmul_rows_with(isa, matmul_impl::Path::kAuto, g.w, xs[t.g], g.n_tokens,
                                     g.y + t.r_begin, g.w.rows, t.r_begin, t.r_end);
@@ -128,14 +161,14 @@ void gated_matmul_grouped_with(simd::Isa isa, ThreadPool& pool,
                    << g.gate.rows << ", " << g.gate.cols << "] " << dtype_name(g.gate.dtype)
                    << " up [" << g.up.rows << ", " << g.up.cols << "] " << dtype_name(g.up.dtype));
   }
-  const std::vector<Task>& tasks = make_tasks(
+  const Work& work = make_work(
       groups, [](const GatedGroup& g) { return g.gate.rows; }, pool.n_threads());
   const std::vector<XRows> xs =
       direct_xs(isa, groups, [](const GatedGroup& g) -> const Matrix& { return g.gate; });
-  pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t begin, int64_t end) {
+  pool.parallel_for(work.n_runs(), [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> up;  // [n_tokens, nr] the task's up rows
-    for (int64_t i = begin; i < end; ++i) {
-      const Task& t = tasks[i];
+    for (size_t i = work.runs[begin]; i < work.runs[end]; ++i) {
+      const Task& t = work.tasks[i];
       const GatedGroup& g = groups[t.g];
       const int64_t n_ff = g.gate.rows, nr = t.r_end - t.r_begin;
       up.resize(static_cast<size_t>(g.n_tokens * nr));
