@@ -61,7 +61,7 @@ def main():
                 nll = F.cross_entropy(m(w[None])[0, :-1], w[1:], reduction="none")
                 tot += nll.sum().item()
                 n += nll.numel()
-                half = nll[ctx // 2 - 1: ctx - 2]  # predicting tokens ctx/2 .. ctx-2 ... from positions ctx/2-1..
+                half = nll[ctx // 2: ctx - 1]  # the logits of positions ctx/2 .. ctx-2
                 tot_h += half.sum().item()
                 n_h += half.numel()
         print(f"{len(ids) // ctx} chunks of {ctx}: perplexity {math.exp(tot / n):.2f} "
