@@ -19,12 +19,13 @@ Forward, as duet computes it:
 import json
 import math
 import os
-import struct
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+import safetensors_io
 
 
 def rms_norm(x, w, eps):
@@ -239,44 +240,12 @@ def bf16_bits(t):
     return t.detach().float().contiguous().to(torch.bfloat16).view(torch.int16).numpy().view("<u2")
 
 
-def write_safetensors(path, entries):
-    """entries: list of (name, dtype string, shape, bytes)."""
-    header = {"__metadata__": {"format": "pt"}}
-    off = 0
-    for name, dtype, shape, data in entries:
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + len(data)]}
-        off += len(data)
-    hj = json.dumps(header, separators=(",", ":")).encode()
-    hj += b" " * ((8 - len(hj) % 8) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(hj)))
-        f.write(hj)
-        for _, _, _, data in entries:
-            f.write(data)
-    os.replace(tmp, path)
-    return off
-
-
 def read_safetensors(path):
     """{name: (dtype string, shape, numpy array of raw values)}; BF16 as uint16 bits."""
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        base = 8 + n
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
     out = {}
-    for name, h in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = h["data_offsets"]
-        raw = mm[base + b: base + e]
-        dt = h["dtype"]
-        if dt == "BF16":
-            arr = raw.view("<u2")
-        else:
-            arr = raw.view(kStDtypes[dt][1])
-        out[name] = (dt, h["shape"], arr.reshape(h["shape"]))
+    for name, dt, shape, raw in safetensors_io.read_safetensors(path):
+        arr = raw.view("<u2") if dt == "BF16" else raw.view(kStDtypes[dt][1])
+        out[name] = (dt, shape, arr.reshape(shape))
     return out
 
 
@@ -315,5 +284,5 @@ def save_bf16_model_dir(model, model_dir, template_dir, config_dict):
         json.dump(config_dict, f, indent=2)
         f.write("\n")
     entries = [(n, "BF16", t.shape, bf16_bits(t).tobytes()) for n, t in model.hf_tensors()]
-    total = write_safetensors(os.path.join(model_dir, "model.safetensors"), entries)
+    total = safetensors_io.write_safetensors(os.path.join(model_dir, "model.safetensors"), entries)
     write_index(model_dir, entries, total)

@@ -16,29 +16,14 @@ Usage: to_fp8.py IN_DIR OUT_DIR      (numpy only; IN_DIR holds model.safetensors
 import json
 import os
 import shutil
-import struct
 import sys
 
 import numpy as np
 
+import safetensors_io
+
 kBlock = 128
 kMax = 448.0
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-    mm = np.memmap(path, dtype=np.uint8, mode="r")
-    base = 8 + n
-    out = []
-    for name, h in header.items():
-        if name == "__metadata__":
-            continue
-        b, e = h["data_offsets"]
-        out.append((name, h["dtype"], h["shape"], mm[base + b: base + e]))
-    out.sort(key=lambda t: t[3].__array_interface__["data"][0])  # file order
-    return out
 
 
 def to_f32(dtype, raw, shape):
@@ -110,7 +95,7 @@ def main():
 
     entries = []
     n_fp8 = 0
-    for name, dtype, shape, raw in read_safetensors(os.path.join(src, "model.safetensors")):
+    for name, dtype, shape, raw in safetensors_io.read_safetensors(os.path.join(src, "model.safetensors")):
         w = to_f32(dtype, raw, shape)
         if is_fp8(name, shape):
             codes, scale = quantize_blocks(w)
@@ -121,18 +106,7 @@ def main():
         else:
             entries.append((name, "BF16", shape, f32_to_bf16_bits(w).tobytes()))
 
-    header = {"__metadata__": {"format": "pt"}}
-    off = 0
-    for name, dtype, shape, data in entries:
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + len(data)]}
-        off += len(data)
-    hj = json.dumps(header, separators=(",", ":")).encode()
-    hj += b" " * ((8 - len(hj) % 8) % 8)
-    with open(os.path.join(dst, "model.safetensors"), "wb") as f:
-        f.write(struct.pack("<Q", len(hj)))
-        f.write(hj)
-        for _, _, _, data in entries:
-            f.write(data)
+    off = safetensors_io.write_safetensors(os.path.join(dst, "model.safetensors"), entries)
     with open(os.path.join(dst, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": off},
                    "weight_map": {n: "model.safetensors" for n, _, _, _ in entries}}, f, indent=2)
