@@ -49,9 +49,9 @@ struct Work {
 
 // The work of the groups with work, in group order: tasks of kTaskRows rows, each a run of its
 // own; or, up to kStreamMaxTokens tokens in every group, the groups' rows end to end in two equal
-// runs per thread (of whole 16-row tiles, at least kTaskRows), cut inside a group only at a
-// multiple of 4 rows (a block of int8 rows). Reuses the calling thread's buffers, so a step does
-// not allocate.
+// runs per thread (of whole 16-row tiles, at least kTaskRows). A run is cut inside a group only
+// at a multiple of 4 rows (a block of int8 rows). Reuses the calling thread's buffers, so a step
+// does not allocate.
 template <typename G, typename RowsOf>
 const Work& make_work(const std::vector<G>& groups, RowsOf rows_of, int n_threads) {
   thread_local Work w;
@@ -60,24 +60,21 @@ const Work& make_work(const std::vector<G>& groups, RowsOf rows_of, int n_thread
   const auto close_run = [&] {
     if (w.tasks.size() > w.runs.back()) w.runs.push_back(w.tasks.size());
   };
-  if (most_tokens(groups) > kStreamMaxTokens) {
-    for (size_t g = 0; g < groups.size(); ++g) {
-      if (groups[g].n_tokens == 0) continue;
-      const int64_t rows = rows_of(groups[g]);
-      for (int64_t r = 0; r < rows; r += kTaskRows) {
-        w.tasks.push_back({static_cast<int32_t>(g), r, std::min(rows, r + kTaskRows)});
-        close_run();
-      }
-    }
-    return w;
+  const bool stream = most_tokens(groups) <= kStreamMaxTokens;
+  int64_t per_run = kTaskRows;
+  if (stream) {
+    int64_t total = 0;
+    for (const G& g : groups) total += g.n_tokens > 0 ? rows_of(g) : 0;
+    const int64_t share = (total + 2 * n_threads - 1) / (2 * n_threads);
+    per_run = std::max(kTaskRows, (share + 15) / 16 * 16);
   }
-  int64_t total = 0;
-  for (const G& g : groups) total += g.n_tokens > 0 ? rows_of(g) : 0;
-  const int64_t share = (total + 2 * n_threads - 1) / (2 * n_threads);
-  const int64_t per_run = std::max(kTaskRows, (share + 15) / 16 * 16);
   int64_t left = per_run;  // rows the current run still takes
   for (size_t g = 0; g < groups.size(); ++g) {
     if (groups[g].n_tokens == 0) continue;
+    if (!stream) {  // runs of 64-row tasks stay inside their group
+      close_run();
+      left = per_run;
+    }
     const int64_t rows = rows_of(groups[g]);
     for (int64_t r = 0; r < rows;) {
       int64_t take = std::min(rows - r, left);
@@ -127,8 +124,8 @@ std::vector<XRows> direct_xs(simd::Isa isa, const std::vector<G>& groups, Weight
 int64_t scatter_cols_per_task(int64_t n_out, int64_t most, int n_threads) {
   constexpr int64_t kTile = 16;
   const int64_t want = n_out / (2 * static_cast<int64_t>(n_threads)) / kTile * kTile;
-  return std::clamp<int64_t>(want, kTile,
-                             most > kStreamMaxTokens ? kTaskRows : std::max(kTile, want));
+  return most > kStreamMaxTokens ? std::clamp<int64_t>(want, kTile, kTaskRows)
+                                 : std::max(kTile, want);
 }
 
 }  // namespace
