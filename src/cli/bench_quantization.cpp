@@ -79,7 +79,7 @@ void run_quantization_bench(const AlternatingBenchOptions& o) {
       o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
       (long long)o.gen_len, pool.n_threads(), matmul_isa(), matmul_int_kernel(), o.rounds);
   for (size_t i = 0; i < qs.size(); ++i) {
-    std::printf("  %-5s weights %.1f MiB (%s)\n", quantization_name(qs[i]),
+    std::printf("  %-9s weights %.1f MiB (%s)\n", quantization_name(qs[i]),
                 models[i]->weight_bytes() / 1048576.0, describe(models[i]->quantization()).c_str());
   }
   double bw = measure_read_bandwidth(pool);
@@ -91,7 +91,7 @@ void run_quantization_bench(const AlternatingBenchOptions& o) {
   bw = std::max(bw, measure_read_bandwidth(pool));
   std::printf("measured read bandwidth %.1f GB/s; medians of %d rounds, alternating:\n", bw / 1e9,
               o.rounds);
-  std::printf("  %-5s %12s %8s %12s %8s %14s %12s\n", "quant", "prefill t/s", "ratio", "decode t/s",
+  std::printf("  %-9s %12s %8s %12s %8s %14s %12s\n", "quant", "prefill t/s", "ratio", "decode t/s",
               "ratio", "bytes/step MB", "decode/limit");
   double prefill0 = 0, decode0 = 0;
   for (size_t i = 0; i < qs.size(); ++i) {
@@ -104,7 +104,7 @@ void run_quantization_bench(const AlternatingBenchOptions& o) {
     const double p = median(pre), d = median(dec), b = median(bytes);
     if (i == 0) prefill0 = p, decode0 = d;
     const double limit = b > 0 ? bw / b * double(o.batch) : 0.0;
-    std::printf("  %-5s %12.1f %8.2f %12.1f %8.2f %14.1f %12.2f\n", quantization_name(qs[i]), p,
+    std::printf("  %-9s %12.1f %8.2f %12.1f %8.2f %14.1f %12.2f\n", quantization_name(qs[i]), p,
                 prefill0 > 0 ? p / prefill0 : 0.0, d, decode0 > 0 ? d / decode0 : 0.0, b / 1e6,
                 limit > 0 ? d / limit : 0.0);
   }

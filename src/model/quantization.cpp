@@ -10,7 +10,8 @@ Quantization parse_quantization(const std::string& name) {
   if (name == "none") return Quantization::kNone;
   if (name == "int8") return Quantization::kInt8;
   if (name == "int4") return Quantization::kInt4;
-  DUET_ERROR("--quantization " << name << ": expected none, int8 or int4");
+  if (name == "int4_pure") return Quantization::kInt4Pure;
+  DUET_ERROR("--quantization " << name << ": expected none, int8, int4 or int4_pure");
 }
 
 const char* quantization_name(Quantization q) {
@@ -19,15 +20,34 @@ const char* quantization_name(Quantization q) {
       return "int8";
     case Quantization::kInt4:
       return "int4";
+    case Quantization::kInt4Pure:
+      return "int4_pure";
     case Quantization::kNone:
       break;
   }
   return "none";
 }
 
-DType quantized_dtype(Quantization q) {
-  DUET_CHECK(q != Quantization::kNone, "quantized_dtype: no quantization");
-  return q == Quantization::kInt4 ? DType::kQ4 : DType::kQ8;
+namespace {
+
+bool is_output_head(const std::string& name) {
+  return name == "lm_head.weight";
+}
+
+}  // namespace
+
+DType quantized_dtype(Quantization q, const std::string& name) {
+  switch (q) {
+    case Quantization::kInt8:
+      return DType::kQ8;
+    case Quantization::kInt4:
+      return is_output_head(name) ? DType::kQ8 : DType::kQ4;
+    case Quantization::kInt4Pure:
+      return DType::kQ4;
+    case Quantization::kNone:
+      break;
+  }
+  DUET_ERROR("quantized_dtype: no quantization for " << name);
 }
 
 bool quantized_at_load(const std::string& name) {
@@ -39,8 +59,10 @@ bool quantized_at_load(const std::string& name) {
 std::string describe(const QuantizationReport& r) {
   if (r.quantization == Quantization::kNone) return "none";
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%s: %lld matrices, %.1f MiB -> %.1f MiB",
-                quantization_name(r.quantization), static_cast<long long>(r.n_matrices),
+  std::snprintf(buf, sizeof buf, "%s%s: %lld matrices, %.1f MiB -> %.1f MiB",
+                quantization_name(r.quantization),
+                r.quantization == Quantization::kInt4 ? " (output head int8)" : "",
+                static_cast<long long>(r.n_matrices),
                 r.bytes_before / 1048576.0, r.bytes_after / 1048576.0);
   return buf;
 }

@@ -11,14 +11,19 @@ namespace duet {
 enum class Quantization {
   kNone,  // weights as the checkpoint stores them
   kInt8,  // DType::kQ8 (kernels/quantize.h): groups of 32 columns, an f16 scale each, a row factor
-  kInt4,  // DType::kQ4 (kernels/quantize.h): the same groups of 4-bit values
+  kInt4,  // DType::kQ4 (kernels/quantize.h): the same groups of 4-bit values, but the output
+          // head kQ8, as llama-quantize keeps Q4_0's output head at 6 bits (Q6_K): the head is
+          // one matrix, the last, and its rounding moves every logit
+  kInt4Pure,  // every quantized matrix kQ4, the head too (llama-quantize's --pure)
 };
 
-// "none" | "int8" | "int4"; anything else throws duet::Error naming the value and the choices.
+// "none" | "int8" | "int4" | "int4_pure"; anything else throws duet::Error naming the value and
+// the choices.
 Quantization parse_quantization(const std::string& name);
 const char* quantization_name(Quantization q);
-// The weight layout of q (not kNone): kQ8 or kQ4.
-DType quantized_dtype(Quantization q);
+// The weight layout q (not kNone) gives the matrix `name` (one quantized_at_load accepts): kQ8
+// or kQ4.
+DType quantized_dtype(Quantization q, const std::string& name);
 
 // Whether the loader quantizes the matrix `name`: every linear layer's weights (routed and
 // shared experts, dense MLPs, attention projections, the output head) except those read other
@@ -36,7 +41,7 @@ struct QuantizationReport {
   uint64_t bytes_after = 0;
 };
 
-// "int8: 36 matrices, 1.2 GiB → 650.0 MiB" (or "none").
+// "int8: 36 matrices, 1.2 GiB → 650.0 MiB" (or "none"); int4 adds "(output head int8)".
 std::string describe(const QuantizationReport& r);
 
 }  // namespace duet

@@ -256,7 +256,7 @@ TEST_F(CliTest, NoRepackReadsWeightsAsStored) {
 // loads) with one error line; int8 and int4 say what they quantized and the resident bytes at
 // start-up.
 TEST_F(CliTest, QuantizationIsCheckedAndReported) {
-  const std::string want = "--quantization int3: expected none, int8 or int4";
+  const std::string want = "--quantization int3: expected none, int8, int4 or int4_pure";
   expect_error(run_duet("generate " + dir_ + " --prompt-ids 1 --quantization int3"), want);
   expect_error(run_duet("serve " + dir_ + " --port 0 --quantization int3"), want);
   expect_error(run_duet("bench latency " + dir_ + " --quantization int3"), want);
@@ -268,7 +268,8 @@ TEST_F(CliTest, QuantizationIsCheckedAndReported) {
   RunResult gen4 =
       run_duet("generate " + dir_ + " --prompt-ids 5,6,7,8 --max-tokens 4 --quantization int4");
   ASSERT_EQ(gen4.exit_code, 0) << gen4.out;
-  EXPECT_NE(gen4.out.find("quantization int4: "), std::string::npos) << gen4.out;
+  EXPECT_NE(gen4.out.find("quantization int4 (output head int8): "), std::string::npos)
+      << gen4.out;
   RunResult bench = run_duet("bench latency " + dir_ +
                              " --batch 2 --prompt-len 4 --gen-len 2 --threads 1 "
                              "--quantization int8");
@@ -278,15 +279,16 @@ TEST_F(CliTest, QuantizationIsCheckedAndReported) {
   // --quantizations: the loads side by side, a row each, ratios to the first.
   RunResult both = run_duet("bench latency " + dir_ +
                             " --batch 1 --prompt-len 4 --gen-len 3 --threads 1 --rounds 2 "
-                            "--quantizations none,int8,int4");
+                            "--quantizations none,int8,int4,int4_pure");
   ASSERT_EQ(both.exit_code, 0) << both.out;
   const size_t table = both.out.find("decode/limit\n");
   ASSERT_NE(table, std::string::npos) << both.out;
   EXPECT_NE(both.out.find("\n  none  ", table), std::string::npos) << both.out;
   EXPECT_NE(both.out.find("\n  int8  ", table), std::string::npos) << both.out;
   EXPECT_NE(both.out.find("\n  int4  ", table), std::string::npos) << both.out;
+  EXPECT_NE(both.out.find("\n  int4_pure ", table), std::string::npos) << both.out;
   expect_error(run_duet("bench latency " + dir_ + " --quantizations none,int9"),
-               "--quantization int9: expected none, int8 or int4");
+               "--quantization int9: expected none, int8, int4 or int4_pure");
 }
 
 // --profile-ops adds decode time per kind of operation, each layer's summed under one name;

@@ -20,9 +20,10 @@ namespace duet::test {
 // row's scale. Tests that expect the same greedy tokens from two numerics use them. Chosen and
 // checked by the NumPy reference (tests/reference/decisive_prompts.py, the `decisive_prompts`
 // test), stored in tests/engine/decisive_prompts.json: 3 prompts of 5, 9 and 13 tokens.
-// With `quantization` "int4": prompts on which the model with its int4-quantized matrices
-// dequantized decides so firmly (the 4-bit model departs further from the original than those
-// roundings move it, so the original's prompts need not be its).
+// With `quantization` "int4" or "int4_pure": prompts on which the model with the matrices that
+// --quantization quantizes dequantized (int4's output head from int8, int4_pure's from int4)
+// decides so firmly (the 4-bit model departs further from the original than those roundings move
+// it, so the original's prompts need not be its).
 inline std::vector<std::vector<int32_t>> decisive_prompts(const std::string& arch, DType dtype,
                                                           const std::string& quantization = "") {
   const std::string path = std::string(DUET_SOURCE_DIR) + "/tests/engine/decisive_prompts.json";

@@ -42,7 +42,7 @@ std::string dequantized_copy(const std::string& dir, Quantization q) {
       m.rows = t.dim(0);
       m.cols = t.dim(1);
       m.data = t.data;
-      const std::vector<float> v = dequantize_int(QuantizedMatrix(m, quantized_dtype(q)).view());
+      const std::vector<float> v = dequantize_int(QuantizedMatrix(m, quantized_dtype(q, name)).view());
       d.dtype = DType::kF32;
       d.bytes.resize(v.size() * sizeof(float));
       std::memcpy(d.bytes.data(), v.data(), d.bytes.size());
@@ -84,7 +84,7 @@ TEST_P(QuantizedGenerateTest, GreedyTokensEqualTheDequantizedModel) {
 
   std::vector<GenerateRequest> reqs;
   for (std::vector<int32_t>& prompt :
-       test::decisive_prompts(arch, weights, quant == Quantization::kInt4 ? "int4" : "")) {
+       test::decisive_prompts(arch, weights, quant == Quantization::kInt8 ? "" : quantization_name(quant))) {
     reqs.emplace_back();
     reqs.back().prompt = std::move(prompt);
     reqs.back().max_tokens = 8;
@@ -100,12 +100,34 @@ INSTANTIATE_TEST_SUITE_P(
     Archs, QuantizedGenerateTest,
     ::testing::Combine(::testing::Values("qwen3_moe", "deepseek_v2", "mixtral"),
                        ::testing::Values(DType::kF32, DType::kBF16),
-                       ::testing::Values(Quantization::kInt8, Quantization::kInt4)),
+                       ::testing::Values(Quantization::kInt8, Quantization::kInt4,
+                                         Quantization::kInt4Pure)),
     [](const ::testing::TestParamInfo<std::tuple<std::string, DType, Quantization>>& info) {
       return std::get<0>(info.param) +
              (std::get<1>(info.param) == DType::kBF16 ? "_bf16_weights_" : "_f32_weights_") +
              quantization_name(std::get<2>(info.param));
     });
+
+// int4's output head is int8 and int4_pure's int4, every other matrix int4 in both: the step's
+// dense bytes differ by exactly the head's two sizes.
+TEST(QuantizedLoadTest, Int4HoldsTheOutputHeadAtInt8) {
+  const std::string dir = test::tiny_model_dir("qwen3_moe", DType::kBF16);
+  std::unique_ptr<Model> int4 = Model::load(dir, quantized_options(Quantization::kInt4));
+  std::unique_ptr<Model> pure = Model::load(dir, quantized_options(Quantization::kInt4Pure));
+  const SafetensorsSet set = SafetensorsSet::open_dir(dir);
+  const TensorView& head = set.get("lm_head.weight");
+  Matrix m;
+  m.dtype = head.dtype;
+  m.rows = head.dim(0);
+  m.cols = head.dim(1);
+  m.data = head.data;
+  const uint64_t q8 = QuantizedMatrix(m, DType::kQ8).view().nbytes();
+  const uint64_t q4 = QuantizedMatrix(m, DType::kQ4).view().nbytes();
+  ASSERT_GT(q8, q4);
+  EXPECT_EQ(int4->dense_bytes_per_step() - pure->dense_bytes_per_step(), q8 - q4);
+  EXPECT_EQ(int4->quantization().n_matrices, pure->quantization().n_matrices);
+  EXPECT_EQ(int4->quantization().bytes_after - pure->quantization().bytes_after, q8 - q4);
+}
 
 struct EpCase {
   const char* arch;
@@ -159,11 +181,14 @@ INSTANTIATE_TEST_SUITE_P(
                       EpCase{"qwen3_moe", 2, All2AllBackend::kHighThroughput, Quantization::kInt4},
                       EpCase{"qwen3_moe", 4, All2AllBackend::kLowLatency, Quantization::kInt4},
                       EpCase{"deepseek_v3", 2, All2AllBackend::kLowLatency, Quantization::kInt4},
-                      EpCase{"mixtral", 2, All2AllBackend::kHighThroughput, Quantization::kInt4}),
+                      EpCase{"mixtral", 2, All2AllBackend::kHighThroughput, Quantization::kInt4},
+                      EpCase{"qwen3_moe", 2, All2AllBackend::kLowLatency, Quantization::kInt4Pure}),
     [](const ::testing::TestParamInfo<EpCase>& info) {
       return std::string(info.param.arch) + "_ep" + std::to_string(info.param.world) + "_" +
              all2all_backend_name(info.param.backend) +
-             (info.param.quantization == Quantization::kInt4 ? "_int4" : "");
+             (info.param.quantization == Quantization::kInt8
+                  ? ""
+                  : std::string("_") + quantization_name(info.param.quantization));
     });
 
 }  // namespace

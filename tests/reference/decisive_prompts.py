@@ -16,13 +16,14 @@ tests/engine/tiny_models.h makes it) and each prompt followed by its greedy cont
     every greedy step's top-1/top-2 logit gap is at least MIN_LOGIT_GAP times max(1, max |logit|):
     both well above how far the roundings move them (ROUTE_MOVE / LOGIT_MOVE, measured below).
 
-A key ending in `_int4` holds prompts decisive for the model whose matrices --quantization int4
-quantizes are replaced by their dequantized values (the 4-bit model departs further from the
-original than bf16 roundings move it, so the original's decisive prompts need not be its).
+A key ending in `_int4` (or `_int4_pure`) holds prompts decisive for the model whose matrices
+--quantization int4 (int4_pure) quantizes are replaced by their dequantized values (the 4-bit
+model departs further from the original than bf16 roundings move it, so the original's decisive
+prompts need not be its); int4 keeps the output head at int8, int4_pure makes it int4 too.
 
     /usr/bin/python3 tests/reference/decisive_prompts.py --duet build/duet check
     /usr/bin/python3 tests/reference/decisive_prompts.py --duet build/duet find [--candidates N] \
-        [--quantization int4]
+        [--quantization int4|int4_pure]
 """
 
 import argparse
@@ -54,6 +55,7 @@ PROMPT_LENS = (5, 9, 13)  # one request of each length: the tests batch them tog
 # random prompt of ~20 tokens has a margin below 1e-3 about half the time.
 MIN_ROUTE_MARGIN = 5e-3
 MIN_LOGIT_GAP = 2e-2
+STRIDES = (53, 59, 61, 67)  # between a candidate prompt's successive ids
 NUMERICS = list(itertools.product((False, True), (False, True)))  # (kv_bf16, act_bf16)
 
 
@@ -86,15 +88,35 @@ def dequantized_int4(w):
     return (d * q).reshape(rows, -1)[:, :cols]
 
 
-def make_int4(model_dir):
-    """A copy of model_dir with its int4-quantized matrices dequantized (f32)."""
-    out = model_dir + "-int4"
+def dequantized_int8(w):
+    """w [rows, cols] quantized as kernels/quantize.h's kQ8 and back, in f32: per group of 32
+    columns, d = max|w| / 127, q = round(w / d) to nearest even (the scales' 16-bit rounding, a
+    relative 2^-11 or less, left out: it moves no decision these prompts are chosen by)."""
+    w = np.asarray(w, dtype=np.float32)
+    rows, cols = w.shape
+    pad = (-cols) % 32
+    g = np.pad(w, ((0, 0), (0, pad))).reshape(rows, -1, 32)
+    d = np.abs(g).max(axis=2, keepdims=True) / np.float32(127.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(d != 0, np.rint(g / d), 0).astype(np.float32)
+    return (d * q).reshape(rows, -1)[:, :cols]
+
+
+def make_int4(model_dir, pure):
+    """A copy of model_dir with its int4-quantized matrices dequantized (f32); the output head
+    dequantized from int8 unless `pure`, as --quantization int4 and int4_pure hold it."""
+    out = model_dir + ("-int4_pure" if pure else "-int4")
     if not os.path.exists(out):
         store = TensorStore(model_dir)
         tensors = {}
         for name in store.names():
             w = store.get(name, np.float32)
-            tensors[name] = dequantized_int4(w) if w.ndim == 2 and quantized_at_load(name) else w
+            if w.ndim != 2 or not quantized_at_load(name):
+                tensors[name] = w
+            elif name == "lm_head.weight" and not pure:
+                tensors[name] = dequantized_int8(w)
+            else:
+                tensors[name] = dequantized_int4(w)
         write_model_dir(out, tensors)
         for f in os.listdir(model_dir):
             if not f.endswith((".safetensors", ".index.json")):
@@ -103,11 +125,12 @@ def make_int4(model_dir):
 
 
 def model_for(duet, tmp, key):
-    """The tiny model a key of the prompts file names: <arch>_<dtype>[_int4]."""
-    int4 = key.endswith("_int4")
-    arch, dtype = key.removesuffix("_int4").rsplit("_", 1)
+    """The tiny model a key of the prompts file names: <arch>_<dtype>[_int4|_int4_pure]."""
+    pure = key.endswith("_int4_pure")
+    int4 = pure or key.endswith("_int4")
+    arch, dtype = key.removesuffix("_pure").removesuffix("_int4").rsplit("_", 1)
     model_dir = make_tiny(duet, tmp, arch, dtype)
-    return make_int4(model_dir) if int4 else model_dir
+    return make_int4(model_dir, pure) if int4 else model_dir
 
 
 def run(model_dir, prompt, kv_bf16, act_bf16):
@@ -160,7 +183,10 @@ def find(duet, n_candidates, quantization):
                 for length in PROMPT_LENS:
                     best = None
                     for c in range(n_candidates):
-                        prompt = [(53 * j + 31 * c + 17 * length + 2) % n_vocab for j in range(length)]
+                        # n_vocab candidates per stride (31 · c cycles through the vocabulary),
+                        # then the next stride
+                        stride = STRIDES[(c // n_vocab) % len(STRIDES)]
+                        prompt = [(stride * j + 31 * c + 17 * length + 2) % n_vocab for j in range(length)]
                         first = run(model_dir, prompt, False, False)
                         margin = min(m for _, m in first[1])
                         if margin < MIN_ROUTE_MARGIN or first[2] < MIN_LOGIT_GAP:
@@ -181,7 +207,7 @@ def main():
     ap.add_argument("--duet", default=os.environ.get("DUET"), required=False)
     ap.add_argument("command", choices=["check", "find"])
     ap.add_argument("--candidates", type=int, default=400)
-    ap.add_argument("--quantization", choices=["none", "int4"], default="none",
+    ap.add_argument("--quantization", choices=["none", "int4", "int4_pure"], default="none",
                     help="find: prompts for the models dequantized from this quantization")
     args = ap.parse_args()
     if not args.duet:
