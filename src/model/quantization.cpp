@@ -62,8 +62,8 @@ std::string describe(const QuantizationReport& r) {
   std::snprintf(buf, sizeof buf, "%s%s: %lld matrices, %.1f MiB -> %.1f MiB",
                 quantization_name(r.quantization),
                 r.quantization == Quantization::kInt4 ? " (output head int8)" : "",
-                static_cast<long long>(r.n_matrices),
-                r.bytes_before / 1048576.0, r.bytes_after / 1048576.0);
+                static_cast<long long>(r.n_matrices), r.bytes_before / 1048576.0,
+                r.bytes_after / 1048576.0);
   return buf;
 }
 

@@ -109,7 +109,8 @@ void release_pages(const void* data, size_t bytes) {
 Matrix CheckpointSource::quantized(const std::string& name, const Matrix& m) {
   auto it = quantized_copies_.find(name);
   if (it == quantized_copies_.end()) {
-    it = quantized_copies_.try_emplace(name, m, quantized_dtype(quantized_.quantization, name)).first;
+    it = quantized_copies_.try_emplace(name, m, quantized_dtype(quantized_.quantization, name))
+             .first;
     const uint64_t before = bytes_by_name_[name], after = it->second.view().nbytes();
     if (converted_.count(name) == 0) release_pages(m.data, before);
     quantized_.n_matrices += 1;

@@ -268,8 +268,7 @@ TEST_F(CliTest, QuantizationIsCheckedAndReported) {
   RunResult gen4 =
       run_duet("generate " + dir_ + " --prompt-ids 5,6,7,8 --max-tokens 4 --quantization int4");
   ASSERT_EQ(gen4.exit_code, 0) << gen4.out;
-  EXPECT_NE(gen4.out.find("quantization int4 (output head int8): "), std::string::npos)
-      << gen4.out;
+  EXPECT_NE(gen4.out.find("quantization int4 (output head int8): "), std::string::npos) << gen4.out;
   RunResult bench = run_duet("bench latency " + dir_ +
                              " --batch 2 --prompt-len 4 --gen-len 2 --threads 1 "
                              "--quantization int8");

@@ -42,7 +42,8 @@ std::string dequantized_copy(const std::string& dir, Quantization q) {
       m.rows = t.dim(0);
       m.cols = t.dim(1);
       m.data = t.data;
-      const std::vector<float> v = dequantize_int(QuantizedMatrix(m, quantized_dtype(q, name)).view());
+      const std::vector<float> v =
+          dequantize_int(QuantizedMatrix(m, quantized_dtype(q, name)).view());
       d.dtype = DType::kF32;
       d.bytes.resize(v.size() * sizeof(float));
       std::memcpy(d.bytes.data(), v.data(), d.bytes.size());
@@ -83,8 +84,8 @@ TEST_P(QuantizedGenerateTest, GreedyTokensEqualTheDequantizedModel) {
   EXPECT_EQ(q8->weight_dtype(), weights);  // the KV cache follows the checkpoint's dtype
 
   std::vector<GenerateRequest> reqs;
-  for (std::vector<int32_t>& prompt :
-       test::decisive_prompts(arch, weights, quant == Quantization::kInt8 ? "" : quantization_name(quant))) {
+  for (std::vector<int32_t>& prompt : test::decisive_prompts(
+           arch, weights, quant == Quantization::kInt8 ? "" : quantization_name(quant))) {
     reqs.emplace_back();
     reqs.back().prompt = std::move(prompt);
     reqs.back().max_tokens = 8;
