@@ -288,6 +288,50 @@ TEST(MatmulFp8Test, DirectXWidensOncePerProductBelowThePairs) {
   set_matmul_batch_invariant(false);
 }
 
+// One token on a CPU with AVX-512 BF16 and VBMI: the look-up kernel takes every code (each row
+// holds all 254 non-NaN codes, shifted per row), ragged row ends (masked 64-code steps), rows
+// not a multiple of its 4-row tiles, row slices, 64-column blocks and scales from 1e-30 to 1e30,
+// as the dequantized product on the rounded x; matmul() at one token gives its bits (the
+// dispatch), and blocks not whole multiples of 64 columns are not its.
+TEST(MatmulFp8Test, LookUpKernelTakesOneTokenForEveryCode) {
+  if (!fp8_impl::lut_supported()) GTEST_SKIP() << "no AVX-512 BF16 and VBMI";
+  std::mt19937 rng(19);
+  ThreadPool pool(2);
+  const Shape shapes[] = {
+      {7, 1000, 128, 128}, {13, 320, 64, 64}, {4, 64, 128, 128}, {9, 37, 128, 128}};
+  for (const Shape& s : shapes) {
+    Fp8Weights w = random_fp8(rng, s, 30.0);
+    for (int64_t r = 0; r < s.rows; ++r)
+      for (int64_t c = 0; c < s.cols; ++c) {
+        const int64_t k = (c + 17 * r) % 254;  // codes 0..126 and 128..254
+        w.codes[r * s.cols + c] = static_cast<uint8_t>(k < 127 ? k : k + 1);
+      }
+    ASSERT_TRUE(fp8_impl::lut_applies(w.m));
+    const std::vector<float> x = random_x(rng, s.cols);
+    const std::vector<float> xm = as_multiplied(Isa::kAvx512Bf16, x, 1);
+    const std::vector<float> wd = dequantized(w.m);
+    const Matrix wf{DType::kF32, s.rows, s.cols, wd.data()};
+    std::vector<float> want(static_cast<size_t>(s.rows));
+    matmul_scalar(wf, xm.data(), 1, want.data());
+    std::vector<uint16_t> xb(static_cast<size_t>(s.cols));
+    for (int64_t c = 0; c < s.cols; ++c) xb[c] = f32_to_bf16(x[c]);
+    const std::string at = "[" + std::to_string(s.rows) + ", " + std::to_string(s.cols) + "]";
+    std::vector<float> got(want.size(), -1.0f);
+    fp8_impl::matmul_row_lut(w.m, xb.data(), got.data(), 0, s.rows);
+    expect_close(got, want, abs_product(w.m, xm, 1), "look-up " + at);
+    for (int64_t r0 = 1; r0 < s.rows; r0 += 3) {  // rows [r0, rows) alone
+      std::vector<float> part(static_cast<size_t>(s.rows - r0));
+      fp8_impl::matmul_row_lut(w.m, xb.data(), part.data(), r0, s.rows);
+      for (int64_t r = r0; r < s.rows; ++r) ASSERT_EQ(part[r - r0], got[r]) << at << " row " << r;
+    }
+    std::vector<float> via(want.size());
+    matmul_impl::matmul_with(Isa::kAvx512Bf16, matmul_impl::Path::kAuto, pool, w.m, x.data(), 1,
+                             via.data());
+    EXPECT_EQ(via, got) << at;
+  }
+  EXPECT_FALSE(fp8_impl::lut_applies(random_fp8(rng, {8, 96, 16, 48}).m));
+}
+
 // A row slice starting inside a block (MLA's per-head slices of kv_b_proj) reads its rows' scales.
 TEST(MatmulFp8Test, RowSliceInsideABlockKeepsItsScales) {
   std::mt19937 rng(12);
