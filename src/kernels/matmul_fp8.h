@@ -66,14 +66,16 @@ RowsFn pairs_rows_fn(simd::Isa isa);
 using XwColsFn = void (*)(const Matrix&, const float*, int64_t, float*, int64_t, int64_t);
 XwColsFn xw_cols_fn(simd::Isa isa);
 
-// One-token products by byte look-ups (matmul_fp8_lut.cpp): on CPUs with AVX-512 BF16 and VBMI
+// Few-token products by byte look-ups (matmul_fp8_lut.cpp): on CPUs with AVX-512 BF16 and VBMI
 // (lut_supported), for w whose blocks are whole multiples of 64 columns (lut_applies),
-// y[r - r_begin] = x · w[r] for r in [r_begin, r_end), x one row rounded to bf16 (round_x), each
-// code looked up as bf16(value × 2^-8) and multiplied in pairs (vdpbf16ps), so with the same
-// weights and x as the pairs kernels, summed in another order.
+// y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), t < n_tokens, x's rows
+// rounded to bf16 (round_x) ldx apart, each code looked up as bf16(value × 2^-8) once per block
+// of up to 3 tokens and multiplied in pairs (vdpbf16ps): the same weights and x as the pairs
+// kernels, summed in another order.
 bool lut_supported();
 bool lut_applies(const Matrix& w);
-void matmul_row_lut(const Matrix& w, const uint16_t* x, float* y, int64_t r_begin, int64_t r_end);
+void matmul_rows_lut(const Matrix& w, const uint16_t* x, int64_t ldx, int64_t n_tokens, float* y,
+                     int64_t ldy, int64_t r_begin, int64_t r_end);
 
 // The 16 codes' values × 2^-120, as matmul_rows_shift_avx512 widens them (needs AVX-512): the
 // code's bits shifted into an f32's, exact for every code but the NaNs 0x7f and 0xff.

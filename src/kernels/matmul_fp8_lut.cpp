@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "kernels/matmul_fp8.h"
+#include "kernels/matmul_impl.h"
 
 namespace duet::fp8_impl {
 
@@ -28,7 +29,8 @@ namespace {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 constexpr int64_t kChunk = 64;  // codes a step reads per row
-constexpr int kRows = 4;        // rows per tile
+constexpr int kRows = 4;        // rows per tile at one token (tile_rows)
+constexpr int kTokens = 3;      // tokens per tile
 // Rows are prefetched from the first tile at least this far past the current one: one tile of
 // 1 KB rows (4 KB) ahead left one thread reading 15-16 GB/s from memory, two tiles 19-21.
 constexpr int64_t kPrefetchBytes = 8192;
@@ -89,28 +91,38 @@ DUET_TARGET_FP8_LUT DUET_ALWAYS_INLINE __mmask64 first_bytes(int64_t n) {
   return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
 }
 
-// y[i] = x · w[r + i] for i < R: per block of bc columns, R vector sums of pairs, multiplied by
-// the block's scale into R totals. Unless pf is null, R rows of codes at pf (cols apart: the next
-// tile's, or a later one's) are prefetched a cache line a step, as the other fp8 kernels do.
-template <int R>
+// y[j * ldy + i] = x[j] · w[r + i] for i < R, j < T (x's rounded rows ldx apart): per block of
+// bc columns, R × T vector sums of pairs, multiplied by the block's scale into R × T totals; each
+// row's 64 codes are looked up once for all T tokens. Unless pf is null, R rows of codes at pf
+// (cols apart: a later tile's) are prefetched a cache line a step, as the other fp8 kernels do.
+template <int R, int T>
 DUET_TARGET_FP8_LUT void lut_tile(const Regs& g, const uint8_t* const* wr, const float* const* sr,
-                                  int64_t cols, int64_t bc, const uint16_t* x, float* y,
-                                  const uint8_t* pf) {
-  __m512 tot[R];
+                                  int64_t cols, int64_t bc, const uint16_t* x, int64_t ldx,
+                                  float* y, int64_t ldy, const uint8_t* pf) {
+  __m512 tot[R][T];
 #pragma GCC unroll 8
-  for (int i = 0; i < R; ++i) tot[i] = _mm512_setzero_ps();
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < T; ++j) tot[i][j] = _mm512_setzero_ps();
   for (int64_t b = 0, c0 = 0; c0 < cols; ++b, c0 += bc) {  // block b: no division per block
     const int64_t c1 = std::min(cols, c0 + bc);
-    __m512 blk[R];
+    __m512 blk[R][T];
 #pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) blk[i] = _mm512_setzero_ps();
+    for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+      for (int j = 0; j < T; ++j) blk[i][j] = _mm512_setzero_ps();
     for (int64_t c = c0; c < c1; c += kChunk) {
       const int64_t n = c1 - c;  // past the block's (or the row's) end: zero codes and x
       const __mmask64 k = first_bytes(n);
-      const __m512i x0 = _mm512_maskz_loadu_epi16(static_cast<__mmask32>(k), x + c);
-      const __m512i x1 = _mm512_maskz_loadu_epi16(static_cast<__mmask32>(k >> 32), x + c + 32);
-      const __m512bh xa = (__m512bh)_mm512_permutex2var_epi16(x0, g.first, x1);
-      const __m512bh xb = (__m512bh)_mm512_permutex2var_epi16(x0, g.second, x1);
+      __m512bh xa[T], xb[T];
+#pragma GCC unroll 8
+      for (int j = 0; j < T; ++j) {
+        const uint16_t* xj = x + j * ldx + c;
+        const __m512i x0 = _mm512_maskz_loadu_epi16(static_cast<__mmask32>(k), xj);
+        const __m512i x1 = _mm512_maskz_loadu_epi16(static_cast<__mmask32>(k >> 32), xj + 32);
+        xa[j] = (__m512bh)_mm512_permutex2var_epi16(x0, g.first, x1);
+        xb[j] = (__m512bh)_mm512_permutex2var_epi16(x0, g.second, x1);
+      }
       if (pf) {
 #pragma GCC unroll 8
         for (int i = 0; i < R; ++i)
@@ -124,15 +136,45 @@ DUET_TARGET_FP8_LUT void lut_tile(const Regs& g, const uint8_t* const* wr, const
         const __m512i hi =
             _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(g.hi_a, a, g.hi_b), a, g.sign, 0xf8);
         const __m512i lo = _mm512_permutex2var_epi8(g.lo_a, a, g.lo_b);
-        blk[i] = _mm512_dpbf16_ps(blk[i], (__m512bh)_mm512_unpacklo_epi8(lo, hi), xa);
-        blk[i] = _mm512_dpbf16_ps(blk[i], (__m512bh)_mm512_unpackhi_epi8(lo, hi), xb);
+        const __m512bh wa = (__m512bh)_mm512_unpacklo_epi8(lo, hi);
+        const __m512bh wb = (__m512bh)_mm512_unpackhi_epi8(lo, hi);
+#pragma GCC unroll 8
+        for (int j = 0; j < T; ++j) {
+          blk[i][j] = _mm512_dpbf16_ps(blk[i][j], wa, xa[j]);
+          blk[i][j] = _mm512_dpbf16_ps(blk[i][j], wb, xb[j]);
+        }
       }
     }
 #pragma GCC unroll 8
-    for (int i = 0; i < R; ++i) tot[i] = _mm512_fmadd_ps(blk[i], _mm512_set1_ps(sr[i][b]), tot[i]);
+    for (int i = 0; i < R; ++i) {
+      const __m512 s = _mm512_set1_ps(sr[i][b]);
+#pragma GCC unroll 8
+      for (int j = 0; j < T; ++j) tot[i][j] = _mm512_fmadd_ps(blk[i][j], s, tot[i][j]);
+    }
   }
 #pragma GCC unroll 8
-  for (int i = 0; i < R; ++i) y[i] = _mm512_reduce_add_ps(tot[i]) * 256.0f;
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < T; ++j) y[j * ldy + i] = _mm512_reduce_add_ps(tot[i][j]) * 256.0f;
+}
+
+using TileFn = void (*)(const Regs&, const uint8_t* const*, const float* const*, int64_t, int64_t,
+                        const uint16_t*, int64_t, float*, int64_t, const uint8_t*);
+
+// The tile for nr rows and nt tokens (1 to kTokens): 4 rows at one token, 2 rows (or 1, for the
+// last) from two on, so that the sums, totals, x's pairs and the tables fit in 32 registers.
+TileFn tile_fn(int nr, int nt) {
+  static constexpr TileFn kOneRow[kTokens] = {&lut_tile<1, 1>, &lut_tile<1, 2>, &lut_tile<1, 3>};
+  static constexpr TileFn kTwoRows[kTokens] = {&lut_tile<2, 1>, &lut_tile<2, 2>, &lut_tile<2, 3>};
+  DUET_CHECK(nt >= 1 && nt <= kTokens && (nr == 1 || nr == 2 || (nr == kRows && nt == 1)),
+             "fp8 lut tile: " << nr << " rows, " << nt << " tokens");
+  if (nr == kRows) return &lut_tile<kRows, 1>;
+  return nr == 2 ? kTwoRows[nt - 1] : kOneRow[nt - 1];
+}
+
+// Rows per tile for blocks of at most nt tokens.
+constexpr int tile_rows(int64_t nt) {
+  return nt == 1 ? kRows : 2;
 }
 
 #pragma GCC diagnostic pop
@@ -150,29 +192,32 @@ bool lut_applies(const Matrix& w) {
   return w.f8.block_cols % kChunk == 0;
 }
 
-DUET_TARGET_FP8_LUT void matmul_row_lut(const Matrix& w, const uint16_t* x, float* y,
-                                        int64_t r_begin, int64_t r_end) {
-  DUET_CHECK(lut_applies(w), "fp8 lut: block_cols " << w.f8.block_cols);
+DUET_TARGET_FP8_LUT void matmul_rows_lut(const Matrix& w, const uint16_t* x, int64_t ldx,
+                                         int64_t n_tokens, float* y, int64_t ldy, int64_t r_begin,
+                                         int64_t r_end) {
+  DUET_CHECK(lut_applies(w) && n_tokens >= 1,
+             "fp8 lut: block_cols " << w.f8.block_cols << ", " << n_tokens << " tokens");
   const Regs g = regs();
   const int64_t cols = w.cols, bc = w.f8.block_cols;
   const auto* codes = static_cast<const uint8_t*>(w.data);
-  const int64_t ahead = std::max<int64_t>(1, (kPrefetchBytes / cols + kRows - 1) / kRows) * kRows;
+  const matmul_impl::EvenBlocks tb(n_tokens, kTokens);
+  const int rows = tile_rows(tb.size(0));  // the largest block's
+  const int64_t ahead = std::max<int64_t>(1, (kPrefetchBytes / cols + rows - 1) / rows) * rows;
   for (int64_t r = r_begin; r < r_end;) {
-    const bool full = r_end - r >= kRows;
-    const int nr = full ? kRows : 1;
+    const int nr = r_end - r >= rows ? rows : 1;
     const uint8_t* wr[kRows];
     const float* sr[kRows];
     for (int i = 0; i < nr; ++i) {
       wr[i] = codes + (r + i) * cols;
       sr[i] = scale_row(w, r + i);
     }
-    // The rows `ahead` past these (past r_end another task's or past the matrix: prefetches never
-    // fault); the ones between were prefetched by earlier tiles.
-    const uint8_t* pf = codes + (r + ahead) * cols;
-    if (full) {
-      lut_tile<kRows>(g, wr, sr, cols, bc, x, y + (r - r_begin), pf);
-    } else {
-      lut_tile<1>(g, wr, sr, cols, bc, x, y + (r - r_begin), pf);
+    for (int64_t b = 0; b < tb.n; ++b) {
+      const int64_t t = tb.begin(b);
+      // The rows `ahead` past these (past r_end another task's or past the matrix: prefetches
+      // never fault), with the first block of tokens; the ones between came with earlier tiles.
+      const uint8_t* pf = b == 0 ? codes + (r + ahead) * cols : nullptr;
+      tile_fn(nr, static_cast<int>(tb.size(b)))(g, wr, sr, cols, bc, x + t * ldx, ldx,
+                                                y + t * ldy + (r - r_begin), ldy, pf);
     }
     r += nr;
   }

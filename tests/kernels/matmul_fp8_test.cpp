@@ -288,12 +288,13 @@ TEST(MatmulFp8Test, DirectXWidensOncePerProductBelowThePairs) {
   set_matmul_batch_invariant(false);
 }
 
-// One token on a CPU with AVX-512 BF16 and VBMI: the look-up kernel takes every code (each row
-// holds all 254 non-NaN codes, shifted per row), ragged row ends (masked 64-code steps), rows
-// not a multiple of its 4-row tiles, row slices, 64-column blocks and scales from 1e-30 to 1e30,
-// as the dequantized product on the rounded x; matmul() at one token gives its bits (the
-// dispatch), and blocks not whole multiples of 64 columns are not its.
-TEST(MatmulFp8Test, LookUpKernelTakesOneTokenForEveryCode) {
+// Below the pairs' token count on a CPU with AVX-512 BF16 and VBMI: the look-up kernel takes
+// every code (each row holds all 254 non-NaN codes, shifted per row), ragged row ends (masked
+// 64-code steps), rows not a multiple of its tiles, row ranges, 1 to 7 tokens (blocks of up to
+// 3), 64-column blocks and scales from 1e-30 to 1e30, as the dequantized product on the rounded
+// x; matmul() below 8 tokens gives its bits (the dispatch), and blocks not whole multiples of 64
+// columns are not its.
+TEST(MatmulFp8Test, LookUpKernelTakesFewTokensForEveryCode) {
   if (!fp8_impl::lut_supported()) GTEST_SKIP() << "no AVX-512 BF16 and VBMI";
   std::mt19937 rng(19);
   ThreadPool pool(2);
@@ -307,27 +308,35 @@ TEST(MatmulFp8Test, LookUpKernelTakesOneTokenForEveryCode) {
         w.codes[r * s.cols + c] = static_cast<uint8_t>(k < 127 ? k : k + 1);
       }
     ASSERT_TRUE(fp8_impl::lut_applies(w.m));
-    const std::vector<float> x = random_x(rng, s.cols);
-    const std::vector<float> xm = as_multiplied(Isa::kAvx512Bf16, x, 1);
     const std::vector<float> wd = dequantized(w.m);
     const Matrix wf{DType::kF32, s.rows, s.cols, wd.data()};
-    std::vector<float> want(static_cast<size_t>(s.rows));
-    matmul_scalar(wf, xm.data(), 1, want.data());
-    std::vector<uint16_t> xb(static_cast<size_t>(s.cols));
-    for (int64_t c = 0; c < s.cols; ++c) xb[c] = f32_to_bf16(x[c]);
-    const std::string at = "[" + std::to_string(s.rows) + ", " + std::to_string(s.cols) + "]";
-    std::vector<float> got(want.size(), -1.0f);
-    fp8_impl::matmul_row_lut(w.m, xb.data(), got.data(), 0, s.rows);
-    expect_close(got, want, abs_product(w.m, xm, 1), "look-up " + at);
-    for (int64_t r0 = 1; r0 < s.rows; r0 += 3) {  // rows [r0, rows) alone
-      std::vector<float> part(static_cast<size_t>(s.rows - r0));
-      fp8_impl::matmul_row_lut(w.m, xb.data(), part.data(), r0, s.rows);
-      for (int64_t r = r0; r < s.rows; ++r) ASSERT_EQ(part[r - r0], got[r]) << at << " row " << r;
+    for (int64_t n = 1; n < matmul_impl::kFp8PairsMinTokens; ++n) {
+      const std::vector<float> x = random_x(rng, n * s.cols);
+      const std::vector<float> xm = as_multiplied(Isa::kAvx512Bf16, x, n);
+      std::vector<float> want(static_cast<size_t>(n * s.rows));
+      matmul_scalar(wf, xm.data(), n, want.data());
+      const int64_t ldx = s.cols + 3;  // rows apart by more than their length
+      std::vector<uint16_t> xb(static_cast<size_t>(n * ldx), 0x7fc0);  // NaN between rows
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t c = 0; c < s.cols; ++c) xb[t * ldx + c] = f32_to_bf16(x[t * s.cols + c]);
+      const std::string at = "[" + std::to_string(s.rows) + ", " + std::to_string(s.cols) + "], " +
+                             std::to_string(n) + " tokens";
+      std::vector<float> got(want.size(), -1.0f);
+      fp8_impl::matmul_rows_lut(w.m, xb.data(), ldx, n, got.data(), s.rows, 0, s.rows);
+      expect_close(got, want, abs_product(w.m, xm, n), "look-up " + at);
+      for (int64_t r0 = 1; r0 < s.rows; r0 += 3) {  // rows [r0, rows) alone
+        const int64_t nr = s.rows - r0;
+        std::vector<float> part(static_cast<size_t>(n * nr));
+        fp8_impl::matmul_rows_lut(w.m, xb.data(), ldx, n, part.data(), nr, r0, s.rows);
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t r = r0; r < s.rows; ++r)
+            ASSERT_EQ(part[t * nr + r - r0], got[t * s.rows + r]) << at << " row " << r;
+      }
+      std::vector<float> via(want.size());
+      matmul_impl::matmul_with(Isa::kAvx512Bf16, matmul_impl::Path::kAuto, pool, w.m, x.data(), n,
+                               via.data());
+      EXPECT_EQ(via, got) << at;
     }
-    std::vector<float> via(want.size());
-    matmul_impl::matmul_with(Isa::kAvx512Bf16, matmul_impl::Path::kAuto, pool, w.m, x.data(), 1,
-                             via.data());
-    EXPECT_EQ(via, got) << at;
   }
   EXPECT_FALSE(fp8_impl::lut_applies(random_fp8(rng, {8, 96, 16, 48}).m));
 }
