@@ -16,4 +16,13 @@ DUET_TARGET_AVX512 inline __m512 widen(__m128i codes) {
   return _mm512_cvtph_ps(_mm256_and_si256(h, _mm256_set1_epi16(static_cast<int16_t>(0xbfff))));
 }
 
+// Zeroes R × T vector sums, unrolled so that they stay in registers.
+template <int R, int T>
+DUET_TARGET_AVX512 DUET_ALWAYS_INLINE void zero_sums(__m512 (&sums)[R][T]) {
+#pragma GCC unroll 8
+  for (int i = 0; i < R; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < T; ++j) sums[i][j] = _mm512_setzero_ps();
+}
+
 }  // namespace duet::fp8_simd

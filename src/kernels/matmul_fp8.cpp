@@ -159,17 +159,11 @@ DUET_TARGET_AVX512 void tile(const Matrix& w, int64_t r, const float* const* xt,
   const float* sr[R];
   tile_rows<R>(w, r, wr, sr);
   __m512 tot[R][T];
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 8
-    for (int j = 0; j < T; ++j) tot[i][j] = _mm512_setzero_ps();
+  fp8_simd::zero_sums(tot);
   for (int64_t b = 0, c0 = 0; c0 < cols; ++b, c0 += bc) {  // block b: no division per block
     const int64_t c1 = std::min(cols, c0 + bc);
     __m512 blk[R][T];
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i)
-#pragma GCC unroll 8
-      for (int j = 0; j < T; ++j) blk[i][j] = _mm512_setzero_ps();
+    fp8_simd::zero_sums(blk);
     // Whole vectors with plain loads (the byte load folds into the widening), a cache line of
     // codes per row at a time, then the ragged end masked.
     const int64_t c_full = c0 + (c1 - c0) / kW * kW;

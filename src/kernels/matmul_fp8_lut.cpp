@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/fp8_simd_impl.h"
 #include "kernels/matmul_fp8.h"
 #include "kernels/matmul_impl.h"
 
@@ -100,17 +101,11 @@ DUET_TARGET_FP8_LUT void lut_tile(const Regs& g, const uint8_t* const* wr, const
                                   int64_t cols, int64_t bc, const uint16_t* x, int64_t ldx,
                                   float* y, int64_t ldy, const uint8_t* pf) {
   __m512 tot[R][T];
-#pragma GCC unroll 8
-  for (int i = 0; i < R; ++i)
-#pragma GCC unroll 8
-    for (int j = 0; j < T; ++j) tot[i][j] = _mm512_setzero_ps();
+  fp8_simd::zero_sums(tot);
   for (int64_t b = 0, c0 = 0; c0 < cols; ++b, c0 += bc) {  // block b: no division per block
     const int64_t c1 = std::min(cols, c0 + bc);
     __m512 blk[R][T];
-#pragma GCC unroll 8
-    for (int i = 0; i < R; ++i)
-#pragma GCC unroll 8
-      for (int j = 0; j < T; ++j) blk[i][j] = _mm512_setzero_ps();
+    fp8_simd::zero_sums(blk);
     for (int64_t c = c0; c < c1; c += kChunk) {
       const int64_t n = c1 - c;  // past the block's (or the row's) end: zero codes and x
       const __mmask64 k = first_bytes(n);
