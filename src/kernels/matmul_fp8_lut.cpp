@@ -1,11 +1,11 @@
-// One-token products with fp8 weights on CPUs with AVX-512 BF16 and VBMI (Zen 4, Sapphire Rapids):
-// each 64 codes become 64 exact bf16 values by two 128-entry byte look-ups (vpermi2b: the high and
-// the low bytes of code → bf16(value × 2^-8), the sign OR-ed into the high byte) and two byte
-// interleavings, and are multiplied with vdpbf16ps, 32 products an instruction: 7 instructions
-// for 64 weights where widening to f32 takes 16 (matmul_fp8.cpp's shift path). The interleaving
-// works within 128-bit lanes, so the two vectors hold codes {0-7, 16-23, 32-39, 48-55} and
-// {8-15, 24-31, 40-47, 56-63} of the 64; x's bf16 pairs are permuted alike (two vpermt2w per 64
-// columns, shared by a tile's 4 rows).
+// Few-token products (decode's, below the pairs kernels' 8 tokens) with fp8 weights on CPUs with
+// AVX-512 BF16 and VBMI (Zen 4, Sapphire Rapids): each 64 codes become 64 exact bf16 values by two
+// 128-entry byte look-ups (vpermi2b: the high and the low bytes of code → bf16(value × 2^-8), the
+// sign OR-ed into the high byte) and two byte interleavings, and are multiplied with vdpbf16ps,
+// 32 products an instruction: 7 instructions for 64 weights where widening to f32 takes 16
+// (matmul_fp8.cpp's shift path). The interleaving works within 128-bit lanes, so the two vectors
+// hold codes {0-7, 16-23, 32-39, 48-55} and {8-15, 24-31, 40-47, 56-63} of the 64; x's bf16
+// pairs are permuted alike (two vpermt2w per 64 columns and token, shared by a tile's rows).
 #include <immintrin.h>
 
 #include <algorithm>
