@@ -222,7 +222,7 @@ XRows direct_x(simd::Isa isa, const Matrix& w, XRows x, int64_t n_tokens, XBuffe
   if (rounds_x(isa, w.dtype)) {
     if (n_tokens == 0) return x;
     const XRows rounded = round_x(x, cols, n_tokens, buf.bf16);
-    return w.dtype == DType::kF8E4M3 && fp8_reads_widened(n_tokens)
+    return w.dtype == DType::kF8E4M3 && fp8_reads_widened(isa, w, n_tokens)
                ? widen_x(rounded, cols, n_tokens, buf.f32)
                : rounded;
   }

@@ -74,6 +74,10 @@ XwColsFn xw_cols_fn(simd::Isa isa);
 // kernels, summed in another order.
 bool lut_supported();
 bool lut_applies(const Matrix& w);
+// Whether a product on isa of n_tokens tokens with w runs the look-ups: on kAvx512Bf16 where
+// lut_supported and lut_applies, below matmul_impl::kFp8PairsMinTokens, and not while
+// batch-invariant (whose sums must not depend on the token count).
+bool lut_serves(simd::Isa isa, const Matrix& w, int64_t n_tokens);
 void matmul_rows_lut(const Matrix& w, const uint16_t* x, int64_t ldx, int64_t n_tokens, float* y,
                      int64_t ldy, int64_t r_begin, int64_t r_end);
 

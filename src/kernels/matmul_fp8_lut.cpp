@@ -187,6 +187,11 @@ bool lut_applies(const Matrix& w) {
   return w.f8.block_cols % kChunk == 0;
 }
 
+bool lut_serves(simd::Isa isa, const Matrix& w, int64_t n_tokens) {
+  return isa == simd::Isa::kAvx512Bf16 && n_tokens < matmul_impl::kFp8PairsMinTokens &&
+         !matmul_batch_invariant() && lut_supported() && lut_applies(w);
+}
+
 DUET_TARGET_FP8_LUT void matmul_rows_lut(const Matrix& w, const uint16_t* x, int64_t ldx,
                                          int64_t n_tokens, float* y, int64_t ldy, int64_t r_begin,
                                          int64_t r_end) {

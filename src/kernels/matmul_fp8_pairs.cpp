@@ -50,13 +50,11 @@ void matmul_rows_dpbf16(const Matrix& w, XRows x, int64_t n_tokens, float* y, in
   thread_local std::vector<uint16_t> x_buf;
   if (!x.bf16) x = matmul_impl::round_x(x, w.cols, n_tokens, x_buf);
   // Fewer tokens than the pairs take (decode's experts and projections): codes looked up as bf16
-  // where the CPU can; not in batch-invariant products, which sum every token count's rows in
-  // the shift path's order.
-  if (kIsa == simd::Isa::kAvx512Bf16 && n_tokens < matmul_impl::kFp8PairsMinTokens &&
-      lut_supported() && lut_applies(w) && !matmul_batch_invariant()) {
+  // where the CPU can.
+  if (lut_serves(kIsa, w, n_tokens)) {
     return matmul_rows_lut(w, x.bf16, x.ld, n_tokens, y, ldy, r_begin, r_end);
   }
-  if (matmul_impl::fp8_reads_widened(n_tokens)) {
+  if (matmul_impl::fp8_reads_widened(kIsa, w, n_tokens)) {
     thread_local std::vector<float> f32_buf;  // unless direct_x widened x for the whole product
     if (!x.widened) x = matmul_impl::widen_x(x, w.cols, n_tokens, f32_buf);
     return matmul_rows_shift_avx512(w, XRows(x.widened, x.ld), n_tokens, y, ldy, r_begin, r_end);
@@ -79,6 +77,11 @@ RowsFn pairs_rows_fn(simd::Isa isa) {
 }  // namespace duet::fp8_impl
 
 namespace duet::matmul_impl {
+
+bool fp8_reads_widened(simd::Isa isa, const Matrix& w, int64_t n_tokens) {
+  if (matmul_batch_invariant()) return true;
+  return n_tokens < kFp8PairsMinTokens && !fp8_impl::lut_serves(isa, w, n_tokens);
+}
 
 DUET_TARGET_AVX512 XRows widen_x(XRows x, int64_t cols, int64_t n_tokens, std::vector<float>& buf) {
   DUET_CHECK(x.bf16 && x.ld >= (cols + 15) / 16 * 16,

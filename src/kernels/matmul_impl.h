@@ -113,12 +113,11 @@ inline bool rounds_x(simd::Isa isa, DType dtype) {
 // memory against 36), at 6 even, from 8 on the pairs (86–89 from cache against 63–72).
 constexpr int64_t kFp8PairsMinTokens = 8;
 
-// Whether products with fp8 weights on an instruction set that multiplies bf16 pairs read x's
-// rounded rows widened to f32 × 2^64 (widen_x) for n_tokens tokens: below kFp8PairsMinTokens,
-// and at every count while batch-invariant.
-inline bool fp8_reads_widened(int64_t n_tokens) {
-  return n_tokens < kFp8PairsMinTokens || matmul_batch_invariant();
-}
+// Whether products with fp8 weights w on isa (one that multiplies bf16 pairs) read x's rounded
+// rows widened to f32 × 2^64 (widen_x) for n_tokens tokens: below kFp8PairsMinTokens where the
+// byte look-ups do not serve them (fp8_impl::lut_serves), and at every count while
+// batch-invariant (matmul_fp8_pairs.cpp).
+bool fp8_reads_widened(simd::Isa isa, const Matrix& w, int64_t n_tokens);
 
 // x[n_tokens, cols] rounded to bf16 (to nearest even, NaN kept, as f32_to_bf16) into buf: rows
 // at a 64-byte aligned address, whole cache lines plus one apart, zero past cols. Needs AVX-512
@@ -139,8 +138,8 @@ struct XBuffer {
 
 // x as the kernels of isa best read it for a product with weights w of n_tokens rows:
 // - rounded to bf16 (round_x, into buf.bf16) where rounds_x(isa, w.dtype), for any token count
-//   and either path, and for fp8 weights where fp8_reads_widened(n_tokens) also widened (widen_x,
-//   into buf.f32), once per product rather than in each of its tasks;
+//   and either path, and for fp8 weights where fp8_reads_widened(isa, w, n_tokens) also
+//   widened (widen_x, into buf.f32), once per product rather than in each of its tasks;
 // - quantized to int8 (matmul_q8::quantize_x, into buf.q8) for kQ8 and kQ4 weights;
 // - x itself where isa's kernels read w from its panels (they broadcast x's elements in place);
 // - else as the direct path reads it: x itself where it reads it in place (few tokens, aligned

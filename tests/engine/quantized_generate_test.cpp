@@ -21,6 +21,16 @@
 namespace duet {
 namespace {
 
+// The 2-D tensor t as a Matrix of its rows as stored.
+Matrix matrix_of(const TensorView& t) {
+  Matrix m;
+  m.dtype = t.dtype;
+  m.rows = t.dim(0);
+  m.cols = t.dim(1);
+  m.data = t.data;
+  return m;
+}
+
 // A copy of the model in `dir` whose matrices that --quantization quantizes hold the f32 values
 // of their quantized form (d · q) under q; every other tensor and file as it was.
 std::string dequantized_copy(const std::string& dir, Quantization q) {
@@ -37,13 +47,8 @@ std::string dequantized_copy(const std::string& dir, Quantization q) {
     const TensorView& t = set.get(name);
     TensorData d{name, t.dtype, t.shape, {}};
     if (t.shape.size() == 2 && quantized_at_load(name)) {
-      Matrix m;
-      m.dtype = t.dtype;
-      m.rows = t.dim(0);
-      m.cols = t.dim(1);
-      m.data = t.data;
       const std::vector<float> v =
-          dequantize_int(QuantizedMatrix(m, quantized_dtype(q, name)).view());
+          dequantize_int(QuantizedMatrix(matrix_of(t), quantized_dtype(q, name)).view());
       d.dtype = DType::kF32;
       d.bytes.resize(v.size() * sizeof(float));
       std::memcpy(d.bytes.data(), v.data(), d.bytes.size());
@@ -116,12 +121,7 @@ TEST(QuantizedLoadTest, Int4HoldsTheOutputHeadAtInt8) {
   std::unique_ptr<Model> int4 = Model::load(dir, quantized_options(Quantization::kInt4));
   std::unique_ptr<Model> pure = Model::load(dir, quantized_options(Quantization::kInt4Pure));
   const SafetensorsSet set = SafetensorsSet::open_dir(dir);
-  const TensorView& head = set.get("lm_head.weight");
-  Matrix m;
-  m.dtype = head.dtype;
-  m.rows = head.dim(0);
-  m.cols = head.dim(1);
-  m.data = head.data;
+  const Matrix m = matrix_of(set.get("lm_head.weight"));
   const uint64_t q8 = QuantizedMatrix(m, DType::kQ8).view().nbytes();
   const uint64_t q4 = QuantizedMatrix(m, DType::kQ4).view().nbytes();
   ASSERT_GT(q8, q4);

@@ -249,9 +249,10 @@ TEST(MatmulFp8Test, PairKernelsEqualTheirEmulation) {
   }
 }
 
-// Below the pairs' token count (and while batch-invariant), direct_x widens the rounded x once
-// per product (x.widened = each rounded value × 2^64, at the rounded rows' stride), and the row
-// kernels give the same bits from it as from x itself, which they round and widen per call.
+// Below the pairs' token count where the look-ups do not serve (and while batch-invariant),
+// direct_x widens the rounded x once per product (x.widened = each rounded value × 2^64, at the
+// rounded rows' stride), and the row kernels give the same bits from it as from x itself, which
+// they round and widen per call; where the look-ups serve, it does not widen.
 TEST(MatmulFp8Test, DirectXWidensOncePerProductBelowThePairs) {
   std::mt19937 rng(18);
   const int64_t rows = 40, cols = 300;
@@ -268,7 +269,7 @@ TEST(MatmulFp8Test, DirectXWidensOncePerProductBelowThePairs) {
         matmul_impl::XBuffer buf;
         const XRows d = matmul_impl::direct_x(isa, w.m, x.data(), n, buf);
         ASSERT_NE(d.bf16, nullptr) << what;
-        ASSERT_EQ(d.widened != nullptr, matmul_impl::fp8_reads_widened(n)) << what;
+        ASSERT_EQ(d.widened != nullptr, matmul_impl::fp8_reads_widened(isa, w.m, n)) << what;
         if (d.widened) {
           EXPECT_EQ(reinterpret_cast<uintptr_t>(d.widened) % 64, 0u) << what;
           for (int64_t t = 0; t < n; ++t)

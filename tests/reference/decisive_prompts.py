@@ -73,33 +73,34 @@ def quantized_at_load(name):
                               "self_attn.kv_b_proj.weight"))
 
 
+def groups_of_32(w):
+    """(w [rows, cols] as f32 in groups of 32 columns [rows, ceil(cols / 32), 32], zero-padded; cols)."""
+    w = np.asarray(w, dtype=np.float32)
+    rows, cols = w.shape
+    return np.pad(w, ((0, 0), (0, (-cols) % 32))).reshape(rows, -1, 32), cols
+
+
 def dequantized_int4(w):
     """w [rows, cols] quantized as kernels/quantize.h's kQ4 and back, in f32: per group of 32
     columns, d = m / -8 (m the first weight of largest magnitude), q = round(w / d) to nearest
     even, clamped to [-8, 7]."""
-    w = np.asarray(w, dtype=np.float32)
-    rows, cols = w.shape
-    pad = (-cols) % 32
-    g = np.pad(w, ((0, 0), (0, pad))).reshape(rows, -1, 32)
+    g, cols = groups_of_32(w)
     m = np.take_along_axis(g, np.argmax(np.abs(g), axis=2)[..., None], axis=2)
     d = m / np.float32(-8.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(d != 0, np.clip(np.rint(g / d), -8, 7), 0).astype(np.float32)
-    return (d * q).reshape(rows, -1)[:, :cols]
+    return (d * q).reshape(g.shape[0], -1)[:, :cols]
 
 
 def dequantized_int8(w):
     """w [rows, cols] quantized as kernels/quantize.h's kQ8 and back, in f32: per group of 32
     columns, d = max|w| / 127, q = round(w / d) to nearest even (the scales' 16-bit rounding, a
     relative 2^-11 or less, left out: it moves no decision these prompts are chosen by)."""
-    w = np.asarray(w, dtype=np.float32)
-    rows, cols = w.shape
-    pad = (-cols) % 32
-    g = np.pad(w, ((0, 0), (0, pad))).reshape(rows, -1, 32)
+    g, cols = groups_of_32(w)
     d = np.abs(g).max(axis=2, keepdims=True) / np.float32(127.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(d != 0, np.rint(g / d), 0).astype(np.float32)
-    return (d * q).reshape(rows, -1)[:, :cols]
+    return (d * q).reshape(g.shape[0], -1)[:, :cols]
 
 
 def make_int4(model_dir, pure):
