@@ -34,8 +34,9 @@ struct OverlapBenchOptions {
 };
 
 // One mode of the comparison: "off", "tbo" or "dbo" (default off), with "+sbo" (the SBO flags as
-// given, or SBO's defaults), "+bf16" (bf16 rows), and "+auto" or "+thresholds" (--dbo-split for
-// this mode), e.g. "tbo+sbo+bf16", "sbo", "bf16", "dbo+thresholds".
+// given, or SBO's defaults), "+bf16" (bf16 rows), "+auto" or "+thresholds" (--dbo-split for
+// this mode), and "+serial" (the shared experts before the dispatch, beside no transfer), e.g.
+// "tbo+sbo+bf16", "sbo", "bf16", "dbo+thresholds", "serial" (nothing overlaps at all).
 struct BenchMode {
   std::string name;
   DistOptions dist;  // the run's flags with this mode's overlap settings
@@ -50,6 +51,7 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
     std::stringstream parts(name);
     std::string part;
     int overlaps = 0;
+    bool serial = false;
     while (std::getline(parts, part, '+')) {
       if (part == "off" || part == "tbo" || part == "dbo") {
         ++overlaps;
@@ -70,19 +72,22 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
         parse_all2all_dtype(m.dist.all2all_combine_dtype);
       } else if (part == "auto" || part == "thresholds") {
         m.dist.dbo_split = part;
+      } else if (part == "serial") {
+        serial = true;
       } else {
         overlaps = 2;
       }
     }
     if (overlaps > 1) {
       DUET_ERROR("--modes: '" << name << "' is not off, tbo or dbo (default off) with +sbo (or "
-                              << "+sboN: N chunks), +bf16, +fp8 or +D/C (e.g. +fp8/bf16) and/or "
-                              << "+auto or +thresholds");
+                              << "+sboN: N chunks), +bf16, +fp8 or +D/C (e.g. +fp8/bf16), "
+                              << "+auto or +thresholds, and/or +serial");
     }
     if (!m.dist.enable_single_batch_overlap) {  // the SBO flags apply to +sbo modes only
       m.dist.sbo_combine_chunks = 0;
       m.dist.sbo_shared_experts = "auto";
     }
+    if (serial) m.dist.sbo_shared_experts = "serial";
     modes.push_back(std::move(m));
   }
   if (modes.empty()) DUET_ERROR("--modes: no mode given");
@@ -175,7 +180,8 @@ void add_bench_overlap(CLI::App& bench) {
       "--modes", o->modes,
       "Comma-separated modes, the first the baseline of 'vs': off | tbo | dbo, each optionally "
       "+sbo (+sboN: N chunks, forced), +bf16, +fp8 or +D/C (dispatch/combine rows, e.g. "
-      "+fp8/bf16), and +auto or +thresholds (--dbo-split) (default off,tbo,dbo,sbo)");
+      "+fp8/bf16), +auto or +thresholds (--dbo-split), and +serial (the shared experts before "
+      "the dispatch: 'serial' overlaps nothing) (default off,tbo,dbo,sbo)");
   cmd->add_option("--threads", o->threads, "Compute threads per rank");
   add_dist_options(cmd, o->dist);
   cmd->callback([o] {

@@ -45,8 +45,10 @@ std::string describe_sbo(const DistOptions& o) {
   }
   if (s.shared_experts_at) {
     if (!d.empty()) d += ", ";
-    d += std::string("shared experts beside the ") +
-         (*s.shared_experts_at == SharedExpertsAt::kCombine ? "combine" : "dispatch");
+    d += *s.shared_experts_at == SharedExpertsAt::kSerial
+             ? std::string("shared experts before the dispatch")
+             : std::string("shared experts beside the ") +
+                   (*s.shared_experts_at == SharedExpertsAt::kCombine ? "combine" : "dispatch");
   }
   return d.empty() ? d : ", sbo: " + d;
 }
@@ -65,9 +67,9 @@ void check_overlap(const DistOptions& o) {
   parse_all2all_dtype(o.all2all_dtype);
   if (!o.all2all_combine_dtype.empty()) parse_all2all_dtype(o.all2all_combine_dtype);
   if (o.sbo_shared_experts != "auto" && o.sbo_shared_experts != "dispatch" &&
-      o.sbo_shared_experts != "combine") {
+      o.sbo_shared_experts != "combine" && o.sbo_shared_experts != "serial") {
     DUET_ERROR("--sbo-shared-experts: '" << o.sbo_shared_experts
-                                         << "' is not auto, dispatch or combine");
+                                         << "' is not auto, dispatch, combine or serial");
   }
   if (sbo && !o.enable_expert_parallel) {
     DUET_ERROR(
@@ -158,8 +160,9 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
                   "128 KiB of the step's returning rows; else 1)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--sbo-shared-experts", o.sbo_shared_experts,
-                  "Where the shared experts run: while the dispatch or the combine travels "
-                  "(auto: the dispatch; with DBO, the combine)");
+                  "Where the shared experts run: while the dispatch or the combine travels, "
+                  "or serial (before the dispatch, beside neither: no overlap at all, the "
+                  "baseline for measuring); auto: the dispatch, with DBO the combine");
   cmd->add_option("--all2all-dtype", o.all2all_dtype,
                   "Element type of the rows dispatch and combine carry: f32 (default) | bf16 "
                   "(half the bytes; rows rounded to bf16) | fp8 (E4M3 with a scale per 128 "
@@ -247,6 +250,8 @@ SboSettings resolve_sbo(const DistOptions& o) {
     s.shared_experts_at = SharedExpertsAt::kDispatch;
   } else if (o.sbo_shared_experts == "combine") {
     s.shared_experts_at = SharedExpertsAt::kCombine;
+  } else if (o.sbo_shared_experts == "serial") {
+    s.shared_experts_at = SharedExpertsAt::kSerial;
   } else if (o.enable_single_batch_overlap && !o.enable_dbo) {
     // Beside the dispatch's first chunk, the wait no chunk hides (measured against beside the
     // combine's last chunk: 40 % less waiting, 1-2 % faster).

@@ -187,7 +187,11 @@ enum class SharedExpertsAt {
   kDispatch,  // between dispatch_send and dispatch_recv: computed while the dispatch travels
   kCombine,   // between combine_send and combine_recv: while the combine travels (seed 000's
               // DBO schedule: "C₁ send, S₁, MLP₀, C₁ recv")
+  kSerial,    // before dispatch_send: nothing computes while either transfer travels (the
+              // baseline that every overlap is measured against)
 };
+inline constexpr SharedExpertsAt kSharedExpertsAts[] = {
+    SharedExpertsAt::kDispatch, SharedExpertsAt::kCombine, SharedExpertsAt::kSerial};
 
 struct Operation {
   OpKind kind = OpKind::kYield;

@@ -97,9 +97,6 @@ void append_ffn_ops(std::vector<Operation>& ops, int64_t il, const FfnWeights& w
     add(OpKind::kMlp, [wp, D, eps](ForwardState& s) { dense_ffn(s, *wp, D, eps); });
     return;
   }
-  add(OpKind::kMoeRoute, [wp, D, eps](ForwardState& s) { moe_route(s, *wp, D, eps); });
-  add(OpKind::kDispatchSend, [wp, D](ForwardState& s) { dispatch_send(s, *wp, D); });
-  add(OpKind::kYield, nullptr);
   const auto add_shared = [&] {
     if (!w.has_shared) return;
     add(OpKind::kSharedExperts, [wp](ForwardState& s) {
@@ -107,6 +104,10 @@ void append_ffn_ops(std::vector<Operation>& ops, int64_t il, const FfnWeights& w
       mlp_forward(*s.pool, wp->shared, s.h.data(), s.n_tokens(), s.mlp, s.shared_out.data());
     });
   };
+  add(OpKind::kMoeRoute, [wp, D, eps](ForwardState& s) { moe_route(s, *wp, D, eps); });
+  if (shared_at == SharedExpertsAt::kSerial) add_shared();
+  add(OpKind::kDispatchSend, [wp, D](ForwardState& s) { dispatch_send(s, *wp, D); });
+  add(OpKind::kYield, nullptr);
   if (shared_at == SharedExpertsAt::kDispatch) add_shared();
   add(OpKind::kDispatchRecv,
       [](ForwardState& s) { s.expert_batch = &s.dispatcher->dispatch_recv(); });

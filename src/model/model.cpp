@@ -70,7 +70,7 @@ void Model::load_output(WeightSource& src) {
 void Model::build_operations() {
   const float eps = static_cast<float>(config_.rms_norm_eps);
   for (ForwardMode mode : kForwardModes) {
-    for (SharedExpertsAt at : {SharedExpertsAt::kDispatch, SharedExpertsAt::kCombine}) {
+    for (SharedExpertsAt at : kSharedExpertsAts) {
       // Both modes run the same lists today; the overlap strategies place their yields per mode.
       std::vector<Operation>& ops = ops_[static_cast<size_t>(mode)][static_cast<size_t>(at)];
       ops.clear();

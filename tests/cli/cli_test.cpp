@@ -448,11 +448,11 @@ TEST_F(CliTest, BenchOverlapRunsSboAndBf16Modes) {
   RunResult r = run_duet("bench overlap " + dir_ +
                          " --batch 4 --gen-len 3 --rounds 1 --threads 1 --data-parallel-size 2 "
                          "--enable-expert-parallel --distributed-backend inproc --all2all-backend "
-                         "low_latency --modes off,sbo,bf16,tbo+sbo+bf16,sbo3,sbo+fp8/bf16 "
+                         "low_latency --modes off,sbo,bf16,tbo+sbo+bf16,sbo3,sbo+fp8/bf16,serial "
                          "--sbo-combine-chunks 2");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   for (const char* row : {"\n1     off ", "\n1     sbo ", "\n1     bf16 ", "\n1     tbo+sbo+bf16 ",
-                          "\n1     sbo3 ", "\n1     sbo+fp8/bf16 "})
+                          "\n1     sbo3 ", "\n1     sbo+fp8/bf16 ", "\n1     serial "})
     EXPECT_NE(r.out.find(row), std::string::npos) << row << " in " << r.out;
 }
 
@@ -494,6 +494,7 @@ TEST_F(CliTest, SingleBatchOverlapGenerateEqualsOneRank) {
   for (const std::string flags :
        {"--enable-single-batch-overlap --all2all-backend low_latency",
         "--enable-single-batch-overlap --sbo-shared-experts dispatch",
+        "--sbo-shared-experts serial",
         "--sbo-combine-chunks 3 --all2all-backend low_latency --enable-two-batch-overlap",
         "--all2all-dtype bf16"}) {
     EXPECT_EQ(generated(flags + " --data-parallel-size 2 --enable-expert-parallel "

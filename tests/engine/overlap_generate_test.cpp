@@ -70,8 +70,11 @@ struct OverlapCase {
 std::string case_name(const OverlapCase& c) {
   std::string name = c.arch + "_" + overlap_mode_name(c.mode);
   if (c.combine_chunks > 1) name += "_chunks" + std::to_string(c.combine_chunks);
-  if (c.shared_at)
-    name += *c.shared_at == SharedExpertsAt::kCombine ? "_shared_combine" : "_shared_dispatch";
+  if (c.shared_at) {
+    name += *c.shared_at == SharedExpertsAt::kCombine    ? "_shared_combine"
+            : *c.shared_at == SharedExpertsAt::kSerial ? "_shared_serial"
+                                                         : "_shared_dispatch";
+  }
   return name;
 }
 
@@ -170,6 +173,8 @@ INSTANTIATE_TEST_SUITE_P(
         OverlapCase{"deepseek_v2", OverlapMode::kNone, 4, SharedExpertsAt::kDispatch},
         OverlapCase{"deepseek_v2", OverlapMode::kTbo, 2, SharedExpertsAt::kCombine},
         OverlapCase{"deepseek_v2", OverlapMode::kDbo, 3, SharedExpertsAt::kDispatch},
+        OverlapCase{"deepseek_v2", OverlapMode::kNone, 1, SharedExpertsAt::kSerial},
+        OverlapCase{"deepseek_v2", OverlapMode::kTbo, 1, SharedExpertsAt::kSerial},
         OverlapCase{"qwen3_moe", OverlapMode::kNone, 2, std::nullopt},
         OverlapCase{"qwen3_moe", OverlapMode::kDbo, 4, std::nullopt},
         OverlapCase{"mixtral", OverlapMode::kNone, 4, std::nullopt},

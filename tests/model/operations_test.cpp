@@ -106,11 +106,26 @@ TEST(OperationsTest, SharedExpertsCanRunWhileTheCombineTravels) {
   EXPECT_EQ(refusal(ops), "");
 }
 
+// The baseline of every overlap: the shared experts before the dispatch is posted, so that
+// nothing computes while either transfer travels.
+TEST(OperationsTest, SharedExpertsCanRunBeforeTheDispatch) {
+  std::unique_ptr<Model> model = Model::load(test::tiny_model_dir("deepseek_v2"));
+  const std::vector<Operation>& ops =
+      model->operations(ForwardMode::kDecode, SharedExpertsAt::kSerial);
+  const std::vector<std::string> all = names(ops);
+  const std::vector<std::string> names_l1(all.begin() + 4, all.begin() + 13);
+  EXPECT_EQ(names_l1,
+            (std::vector<std::string>{"L1.moe_route", "L1.shared_experts", "L1.dispatch_send",
+                                      "L1.yield0", "L1.dispatch_recv", "L1.experts",
+                                      "L1.combine_send", "L1.yield1", "L1.combine_recv"}));
+  EXPECT_EQ(refusal(ops), "");
+}
+
 TEST(OperationsTest, EveryArchitecturesListsPassTheCheck) {
   for (const char* arch : {"qwen3_moe", "mixtral", "deepseek_v2"}) {
     std::unique_ptr<Model> model = Model::load(test::tiny_model_dir(arch));
     for (ForwardMode mode : kForwardModes) {
-      for (SharedExpertsAt at : {SharedExpertsAt::kDispatch, SharedExpertsAt::kCombine}) {
+      for (SharedExpertsAt at : kSharedExpertsAts) {
         EXPECT_EQ(refusal(model->operations(mode, at)), "")
             << arch << " " << forward_mode_name(mode);
       }
