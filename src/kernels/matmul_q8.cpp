@@ -24,6 +24,7 @@ constexpr int64_t kSuper = kQ8Align;  // columns per superblock: 4 groups
 constexpr int64_t kSuperBytes = 512;  // bytes of a block's kQ8 superblock: 8 steps of 64
 constexpr int kSteps = 8;             // vectors of x per superblock (of kQ8 weights; kQ4: 4)
 constexpr int kLanes = 16;            // (row, group) pairs per block's superblock
+constexpr int64_t kPrefetchBytes = 8192;  // how far ahead the blocks prefetch their weights
 
 // Rows per pool task in matmul_with: few enough to spread one expert's rows over the threads.
 constexpr int64_t kTaskRows = 16;

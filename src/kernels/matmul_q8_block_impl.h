@@ -37,6 +37,17 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void block_once(const Block& b) {
     const int32_t* corr = b.corr + s * kLanes;
     const uint8_t* w = b.w + s * kBytes;
     const int8_t* x = b.x + s * kSuper;
+    // The weights kPrefetchBytes ahead in their stream (the next blocks' past the block's end:
+    // another thread's or past the matrix, prefetches never fault), and their scales as far
+    // ahead in theirs.
+#pragma GCC unroll 8
+    for (int64_t l = 0; l < kBytes; l += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + l), _MM_HINT_T1);
+    }
+    if (s % 2 == 0) {
+      _mm_prefetch(reinterpret_cast<const char*>(b.ws + (s + kPrefetchBytes / kBytes) * kLanes),
+                   _MM_HINT_T1);
+    }
     if constexpr (kBits == 8) {
 #pragma GCC unroll 8
       for (int t = 0; t < kT; ++t) acc[t] = K::init(corr + t * n_super * kLanes);
