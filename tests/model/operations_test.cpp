@@ -92,33 +92,31 @@ TEST(OperationsTest, ListsNameKindAndLayerAndNumberTheStages) {
   EXPECT_THROW(model->operations(ForwardMode::kIdle), Error);
 }
 
+// Layer 1's operations of deepseek_v2's decode list with the shared experts at `at` (layer 0 is
+// dense); the whole list must pass the check.
+std::vector<std::string> deepseek_layer1(SharedExpertsAt at) {
+  std::unique_ptr<Model> model = Model::load(test::tiny_model_dir("deepseek_v2"));
+  const std::vector<Operation>& ops = model->operations(ForwardMode::kDecode, at);
+  EXPECT_EQ(refusal(ops), "");
+  const std::vector<std::string> all = names(ops);
+  return std::vector<std::string>(all.begin() + 4, all.begin() + 13);
+}
+
 // DBO's lists (seed 000) compute the shared experts while the combine travels.
 TEST(OperationsTest, SharedExpertsCanRunWhileTheCombineTravels) {
-  std::unique_ptr<Model> model = Model::load(test::tiny_model_dir("deepseek_v2"));
-  const std::vector<Operation>& ops =
-      model->operations(ForwardMode::kDecode, SharedExpertsAt::kCombine);
-  const std::vector<std::string> all = names(ops);
-  const std::vector<std::string> names_l1(all.begin() + 4, all.begin() + 13);
-  EXPECT_EQ(names_l1,
+  EXPECT_EQ(deepseek_layer1(SharedExpertsAt::kCombine),
             (std::vector<std::string>{"L1.moe_route", "L1.dispatch_send", "L1.yield0",
                                       "L1.dispatch_recv", "L1.experts", "L1.combine_send",
                                       "L1.yield1", "L1.shared_experts", "L1.combine_recv"}));
-  EXPECT_EQ(refusal(ops), "");
 }
 
 // The baseline of every overlap: the shared experts before the dispatch is posted, so that
 // nothing computes while either transfer travels.
 TEST(OperationsTest, SharedExpertsCanRunBeforeTheDispatch) {
-  std::unique_ptr<Model> model = Model::load(test::tiny_model_dir("deepseek_v2"));
-  const std::vector<Operation>& ops =
-      model->operations(ForwardMode::kDecode, SharedExpertsAt::kSerial);
-  const std::vector<std::string> all = names(ops);
-  const std::vector<std::string> names_l1(all.begin() + 4, all.begin() + 13);
-  EXPECT_EQ(names_l1,
+  EXPECT_EQ(deepseek_layer1(SharedExpertsAt::kSerial),
             (std::vector<std::string>{"L1.moe_route", "L1.shared_experts", "L1.dispatch_send",
                                       "L1.yield0", "L1.dispatch_recv", "L1.experts",
                                       "L1.combine_send", "L1.yield1", "L1.combine_recv"}));
-  EXPECT_EQ(refusal(ops), "");
 }
 
 TEST(OperationsTest, EveryArchitecturesListsPassTheCheck) {
