@@ -51,7 +51,8 @@ struct DistOptions {
   // Single-batch overlap (SGLang's SBO; needs --enable-expert-parallel).
   bool enable_single_batch_overlap = false;  // --enable-single-batch-overlap
   int sbo_combine_chunks = 0;            // --sbo-combine-chunks: 0 = SBO's choice (1 without SBO)
-  std::string sbo_shared_experts = "auto";  // --sbo-shared-experts: auto | dispatch | combine | serial
+  // --sbo-shared-experts: auto | dispatch | combine | serial
+  std::string sbo_shared_experts = "auto";
   std::string all2all_dtype = "f32";        // --all2all-dtype: f32 | bf16 | fp8
   std::string all2all_combine_dtype;        // --all2all-combine-dtype: empty = all2all_dtype
   int comm_cores = 0;  // --comm-cores: cores of each rank kept for its communication thread

@@ -100,7 +100,8 @@ class Model {
   void build_operations();
 
   std::unique_ptr<WeightSource> source_;  // keeps mapped files and conversions alive
-  std::vector<Operation> ops_[3][std::size(kSharedExpertsAts)];  // by ForwardMode (kIdle's stay empty), SharedExpertsAt
+  // By ForwardMode (kIdle's stay empty) and SharedExpertsAt.
+  std::vector<Operation> ops_[3][std::size(kSharedExpertsAts)];
   uint64_t weight_bytes_ = 0;
   uint64_t panel_bytes_ = 0;
   uint64_t dense_bytes_per_step_ = 0;

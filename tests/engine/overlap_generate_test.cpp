@@ -71,9 +71,9 @@ std::string case_name(const OverlapCase& c) {
   std::string name = c.arch + "_" + overlap_mode_name(c.mode);
   if (c.combine_chunks > 1) name += "_chunks" + std::to_string(c.combine_chunks);
   if (c.shared_at) {
-    name += *c.shared_at == SharedExpertsAt::kCombine    ? "_shared_combine"
+    name += *c.shared_at == SharedExpertsAt::kCombine  ? "_shared_combine"
             : *c.shared_at == SharedExpertsAt::kSerial ? "_shared_serial"
-                                                         : "_shared_dispatch";
+                                                       : "_shared_dispatch";
   }
   return name;
 }
