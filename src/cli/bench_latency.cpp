@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -36,6 +37,7 @@ struct LatencyOptions {
   std::string scheduler_modes;  // set: the serving engine under each mode (bench_schedule.cpp)
   std::string quantizations;    // set: the model under each quantization (bench_quantization.cpp)
   int rounds = 0;               // 0: 3 for --scheduler-modes and --quantizations, else 1
+  bool bandwidth_each_step = false;  // --bandwidth-each-step
   DistOptions dist;
   SamplingParams sampling;  // --temperature, --top-p, --top-k
 };
@@ -140,9 +142,30 @@ void run_latency_single(const LatencyOptions& o) {
   double peak = measure_peak_flops(pool);
   gen.generate(reqs);  // warm-up: pages of the mapped weights, buffers
   gen.profile_ops(o.profile_ops);
+  int64_t n_moe = 0;
+  for (int64_t il = 0; il < c.n_layer; ++il) n_moe += c.is_moe_layer(il);
+  // --bandwidth-each-step: after every decode step, a read of about a step's bytes (the dense
+  // weights and, per MoE layer, batch × top-k experts, at most all of them), timed; a round's
+  // limit is those reads' bandwidth, taken in the same milliseconds as its steps.
+  std::optional<StepReads> step_reads;
+  if (o.bandwidth_each_step) {
+    const double experts = double(n_moe) * double(std::min(o.batch * c.n_expert_used, c.n_expert)) *
+                           double(model->bytes_per_expert());
+    step_reads.emplace(pool, static_cast<size_t>(model->dense_bytes_per_step() + experts));
+  }
+  std::vector<double> step_read_bws;  // per round
   std::vector<GenerateStats> runs(static_cast<size_t>(rounds));
   for (GenerateStats& run : runs) {
+    if (step_reads) {
+      step_reads->reset();
+      gen.after_decode_step([&] { step_reads->read(); });
+    }
     gen.generate(reqs, &run);
+    if (step_reads) {
+      gen.after_decode_step(nullptr);
+      step_read_bws.push_back(step_reads->seconds() > 0 ? step_reads->bytes() / step_reads->seconds()
+                                                        : 0.0);
+    }
     bws.push_back(measure_read_bandwidth(pool));
     peak = std::max(peak, measure_peak_flops(pool));
   }
@@ -156,8 +179,6 @@ void run_latency_single(const LatencyOptions& o) {
 
   // Prefill: FLOPs of the matmuls (2 per weight per token) plus attention scores and sums. The
   // output projection runs for the last token of each prompt only.
-  int64_t n_moe = 0;
-  for (int64_t il = 0; il < c.n_layer; ++il) n_moe += c.is_moe_layer(il);
   const double elem = model->bytes_per_expert() > 0
                           ? double(model->bytes_per_expert()) / (3.0 * c.n_embd * c.n_ff_exp)
                           : 2.0;
@@ -217,23 +238,35 @@ void run_latency_single(const LatencyOptions& o) {
               achieved / 1e9, bw / 1e9, achieved / bw);
   std::printf("decode bandwidth limit %.1f tok/s; achieved/limit %.2f\n", limit_tps,
               limit_tps > 0 ? decode_tokens / st.decode_seconds / limit_tps : 0.0);
-  if (rounds > 1 && steps > 0) {
-    std::printf(
-        "decode achieved/limit per round, against the bandwidth measured before and after it:");
-    std::vector<double> ratios;
+  // Each round's decode (bytes per step over seconds per step) against limit(i) GB/s.
+  const auto print_round_ratios = [&](const auto& limit) {
+    std::vector<double> ratios, limits;
     for (size_t i = 0; i < runs.size(); ++i) {
       const GenerateStats& r = runs[i];
       const double per_step = model->dense_bytes_per_step() +
                               double(r.decode_expert_bytes + r.decode_kv_bytes) / r.decode_steps;
-      const double around = (bws[i] + bws[i + 1]) / 2;
-      ratios.push_back(per_step / (r.decode_seconds / r.decode_steps) / around);
+      limits.push_back(limit(i));
+      ratios.push_back(per_step / (r.decode_seconds / r.decode_steps) / limits.back());
       std::printf(" %.2f", ratios.back());
     }
     std::sort(ratios.begin(), ratios.end());
     std::printf(" (median %.2f; bandwidth %.1f-%.1f GB/s)\n", ratios[ratios.size() / 2],
-                *std::min_element(bws.begin(), bws.end()) / 1e9, bw / 1e9);
+                *std::min_element(limits.begin(), limits.end()) / 1e9,
+                *std::max_element(limits.begin(), limits.end()) / 1e9);
+  };
+  if (rounds > 1 && steps > 0) {
+    std::printf(
+        "decode achieved/limit per round, against the bandwidth measured before and after it:");
+    print_round_ratios([&](size_t i) { return (bws[i] + bws[i + 1]) / 2; });
   }
-  print_step_gap(st);
+  if (step_reads && steps > 0) {
+    std::printf(
+        "decode achieved/limit per round, each step followed by a read of %.1f MB from memory "
+        "(the limit: those reads' bandwidth; the steps start with cold caches):",
+        step_reads->bytes_per_read() / 1e6);
+    print_round_ratios([&](size_t i) { return step_read_bws[i]; });
+  }
+  if (!step_reads) print_step_gap(st);  // (steps separated by reads have no gap to measure)
   if (o.profile_ops) print_op_seconds(st, steps);
   finish_trace(rm, o.dist, nullptr);
 }
@@ -255,6 +288,10 @@ AlternatingBenchOptions alternating(const LatencyOptions& o, const std::string& 
 }
 
 void run_latency(const LatencyOptions& o) {
+  if (o.bandwidth_each_step && (!o.quantizations.empty() || !o.scheduler_modes.empty() ||
+                                o.dist.data_parallel_size > 1))
+    DUET_ERROR("--bandwidth-each-step times one rank's generator alone: leave out "
+               "--quantizations, --scheduler-modes and --data-parallel-size");
   if (!o.quantizations.empty()) {
     if (o.dist.data_parallel_size > 1 || !o.scheduler_modes.empty())
       DUET_ERROR("--quantizations runs one rank's generator, without --scheduler-modes");
@@ -304,6 +341,13 @@ void add_bench_latency(CLI::App& bench) {
                   "batch alone (default 1), each round's decode then also set against the "
                   "bandwidth measured just before and after it")
       ->check(CLI::PositiveNumber);
+  cmd->add_flag("--bandwidth-each-step", o->bandwidth_each_step,
+                "After each decode step, read about as many bytes as the step from memory with "
+                "the same threads, timed, and set each round's decode against those reads' "
+                "bandwidth: a limit measured in the same milliseconds as the steps, on a "
+                "machine whose bandwidth drifts (the steps start with cold caches, as a model "
+                "larger than the caches runs; one rank, without --quantizations or "
+                "--scheduler-modes)");
   add_dist_options(cmd, o->dist);
   cmd->callback([o] {
     o->kv_dtype = parse_kv_cache_dtype(o->kv_cache_dtype);

@@ -175,6 +175,10 @@ std::vector<GenerateResult> Generator::generate(const std::vector<GenerateReques
       st.decode_comm_seconds += runner.dispatch_wait_seconds() - wait0;
       if (!steps_.solo()) st.decode_comm_seconds += steps_.stats().agree_seconds - agree0;
       ++st.decode_steps;
+      if (after_decode_step_) {
+        after_decode_step_();
+        steps_.idle();  // the measurement is no step gap
+      }
     }
     ForwardInput next;
     who.clear();

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,6 +92,9 @@ class Generator {
   // Whether generate() times each operation of its decode steps (GenerateStats::
   // decode_op_seconds); off by default, as the clock reads cost a little.
   void profile_ops(bool on) { profile_ops_ = on; }
+  // Called after each decode step of generate(), outside the step's time and its step gap: a
+  // benchmark's measurement interleaved step by step with the decode (bench latency --rounds).
+  void after_decode_step(std::function<void()> f) { after_decode_step_ = std::move(f); }
 
  private:
   // Shares every rank's verdict on its requests; throws on every rank if any is bad.
@@ -101,6 +105,7 @@ class Generator {
   KvCache kv_;
   StepRunner steps_;
   bool profile_ops_ = false;
+  std::function<void()> after_decode_step_;
 };
 
 }  // namespace duet

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <vector>
 
 #include "core/thread_pool.h"
 
@@ -11,5 +13,28 @@ namespace duet {
 // Best of `repeats` passes summing a `bytes`-sized f32 buffer with every thread of the pool.
 // Returns bytes per second.
 double measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t{1} << 30, int repeats = 3);
+
+// Reads of a fixed size from memory, timed, to interleave with a benchmark's steps: each read()
+// sums the next `bytes_per_read` bytes of a buffer at least 8 times larger (and at least 1 GiB),
+// wrapping around, with every thread of the pool, so that no read finds its bytes in a cache.
+// Reads taken between steps see the memory as the steps beside them do, minute by minute.
+class StepReads {
+ public:
+  StepReads(ThreadPool& pool, size_t bytes_per_read);
+  void read();
+  // Bytes read and seconds spent since construction or the last reset().
+  double bytes() const { return bytes_; }
+  double seconds() const { return seconds_; }
+  double bytes_per_read() const { return static_cast<double>(per_read_) * sizeof(float); }
+  void reset() { bytes_ = seconds_ = 0; }
+
+ private:
+  ThreadPool& pool_;
+  std::vector<float> buf_;
+  std::vector<float> sums_;
+  int64_t per_read_;  // floats
+  int64_t next_ = 0;  // float offset of the next read
+  double bytes_ = 0, seconds_ = 0;
+};
 
 }  // namespace duet

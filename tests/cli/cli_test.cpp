@@ -231,6 +231,31 @@ TEST_F(CliTest, BenchLatencyRoundsSetEachDecodeAgainstTheBandwidthAroundIt) {
   EXPECT_NE(three.out.find("2 steps x 2 seqs"), std::string::npos) << three.out;
 }
 
+// bench latency --bandwidth-each-step: after every decode step a read of about a step's bytes,
+// and each round's decode against those reads' bandwidth; one rank alone.
+TEST_F(CliTest, BenchLatencyBandwidthEachStepSetsEachRoundAgainstItsReads) {
+  const std::string bench =
+      "bench latency " + dir_ + " --batch 2 --prompt-len 4 --gen-len 3 --threads 1";
+  RunResult r = run_duet(bench + " --rounds 2 --bandwidth-each-step");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const std::string line = "decode achieved/limit per round, each step followed by a read of ";
+  const size_t at = r.out.find(line);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  double mb = 0, a = 0, b = 0, median = 0;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at + line.size(), "%lf MB", &mb), 1) << r.out;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + r.out.find("):", at) + 2, " %lf %lf (median %lf", &a, &b,
+                        &median),
+            3)
+      << r.out;
+  EXPECT_GT(mb, 0.0);
+  EXPECT_GT(std::min(a, b), 0.0);
+  EXPECT_DOUBLE_EQ(median, std::max(a, b)) << r.out;  // the upper of two
+  EXPECT_EQ(r.out.find("step gap"), std::string::npos) << r.out;
+  EXPECT_EQ(run_duet(bench).out.find(line), std::string::npos);
+  expect_error(run_duet(bench + " --bandwidth-each-step --quantizations none,int8"),
+               "--bandwidth-each-step times one rank's generator alone");
+}
+
 // --no-repack: bench latency says whether the dense matrices were packed as panels, and
 // generate gives the same tokens either way.
 TEST_F(CliTest, NoRepackReadsWeightsAsStored) {
