@@ -163,8 +163,8 @@ void run_latency_single(const LatencyOptions& o) {
     gen.generate(reqs, &run);
     if (step_reads) {
       gen.after_decode_step(nullptr);
-      step_read_bws.push_back(step_reads->seconds() > 0 ? step_reads->bytes() / step_reads->seconds()
-                                                        : 0.0);
+      step_read_bws.push_back(
+          step_reads->seconds() > 0 ? step_reads->bytes() / step_reads->seconds() : 0.0);
     }
     bws.push_back(measure_read_bandwidth(pool));
     peak = std::max(peak, measure_peak_flops(pool));
@@ -288,10 +288,11 @@ AlternatingBenchOptions alternating(const LatencyOptions& o, const std::string& 
 }
 
 void run_latency(const LatencyOptions& o) {
-  if (o.bandwidth_each_step && (!o.quantizations.empty() || !o.scheduler_modes.empty() ||
-                                o.dist.data_parallel_size > 1))
-    DUET_ERROR("--bandwidth-each-step times one rank's generator alone: leave out "
-               "--quantizations, --scheduler-modes and --data-parallel-size");
+  if (o.bandwidth_each_step &&
+      (!o.quantizations.empty() || !o.scheduler_modes.empty() || o.dist.data_parallel_size > 1))
+    DUET_ERROR(
+        "--bandwidth-each-step times one rank's generator alone: leave out "
+        "--quantizations, --scheduler-modes and --data-parallel-size");
   if (!o.quantizations.empty()) {
     if (o.dist.data_parallel_size > 1 || !o.scheduler_modes.empty())
       DUET_ERROR("--quantizations runs one rank's generator, without --scheduler-modes");

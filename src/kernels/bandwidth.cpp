@@ -41,7 +41,8 @@ StepReads::StepReads(ThreadPool& pool, size_t bytes_per_read)
     : pool_(pool), per_read_(std::max<int64_t>(1, static_cast<int64_t>(bytes_per_read / 4))) {
   const int64_t n = std::max<int64_t>(int64_t{1} << 28, 8 * per_read_);
   buf_.resize(static_cast<size_t>(n));
-  pool.parallel_for(n, [&](int64_t b, int64_t e) { std::fill(buf_.data() + b, buf_.data() + e, 1.0f); });
+  pool.parallel_for(
+      n, [&](int64_t b, int64_t e) { std::fill(buf_.data() + b, buf_.data() + e, 1.0f); });
   sums_.resize(static_cast<size_t>((per_read_ + kReadChunk - 1) / kReadChunk + 1));
 }
 
