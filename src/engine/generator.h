@@ -93,7 +93,8 @@ class Generator {
   // decode_op_seconds); off by default, as the clock reads cost a little.
   void profile_ops(bool on) { profile_ops_ = on; }
   // Called after each decode step of generate(), outside the step's time and its step gap: a
-  // benchmark's measurement interleaved step by step with the decode (bench latency --rounds).
+  // benchmark's measurement interleaved step by step with the decode (bench latency
+  // --bandwidth-each-step).
   void after_decode_step(std::function<void()> f) { after_decode_step_ = std::move(f); }
 
  private:
