@@ -140,18 +140,22 @@ void run_latency_single(const LatencyOptions& o) {
   const int rounds = o.rounds > 0 ? o.rounds : 1;
   std::vector<double> bws{measure_read_bandwidth(pool)};
   double peak = measure_peak_flops(pool);
-  gen.generate(reqs);  // warm-up: pages of the mapped weights, buffers
+  // Weights and KV rows a decode step of `r` read, on average.
+  const auto bytes_per_step_of = [&](const GenerateStats& r) {
+    return r.decode_steps > 0 ? model->dense_bytes_per_step() +
+                                    double(r.decode_expert_bytes + r.decode_kv_bytes) /
+                                        r.decode_steps
+                              : 0.0;
+  };
+  GenerateStats warm_up;
+  gen.generate(reqs, &warm_up);  // pages of the mapped weights, buffers
   gen.profile_ops(o.profile_ops);
-  int64_t n_moe = 0;
-  for (int64_t il = 0; il < c.n_layer; ++il) n_moe += c.is_moe_layer(il);
-  // --bandwidth-each-step: after every decode step, a read of about a step's bytes (the dense
-  // weights and, per MoE layer, batch × top-k experts, at most all of them), timed; a round's
-  // limit is those reads' bandwidth, taken in the same milliseconds as its steps.
+  // --bandwidth-each-step: after every decode step, a timed read of as many bytes as the
+  // warm-up's steps read on average; a round's limit is those reads' bandwidth, taken in the
+  // same milliseconds as its steps.
   std::optional<StepReads> step_reads;
   if (o.bandwidth_each_step) {
-    const double experts = double(n_moe) * double(std::min(o.batch * c.n_expert_used, c.n_expert)) *
-                           double(model->bytes_per_expert());
-    step_reads.emplace(pool, static_cast<size_t>(model->dense_bytes_per_step() + experts));
+    step_reads.emplace(pool, static_cast<size_t>(bytes_per_step_of(warm_up)));
   }
   std::vector<double> step_read_bws;  // per round
   std::vector<GenerateStats> runs(static_cast<size_t>(rounds));
@@ -179,6 +183,8 @@ void run_latency_single(const LatencyOptions& o) {
 
   // Prefill: FLOPs of the matmuls (2 per weight per token) plus attention scores and sums. The
   // output projection runs for the last token of each prompt only.
+  int64_t n_moe = 0;
+  for (int64_t il = 0; il < c.n_layer; ++il) n_moe += c.is_moe_layer(il);
   const double elem = model->bytes_per_expert() > 0
                           ? double(model->bytes_per_expert()) / (3.0 * c.n_embd * c.n_ff_exp)
                           : 2.0;
@@ -199,10 +205,7 @@ void run_latency_single(const LatencyOptions& o) {
   // Decode: every step reads the dense weights, the experts routed to, and the KV rows.
   const int64_t steps = st.decode_steps;
   const double decode_tokens = double(steps) * o.batch;
-  const double bytes_per_step =
-      steps > 0 ? model->dense_bytes_per_step() +
-                      double(st.decode_expert_bytes + st.decode_kv_bytes) / steps
-                : 0.0;
+  const double bytes_per_step = bytes_per_step_of(st);
   const double step_s = steps > 0 ? st.decode_seconds / steps : 0.0;
   const double achieved = steps > 0 ? bytes_per_step / step_s : 0.0;
   const double limit_tps = bytes_per_step > 0 ? bw / bytes_per_step * o.batch : 0.0;
@@ -243,10 +246,8 @@ void run_latency_single(const LatencyOptions& o) {
     std::vector<double> ratios, limits;
     for (size_t i = 0; i < runs.size(); ++i) {
       const GenerateStats& r = runs[i];
-      const double per_step = model->dense_bytes_per_step() +
-                              double(r.decode_expert_bytes + r.decode_kv_bytes) / r.decode_steps;
       limits.push_back(limit(i));
-      ratios.push_back(per_step / (r.decode_seconds / r.decode_steps) / limits.back());
+      ratios.push_back(bytes_per_step_of(r) / (r.decode_seconds / r.decode_steps) / limits.back());
       std::printf(" %.2f", ratios.back());
     }
     std::sort(ratios.begin(), ratios.end());
