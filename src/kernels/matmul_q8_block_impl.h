@@ -39,7 +39,8 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void block_once(const Block& b) {
     const int8_t* x = b.x + s * kSuper;
     // The weights kPrefetchBytes ahead in their stream (the next blocks' past the block's end:
     // another thread's or past the matrix, prefetches never fault), and their scales as far
-    // ahead in theirs.
+    // ahead in theirs. Every block of tokens issues them again: with the first alone, decode
+    // of 8 and 32 sequences was 1.5-2.7 % slower (alternating step by step, int4, Zen 4).
 #pragma GCC unroll 8
     for (int64_t l = 0; l < kBytes; l += 64) {
       _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + l), _MM_HINT_T1);
