@@ -142,10 +142,10 @@ void run_latency_single(const LatencyOptions& o) {
   double peak = measure_peak_flops(pool);
   // Weights and KV rows a decode step of `r` read, on average.
   const auto bytes_per_step_of = [&](const GenerateStats& r) {
-    return r.decode_steps > 0 ? model->dense_bytes_per_step() +
-                                    double(r.decode_expert_bytes + r.decode_kv_bytes) /
-                                        r.decode_steps
-                              : 0.0;
+    return r.decode_steps > 0
+               ? model->dense_bytes_per_step() +
+                     double(r.decode_expert_bytes + r.decode_kv_bytes) / r.decode_steps
+               : 0.0;
   };
   GenerateStats warm_up;
   gen.generate(reqs, &warm_up);  // pages of the mapped weights, buffers
