@@ -27,9 +27,11 @@ double read_chunks(ThreadPool& pool, const float* buf, int64_t n, std::vector<fl
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-std::vector<float> filled(ThreadPool& pool, int64_t n) {
-  std::vector<float> buf(static_cast<size_t>(n));
-  pool.parallel_for(n, [&](int64_t b, int64_t e) { std::fill(buf.data() + b, buf.data() + e, 1.0f); });
+// n floats of 1, in huge pages.
+HugePtr filled(ThreadPool& pool, int64_t n) {
+  HugePtr buf = allocate_huge(static_cast<size_t>(n) * sizeof(float));
+  auto* p = static_cast<float*>(buf.get());
+  pool.parallel_for(n, [&](int64_t b, int64_t e) { std::fill(p + b, p + e, 1.0f); });
   return buf;
 }
 
@@ -37,11 +39,11 @@ std::vector<float> filled(ThreadPool& pool, int64_t n) {
 
 double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats) {
   const int64_t n = static_cast<int64_t>(bytes / sizeof(float));
-  const std::vector<float> buf = filled(pool, n);
+  const HugePtr buf = filled(pool, n);
   std::vector<float> sums(static_cast<size_t>(n_read_chunks(n)));
   double best = 0.0;
   for (int r = 0; r < repeats; ++r) {
-    const double s = read_chunks(pool, buf.data(), n, sums);
+    const double s = read_chunks(pool, static_cast<const float*>(buf.get()), n, sums);
     best = std::max(best, static_cast<double>(n) * sizeof(float) / s);
   }
   volatile float sink = sums[0];
@@ -51,13 +53,14 @@ double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats) {
 
 StepReads::StepReads(ThreadPool& pool, size_t bytes_per_read)
     : pool_(pool), per_read_(std::max<int64_t>(1, static_cast<int64_t>(bytes_per_read / 4))) {
-  buf_ = filled(pool, std::max<int64_t>(int64_t{1} << 28, 8 * per_read_));
+  buf_n_ = std::max<int64_t>(int64_t{1} << 28, 8 * per_read_);
+  buf_ = filled(pool, buf_n_);
   sums_.resize(static_cast<size_t>(n_read_chunks(per_read_)));
 }
 
 void StepReads::read() {
-  if (next_ + per_read_ > static_cast<int64_t>(buf_.size())) next_ = 0;
-  seconds_ += read_chunks(pool_, buf_.data() + next_, per_read_, sums_);
+  if (next_ + per_read_ > buf_n_) next_ = 0;
+  seconds_ += read_chunks(pool_, static_cast<const float*>(buf_.get()) + next_, per_read_, sums_);
   bytes_ += static_cast<double>(per_read_) * sizeof(float);
   next_ += per_read_;
 }

@@ -6,12 +6,14 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/huge_pages.h"
 #include "core/thread_pool.h"
 
 namespace duet {
 
 // Best of `repeats` passes summing a `bytes`-sized f32 buffer with every thread of the pool.
-// Returns bytes per second.
+// Returns bytes per second. The buffers here are in huge pages, as the weights are
+// (core/huge_pages.h): the limit is the best pace a read reaches.
 double measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t{1} << 30, int repeats = 3);
 
 // Reads of a fixed size from memory, timed, to interleave with a benchmark's steps: each read()
@@ -30,7 +32,8 @@ class StepReads {
 
  private:
   ThreadPool& pool_;
-  std::vector<float> buf_;
+  HugePtr buf_;
+  int64_t buf_n_;  // floats in buf_
   std::vector<float> sums_;
   int64_t per_read_;  // floats
   int64_t next_ = 0;  // float offset of the next read

@@ -163,7 +163,7 @@ void QuantizedMatrix::FreeAligned::operator()(void* p) const {
   std::free(p);
 }
 
-QuantizedMatrix::QuantizedMatrix(const Matrix& w, DType to) {
+QuantizedMatrix::QuantizedMatrix(const Matrix& w, DType to, HugePageArena* arena) {
   DUET_CHECK(is_int_quantized(to), "QuantizedMatrix: to " << dtype_name(to));
   DUET_CHECK(w.rows >= 0 && w.cols >= 0 && (w.rows * w.cols == 0 || w.data),
              "QuantizedMatrix: [" << w.rows << ", " << w.cols << "] at " << w.data);
@@ -173,9 +173,10 @@ QuantizedMatrix::QuantizedMatrix(const Matrix& w, DType to) {
   const size_t q_bytes = static_cast<size_t>(padded_rows * ld / (q4 ? 2 : 1));
   const size_t scale_bytes = static_cast<size_t>(padded_rows * n_groups) * sizeof(uint16_t);
   const size_t bytes = q_bytes + scale_bytes + static_cast<size_t>(padded_rows) * sizeof(float);
-  void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64 + 64);
+  const size_t alloc_bytes = (bytes + 63) / 64 * 64 + 64;
+  void* p = arena ? arena->allocate(alloc_bytes) : std::aligned_alloc(64, alloc_bytes);
   DUET_CHECK(p, "QuantizedMatrix: out of memory for " << bytes << " bytes");
-  mem_.reset(p);
+  if (!arena) mem_.reset(p);
   auto* q = static_cast<uint8_t*>(p);
   auto* scales = reinterpret_cast<uint16_t*>(q + q_bytes);
   auto* row_scales = reinterpret_cast<float*>(q + q_bytes + scale_bytes);

@@ -42,6 +42,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/huge_pages.h"
 #include "core/tensor.h"
 
 namespace duet {
@@ -84,8 +85,9 @@ float q8_row_scale(const Matrix& w, int64_t r);
 // A quantized copy of a weight matrix, owning its memory (64-byte aligned).
 class QuantizedMatrix {
  public:
-  // w (kF32 or kBF16, rows as stored; panels ignored) quantized row by row to `to` (kQ8, kQ4).
-  QuantizedMatrix(const Matrix& w, DType to);
+  // w (kF32 or kBF16, rows as stored; panels ignored) quantized row by row to `to` (kQ8, kQ4),
+  // into memory of its own or, given an arena, into the arena's (which must outlive this).
+  QuantizedMatrix(const Matrix& w, DType to, HugePageArena* arena = nullptr);
   // The kQ8 or kQ4 view, valid as long as this lives.
   const Matrix& view() const { return view_; }
 
@@ -93,7 +95,8 @@ class QuantizedMatrix {
   struct FreeAligned {
     void operator()(void* p) const;
   };
-  std::unique_ptr<void, FreeAligned> mem_;  // values, scales, row factors (the layouts above)
+  // Values, scales, row factors (the layouts above); null when they are in an arena.
+  std::unique_ptr<void, FreeAligned> mem_;
   Matrix view_;
 };
 

@@ -17,10 +17,6 @@ CheckpointSource::CheckpointSource(const std::string& dir, bool repack, const Fp
   quantized_.quantization = quantization;
 }
 
-void CheckpointSource::FreeAligned::operator()(void* p) const {
-  std::free(p);
-}
-
 uint64_t CheckpointSource::bytes_used() const {
   uint64_t n = packed_bytes_;
   for (const auto& [name, bytes] : bytes_by_name_) n += bytes;
@@ -78,18 +74,17 @@ Matrix CheckpointSource::with_panels(const std::string& name, Matrix m) {
   auto it = panels_.find(name);
   if (it == panels_.end()) {
     const size_t bytes = static_cast<size_t>(panel_elems(m)) * dtype_size(m.dtype);
-    // Large copies on 2 MiB boundaries, in huge pages where the kernel allows: the products
-    // stream through them, and a 4 KiB page's TLB miss every 4 KiB costs.
-    constexpr size_t kHuge = size_t{2} << 20;
-    const size_t align = bytes >= kHuge ? kHuge : 64;
-    void* p = std::aligned_alloc(align, (bytes + align - 1) / align * align);
-    if (!p) throw Error(set_.file_of(name) + ": tensor '" + name + "': out of memory packing it");
-    if (align == kHuge) madvise(p, (bytes + align - 1) / align * align, MADV_HUGEPAGE);
+    void* p = nullptr;
+    try {
+      p = arena_.allocate(bytes);
+    } catch (const Error& e) {
+      throw Error(set_.file_of(name) + ": tensor '" + name + "': packing it: " + e.what());
+    }
     pack_panels(m, p);
-    it = panels_.emplace(name, std::unique_ptr<void, FreeAligned>(p)).first;
+    it = panels_.emplace(name, p).first;
     packed_bytes_ += bytes;
   }
-  m.panels = it->second.get();
+  m.panels = it->second;
   return m;
 }
 
@@ -109,7 +104,8 @@ void release_pages(const void* data, size_t bytes) {
 Matrix CheckpointSource::quantized(const std::string& name, const Matrix& m) {
   auto it = quantized_copies_.find(name);
   if (it == quantized_copies_.end()) {
-    it = quantized_copies_.try_emplace(name, m, quantized_dtype(quantized_.quantization, name))
+    it = quantized_copies_
+             .try_emplace(name, m, quantized_dtype(quantized_.quantization, name), &arena_)
              .first;
     const uint64_t before = bytes_by_name_[name], after = it->second.view().nbytes();
     if (converted_.count(name) == 0) release_pages(m.data, before);

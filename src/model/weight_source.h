@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/huge_pages.h"
 #include "core/tensor.h"
 #include "kernels/quantize.h"
 #include "model/config.h"
@@ -68,21 +69,19 @@ class CheckpointSource final : public WeightSource {
   Matrix view(const std::string& name, int64_t rows, int64_t cols);
   // An F8_E4M3 tensor with its block scales (weight_source_fp8.cpp).
   Matrix fp8_view(const std::string& name, const TensorView& t, int64_t rows, int64_t cols);
-  // m with panels: packed once per name, into owned 64-byte aligned memory.
+  // m with panels: packed once per name, into arena_.
   Matrix with_panels(const std::string& name, Matrix m);
   // m quantized (kQ8 or kQ4, as the quantization), once per name.
   Matrix quantized(const std::string& name, const Matrix& m);
-
-  struct FreeAligned {
-    void operator()(void* p) const;
-  };
 
   SafetensorsSet set_;
   bool repack_;
   Fp8Quant fp8_;
   std::deque<std::vector<float>> owned_;     // f32 conversions of f16 matrices and of vectors
   std::map<std::string, Matrix> converted_;  // f16 matrices, by name, once converted
-  std::map<std::string, std::unique_ptr<void, FreeAligned>> panels_;  // packed copies, by name
+  // The packed and quantized copies, in huge pages: decode streams through them every step.
+  HugePageArena arena_;
+  std::map<std::string, void*> panels_;  // packed copies (in arena_), by name
   uint64_t packed_bytes_ = 0;
   std::map<std::string, uint64_t> bytes_by_name_;
   std::map<std::string, QuantizedMatrix> quantized_copies_;  // by name

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -189,6 +190,22 @@ TEST_P(QuantizedKernelTest, RoundTripIsExactOnTheGrid) {
     bf.data = w16.data();
     EXPECT_EQ(dequantize_int(QuantizedMatrix(bf, GetParam()).view()), w) << "bf16 cols " << cols;
   }
+}
+
+// In an arena (as a checkpoint's quantized copies are, in huge pages) the same bits as in memory
+// of its own.
+TEST_P(QuantizedKernelTest, ArenaCopyHasTheSameBits) {
+  std::mt19937 rng(5);
+  const int64_t rows = 13, cols = 300;
+  const std::vector<float> w = grouped_values(rng, rows, cols, true);
+  const QuantizedMatrix own = quantize(w, rows, cols);
+  HugePageArena arena;
+  arena.allocate(100);  // the copy starts past another buffer
+  const QuantizedMatrix in_arena(f32_matrix(w, rows, cols), GetParam(), &arena);
+  EXPECT_GT(arena.reserved_bytes(), 0u);
+  EXPECT_EQ(dequantize_int(in_arena.view()), dequantize_int(own.view()));
+  EXPECT_EQ(in_arena.view().nbytes(), own.view().nbytes());
+  EXPECT_EQ(std::memcmp(in_arena.view().data, own.view().data, own.view().nbytes()), 0);
 }
 
 // Slices start at a block of 4 rows (the layout interleaves a block's rows).
