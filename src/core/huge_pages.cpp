@@ -14,11 +14,15 @@ namespace {
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kAlign = 64;
 
-size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+size_t round_up(size_t n, size_t to) {
+  return (n + to - 1) / to * to;
+}
 
 }  // namespace
 
-void FreeHuge::operator()(void* p) const { std::free(p); }
+void FreeHuge::operator()(void* p) const {
+  std::free(p);
+}
 
 HugePtr allocate_huge(size_t bytes) {
   const size_t n = round_up(std::max<size_t>(bytes, 1), kHugePage);

@@ -60,8 +60,8 @@ TEST(HugePagesTest, ArenaHandsOutAlignedDisjointBuffersAndSlabsForLargeOnes) {
   std::vector<std::pair<char*, size_t>> got;
   // Small buffers share a 32 MiB slab; one above half a slab gets a slab of its own (rounded to
   // 2 MiB) and the small ones after it go on filling the first.
-  for (size_t bytes : {size_t{1}, size_t{100}, size_t{3} << 20, size_t{20} << 20, size_t{64},
-                       size_t{5} << 20}) {
+  for (size_t bytes :
+       {size_t{1}, size_t{100}, size_t{3} << 20, size_t{20} << 20, size_t{64}, size_t{5} << 20}) {
     auto* p = static_cast<char*>(arena.allocate(bytes));
     ASSERT_NE(p, nullptr);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u) << bytes;
