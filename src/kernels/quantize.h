@@ -82,7 +82,7 @@ float q8_scale(const Matrix& w, int64_t r, int64_t k);
 float q8_group_scale(const Matrix& w, int64_t r, int64_t k);
 float q8_row_scale(const Matrix& w, int64_t r);
 
-// A quantized copy of a weight matrix, owning its memory (64-byte aligned).
+// A quantized copy of a weight matrix, in memory of its own or an arena's (64-byte aligned).
 class QuantizedMatrix {
  public:
   // w (kF32 or kBF16, rows as stored; panels ignored) quantized row by row to `to` (kQ8, kQ4),
