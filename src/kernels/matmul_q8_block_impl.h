@@ -46,7 +46,8 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void block_once(const Block& b) {
     // costs more than the hardware's own prefetch of the stream leaves to gain (in huge pages,
     // Zen 4: the product alone 1.10-1.12x faster without on 2 threads, 1.38x on 1; decode of
     // one sequence 1.05-1.06x with int8 weights, 1.02x with int4 and the int8 output head; of 8
-    // 1.01x). int4 keeps it: its unpacking is more work per line, and without it int4 read slower.
+    // 1.01x; on one thread, as a rank per core runs, 1.25x and 1.10x). int4 keeps it: its
+    // unpacking is more work per line, and without it int4 read slower.
     if constexpr (kT > 1 || kBits == 4) {
 #pragma GCC unroll 8
       for (int64_t l = 0; l < kBytes; l += 64) {
