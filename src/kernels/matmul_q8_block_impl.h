@@ -41,14 +41,14 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void block_once(const Block& b) {
     // another thread's or past the matrix, prefetches never fault), and their scales as far
     // ahead in theirs. Every block of tokens issues them again: with the first alone, decode
     // of 8 and 32 sequences was 1.5-2.7 % slower (alternating step by step, int4, Zen 4).
-    // Not int8 weights at one token (kT 1: one token, or the last of a few after blocks that
+    // Not the weights at one token (kT 1: one token, or the last of a few after blocks that
     // brought the weights in already): there one prefetch per cache line of little arithmetic
     // costs more than the hardware's own prefetch of the stream leaves to gain (in huge pages,
-    // Zen 4: the product alone 1.10-1.12x faster without on 2 threads, 1.38x on 1; decode of
-    // one sequence 1.05-1.06x with int8 weights, 1.02x with int4 and the int8 output head; of 8
-    // 1.01x; on one thread, as a rank per core runs, 1.25x and 1.10x). int4 keeps it: its
-    // unpacking is more work per line, and without it int4 read slower.
-    if constexpr (kT > 1 || kBits == 4) {
+    // Zen 4, alternating step by step: decode of one sequence with int8 weights 1.05-1.06x
+    // without, on one thread 1.25x; int4 1.08x on one thread, on two a median 1.015x of eight
+    // runs of 0.92-1.04x; at 8 sequences, whose experts mostly see one token each, level; the
+    // product alone, int8, 1.10x on 2 threads, 1.38x on 1).
+    if constexpr (kT > 1) {
 #pragma GCC unroll 8
       for (int64_t l = 0; l < kBytes; l += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + l), _MM_HINT_T1);
