@@ -122,7 +122,8 @@ DUET_SIMD_TARGET void dot_rows_one(const uint16_t* w, int64_t ldw, const uint16_
       a = S::dpbf16(a, S::load_pairs(wr + kk), S::load_pairs(x + kk));
     }
     if (kk < k) {
-      a = S::dpbf16(a, S::load_pairs_part(wr + kk, static_cast<int>(k - kk)), S::load_pairs(x + kk));
+      a = S::dpbf16(a, S::load_pairs_part(wr + kk, static_cast<int>(k - kk)),
+                    S::load_pairs(x + kk));
     }
     acc[0][r] = a;
   }
@@ -159,10 +160,17 @@ DUET_SIMD_TARGET void matmul_rows_direct(const uint16_t* w, int64_t cols, const 
     }
     float* yr = y + (r0 - r_begin);
     switch (r_end - r0) {
-      case 1: dot_rows_one<1>(w + r0 * cols, cols, x, cols, yr); break;
-      case 2: dot_rows_one<2>(w + r0 * cols, cols, x, cols, yr); break;
-      case 3: dot_rows_one<3>(w + r0 * cols, cols, x, cols, yr); break;
-      default: break;
+      case 1:
+        dot_rows_one<1>(w + r0 * cols, cols, x, cols, yr);
+        break;
+      case 2:
+        dot_rows_one<2>(w + r0 * cols, cols, x, cols, yr);
+        break;
+      case 3:
+        dot_rows_one<3>(w + r0 * cols, cols, x, cols, yr);
+        break;
+      default:
+        break;
     }
     return;
   }
