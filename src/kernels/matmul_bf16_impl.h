@@ -145,6 +145,16 @@ inline DotFn dot_fn(int64_t nr, int64_t nt) {
   return kTable[static_cast<size_t>((nr - 1) * kMmTokens + (nt - 1))];
 }
 
+using DotOneFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*);
+
+// dot_rows_one for nr <= kMmRows rows.
+inline DotOneFn dot_one_fn(int64_t nr) {
+  static_assert(kMmRows == 4);
+  static constexpr DotOneFn kTable[kMmRows] = {&dot_rows_one<1>, &dot_rows_one<2>,
+                                               &dot_rows_one<3>, &dot_rows_one<4>};
+  return kTable[static_cast<size_t>(nr - 1)];
+}
+
 // y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), t < n_tokens, reading the
 // weights in place (decode, and the few rows a routed expert gets in a batch): a block of
 // kMmRows rows is read from memory once, while the next block is prefetched, and serves every
@@ -153,24 +163,9 @@ DUET_SIMD_TARGET void matmul_rows_direct(const uint16_t* w, int64_t cols, const 
                                          int64_t ldx, int64_t n_tokens, float* y, int64_t ldy,
                                          int64_t r_begin, int64_t r_end) {
   if (n_tokens == 1) {
-    static_assert(kMmRows == 4);
-    int64_t r0 = r_begin;
-    for (; r0 + kMmRows <= r_end; r0 += kMmRows) {
-      dot_rows_one<kMmRows>(w + r0 * cols, cols, x, cols, y + (r0 - r_begin));
-    }
-    float* yr = y + (r0 - r_begin);
-    switch (r_end - r0) {
-      case 1:
-        dot_rows_one<1>(w + r0 * cols, cols, x, cols, yr);
-        break;
-      case 2:
-        dot_rows_one<2>(w + r0 * cols, cols, x, cols, yr);
-        break;
-      case 3:
-        dot_rows_one<3>(w + r0 * cols, cols, x, cols, yr);
-        break;
-      default:
-        break;
+    for (int64_t r0 = r_begin; r0 < r_end; r0 += kMmRows) {
+      const int64_t nr = std::min<int64_t>(kMmRows, r_end - r0);
+      dot_one_fn(nr)(w + r0 * cols, cols, x, cols, y + (r0 - r_begin));
     }
     return;
   }
