@@ -150,8 +150,8 @@ using DotOneFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, fl
 // dot_rows_one for nr <= kMmRows rows.
 inline DotOneFn dot_one_fn(int64_t nr) {
   static_assert(kMmRows == 4);
-  static constexpr DotOneFn kTable[kMmRows] = {&dot_rows_one<1>, &dot_rows_one<2>,
-                                               &dot_rows_one<3>, &dot_rows_one<4>};
+  static constexpr DotOneFn kTable[kMmRows] = {&dot_rows_one<1>, &dot_rows_one<2>, &dot_rows_one<3>,
+                                               &dot_rows_one<4>};
   return kTable[static_cast<size_t>(nr - 1)];
 }
 
