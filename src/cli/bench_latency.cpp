@@ -226,6 +226,9 @@ void run_latency_single(const LatencyOptions& o) {
   } else if (model->quantization().quantization == Quantization::kNone) {
     std::printf("weights: as stored\n");  // (quantized: the line above says what they are)
   }
+  std::printf("weights: %s\n", o.dist.mmap ? "read in the files' mapping (--mmap)"
+                                           : "copied into huge pages at load (--mmap: read in "
+                                             "the files' mapping)");
   std::printf("prefill: %8.1f tok/s  %7.1f GFLOP/s  (%.3f s for %lld tokens)\n", prefill_tps,
               prefill_gflops, st.prefill_seconds, (long long)st.prompt_tokens);
   std::printf("prefill measured FMA peak %.1f GFLOP/s; ratio %.2f\n", peak_gflops,
@@ -336,8 +339,9 @@ void add_bench_latency(CLI::App& bench) {
                   "compare decode tok/s and the step gap");
   cmd->add_option("--quantizations", o->quantizations,
                   "Load the model once per --quantization (comma-separated, e.g. "
-                  "none,int8,int4) and compare prefill and decode tok/s, alternating over "
-                  "--rounds");
+                  "none,int8,int4; +mmap after one, e.g. none+mmap, reads its unquantized "
+                  "matrices as --mmap does) and compare prefill and decode tok/s, alternating "
+                  "over --rounds");
   cmd->add_option("--rounds", o->rounds,
                   "Rounds of --scheduler-modes or --quantizations (default 3), or of the "
                   "batch alone (default 1), each round's decode then also set against the "

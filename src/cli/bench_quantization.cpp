@@ -1,4 +1,5 @@
-// `duet bench latency --quantizations none,int8,int4`: one model loaded once per --quantization,
+// `duet bench latency --quantizations none,int8,int4`: one model loaded once per --quantization
+// (or per quantization+mmap, its unquantized matrices read in the files' mapping),
 // the same batch through each in turn, alternating over rounds in one run (this machine's speed
 // drifts within a minute: only side-by-side figures compare). Prints per quantization the
 // medians of prefill and decode tok/s, their ratios to the first, decode bytes per step and
@@ -28,12 +29,29 @@ struct Run {
   double bytes_per_step = 0;
 };
 
-std::vector<Quantization> parse_list(const std::string& list) {
-  std::vector<Quantization> qs;
+// One entry of --quantizations: a quantization, "+mmap" after it for the matrices it leaves
+// unquantized read in the files' mapping (LoadOptions::mmap).
+struct Setting {
+  std::string name;
+  LoadOptions load;
+};
+
+std::vector<Setting> parse_list(const std::string& list) {
+  std::vector<Setting> settings;
   std::stringstream in(list);
-  for (std::string name; std::getline(in, name, ',');) qs.push_back(parse_quantization(name));
-  if (qs.empty()) DUET_ERROR("--quantizations: expected a list such as none,int8,int4");
-  return qs;
+  for (std::string name; std::getline(in, name, ',');) {
+    Setting s;
+    s.name = name;
+    std::string q = name;
+    if (q.ends_with("+mmap")) {
+      q.resize(q.size() - 5);
+      s.load.mmap = true;
+    }
+    s.load.quantization = parse_quantization(q);
+    settings.push_back(s);
+  }
+  if (settings.empty()) DUET_ERROR("--quantizations: expected a list such as none,int8,int4");
+  return settings;
 }
 
 Run run_once(Generator& gen, const Model& model, const std::vector<GenerateRequest>& reqs) {
@@ -53,14 +71,12 @@ Run run_once(Generator& gen, const Model& model, const std::vector<GenerateReque
 }  // namespace
 
 void run_quantization_bench(const AlternatingBenchOptions& o) {
-  const std::vector<Quantization> qs = parse_list(o.settings);
+  const std::vector<Setting> qs = parse_list(o.settings);
   ThreadPool pool(o.threads > 0 ? o.threads : available_cores());
   std::vector<std::unique_ptr<Model>> models;
   std::vector<std::unique_ptr<Generator>> gens;
-  for (Quantization q : qs) {
-    LoadOptions lo;
-    lo.quantization = q;
-    models.push_back(Model::load(o.model_dir, lo));
+  for (const Setting& q : qs) {
+    models.push_back(Model::load(o.model_dir, q.load));
     gens.push_back(std::make_unique<Generator>(*models.back(), pool, o.kv_dtype));
   }
   const ModelConfig& c = models[0]->config();
@@ -79,7 +95,7 @@ void run_quantization_bench(const AlternatingBenchOptions& o) {
       o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
       (long long)o.gen_len, pool.n_threads(), matmul_isa(), matmul_int_kernel(), o.rounds);
   for (size_t i = 0; i < qs.size(); ++i) {
-    std::printf("  %-9s weights %.1f MiB (%s)\n", quantization_name(qs[i]),
+    std::printf("  %-9s weights %.1f MiB (%s)\n", qs[i].name.c_str(),
                 models[i]->weight_bytes() / 1048576.0, describe(models[i]->quantization()).c_str());
   }
   double bw = measure_read_bandwidth(pool);
@@ -104,7 +120,7 @@ void run_quantization_bench(const AlternatingBenchOptions& o) {
     const double p = median(pre), d = median(dec), b = median(bytes);
     if (i == 0) prefill0 = p, decode0 = d;
     const double limit = b > 0 ? bw / b * double(o.batch) : 0.0;
-    std::printf("  %-9s %12.1f %8.2f %12.1f %8.2f %14.1f %12.2f\n", quantization_name(qs[i]), p,
+    std::printf("  %-9s %12.1f %8.2f %12.1f %8.2f %14.1f %12.2f\n", qs[i].name.c_str(), p,
                 prefill0 > 0 ? p / prefill0 : 0.0, d, decode0 > 0 ? d / decode0 : 0.0, b / 1e6,
                 limit > 0 ? d / limit : 0.0);
   }

@@ -29,6 +29,7 @@ struct DistOptions {
   std::string all2all = "high_throughput";
   int64_t ll_max_tokens = 256;  // low_latency: buffer capacity per expert per source rank
   bool repack = true;           // LoadOptions::repack; --no-repack clears it
+  bool mmap = false;            // LoadOptions::mmap; --mmap
   // --quantization: LoadOptions::quantization (parse_quantization)
   std::string quantization = "none";
   // --batch-invariant: every product sums in one order whatever the batch

@@ -27,7 +27,10 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   model->expert_begin_ = opt.expert_begin;
   model->expert_end_ = end;
   auto src =
-      std::make_unique<CheckpointSource>(model_dir, opt.repack, config.fp8, opt.quantization);
+      std::make_unique<CheckpointSource>(model_dir, SourceOptions{.repack = opt.repack,
+                                                                  .fp8 = config.fp8,
+                                                                  .quantization = opt.quantization,
+                                                                  .mmap = opt.mmap});
   model->load_weights(*src);
   for (FfnWeights& f : model->ffn_) f.first_expert = opt.expert_begin;
   model->weight_bytes_ = src->bytes_used();

@@ -30,6 +30,9 @@ struct LoadOptions {
   bool repack = true;
   // --quantization: the weights quantized_at_load names are quantized as they load.
   Quantization quantization = Quantization::kNone;
+  // --mmap: the other matrices are read in place in the files' mappings instead of copied into
+  // huge pages (SourceOptions::mmap).
+  bool mmap = false;
 };
 
 class Model {

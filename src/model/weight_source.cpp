@@ -11,10 +11,9 @@
 
 namespace duet {
 
-CheckpointSource::CheckpointSource(const std::string& dir, bool repack, const Fp8Quant& fp8,
-                                   Quantization quantization)
-    : set_(SafetensorsSet::open_dir(dir)), repack_(repack), fp8_(fp8) {
-  quantized_.quantization = quantization;
+CheckpointSource::CheckpointSource(const std::string& dir, const SourceOptions& opt)
+    : set_(SafetensorsSet::open_dir(dir)), opt_(opt) {
+  quantized_.quantization = opt.quantization;
 }
 
 uint64_t CheckpointSource::bytes_used() const {
@@ -70,6 +69,37 @@ Matrix CheckpointSource::view(const std::string& name, int64_t rows, int64_t col
   throw Error(set_.file_of(name) + ": tensor '" + name + "': unsupported dtype");
 }
 
+namespace {
+
+// Gives back the whole pages of a mapped range the process will not read again (a matrix it
+// quantized or copied), so they leave its resident set; the file's pages stay in the page cache.
+void release_pages(const void* data, size_t bytes) {
+  const size_t page = 4096;
+  const auto begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
+  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
+}  // namespace
+
+Matrix CheckpointSource::resident(const std::string& name, Matrix m) {
+  auto it = copies_.find(name);
+  if (it == copies_.end()) {
+    const size_t bytes = m.nbytes();
+    void* p = nullptr;
+    try {
+      p = arena_.allocate(bytes);
+    } catch (const Error& e) {
+      throw Error(set_.file_of(name) + ": tensor '" + name + "': copying it: " + e.what());
+    }
+    std::memcpy(p, m.data, bytes);
+    release_pages(m.data, bytes);
+    it = copies_.emplace(name, p).first;
+  }
+  m.data = it->second;
+  return m;
+}
+
 Matrix CheckpointSource::with_panels(const std::string& name, Matrix m) {
   auto it = panels_.find(name);
   if (it == panels_.end()) {
@@ -87,19 +117,6 @@ Matrix CheckpointSource::with_panels(const std::string& name, Matrix m) {
   m.panels = it->second;
   return m;
 }
-
-namespace {
-
-// Gives back the whole pages of a mapped range the process will not read again (a matrix it
-// quantized), so they leave its resident set; the file's pages stay in the page cache.
-void release_pages(const void* data, size_t bytes) {
-  const size_t page = 4096;
-  const auto begin = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
-  const auto end = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-}
-
-}  // namespace
 
 Matrix CheckpointSource::quantized(const std::string& name, const Matrix& m) {
   auto it = quantized_copies_.find(name);
@@ -125,7 +142,9 @@ Matrix CheckpointSource::matrix(const std::string& name, int64_t rows, int64_t c
       m.dtype != DType::kF8E4M3) {
     return quantized(name, m);
   }
-  if (layout == Layout::kPanels && repack_ && rows > 0 && cols > 0 &&
+  // f16 matrices were widened into memory of their own already.
+  if (!opt_.mmap && converted_.count(name) == 0 && rows > 0 && cols > 0) m = resident(name, m);
+  if (layout == Layout::kPanels && opt_.repack && rows > 0 && cols > 0 &&
       matmul_reads_panels(m.dtype)) {
     m = with_panels(name, m);
   }

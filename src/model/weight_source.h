@@ -40,17 +40,30 @@ class WeightSource {
   virtual const float* vector(const std::string& name, int64_t n) = 0;
 };
 
+// How a CheckpointSource hands out its matrices.
+struct SourceOptions {
+  // Honour Layout::kPanels (LoadOptions::repack).
+  bool repack = true;
+  // The checkpoint's quantization_config (ModelConfig::fp8); F8_E4M3 tensors are refused unless
+  // it is enabled.
+  Fp8Quant fp8;
+  // The matrices quantized_at_load names are quantized when first asked for.
+  Quantization quantization = Quantization::kNone;
+  // Hand out the matrices in place in the file's mapping (4 KiB pages, shared with the page cache
+  // and with other processes mapping the file) instead of copies in huge pages.
+  bool mmap = false;
+};
+
 // Reads a model directory's safetensors. Errors name the file, the tensor and the problem.
-// Layout::kPanels is honoured when `repack` is set and matmul reads panels on this CPU
-// (matmul_reads_panels); the packed copies are owned here. With a quantization, the matrices
-// quantized_at_load names are quantized when first asked for (and have no panels); the copies
-// are owned here and the mapped pages they came from are given back.
+// Each matrix (bf16, f32 or fp8 as stored) is copied once, when first asked for, into huge pages
+// and the mapped pages it came from are given back: decode streams every matrix once per step,
+// and in the mapping's 4 KiB pages it did so 1.25-1.3x slower (bf16 `small`, batch 1, Zen 4).
+// SourceOptions::mmap keeps them in the mapping. Layout::kPanels is honoured when `repack` is set
+// and matmul reads panels on this CPU (matmul_reads_panels). With a quantization, the matrices
+// quantized_at_load names are quantized instead (and have no panels). The copies are owned here.
 class CheckpointSource final : public WeightSource {
  public:
-  // fp8: the checkpoint's quantization_config (ModelConfig::fp8); F8_E4M3 tensors are refused
-  // unless it is enabled.
-  explicit CheckpointSource(const std::string& dir, bool repack = true, const Fp8Quant& fp8 = {},
-                            Quantization quantization = Quantization::kNone);
+  explicit CheckpointSource(const std::string& dir, const SourceOptions& opt = {});
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols,
                 Layout layout = Layout::kAsStored) override;
   const float* vector(const std::string& name, int64_t n) override;
@@ -69,18 +82,20 @@ class CheckpointSource final : public WeightSource {
   Matrix view(const std::string& name, int64_t rows, int64_t cols);
   // An F8_E4M3 tensor with its block scales (weight_source_fp8.cpp).
   Matrix fp8_view(const std::string& name, const TensorView& t, int64_t rows, int64_t cols);
+  // m with its weights in arena_: copied from the mapping once per name.
+  Matrix resident(const std::string& name, Matrix m);
   // m with panels: packed once per name, into arena_.
   Matrix with_panels(const std::string& name, Matrix m);
   // m quantized (kQ8 or kQ4, as the quantization), once per name.
   Matrix quantized(const std::string& name, const Matrix& m);
 
   SafetensorsSet set_;
-  bool repack_;
-  Fp8Quant fp8_;
+  SourceOptions opt_;
   std::deque<std::vector<float>> owned_;     // f32 conversions of f16 matrices and of vectors
   std::map<std::string, Matrix> converted_;  // f16 matrices, by name, once converted
   // The packed and quantized copies, in huge pages: decode streams through them every step.
   HugePageArena arena_;
+  std::map<std::string, void*> copies_;  // matrices copied from the mapping (in arena_), by name
   std::map<std::string, void*> panels_;  // packed copies (in arena_), by name
   uint64_t packed_bytes_ = 0;
   std::map<std::string, uint64_t> bytes_by_name_;

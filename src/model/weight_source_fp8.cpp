@@ -26,12 +26,12 @@ bool in_module(const std::string& name, const std::string& module) {
 Matrix CheckpointSource::fp8_view(const std::string& name, const TensorView& t, int64_t rows,
                                   int64_t cols) {
   const std::string at = set_.file_of(name) + ": tensor '" + name + "'";
-  if (!fp8_.enabled) {
+  if (!opt_.fp8.enabled) {
     throw Error(at +
                 ": is F8_E4M3 but config.json has no fp8 quantization_config "
                 "(quant_method \"fp8\")");
   }
-  for (const std::string& module : fp8_.modules_to_not_convert) {
+  for (const std::string& module : opt_.fp8.modules_to_not_convert) {
     if (in_module(name, module)) {
       throw Error(at + ": is F8_E4M3 but its module '" + module +
                   "' is in quantization_config.modules_to_not_convert");
@@ -43,11 +43,11 @@ Matrix CheckpointSource::fp8_view(const std::string& name, const TensorView& t, 
   }
   const TensorView& s = set_.get(scale_name);
   const std::string scale_at = set_.file_of(scale_name) + ": tensor '" + scale_name + "'";
-  const std::vector<int64_t> want = {n_blocks(rows, fp8_.block_rows),
-                                     n_blocks(cols, fp8_.block_cols)};
+  const std::vector<int64_t> want = {n_blocks(rows, opt_.fp8.block_rows),
+                                     n_blocks(cols, opt_.fp8.block_cols)};
   if (s.shape != want) {
     throw Error(scale_at + ": expected shape " + shape_str(want) + " (one scale per [" +
-                std::to_string(fp8_.block_rows) + ", " + std::to_string(fp8_.block_cols) +
+                std::to_string(opt_.fp8.block_rows) + ", " + std::to_string(opt_.fp8.block_cols) +
                 "] block of " + shape_str(t.shape) +
                 ", quantization_config.weight_block_size), found " + shape_str(s.shape));
   }
@@ -73,8 +73,8 @@ Matrix CheckpointSource::fp8_view(const std::string& name, const TensorView& t, 
   m.cols = cols;
   m.data = t.data;
   m.f8.scale_inv = scales.data();
-  m.f8.block_rows = fp8_.block_rows;
-  m.f8.block_cols = fp8_.block_cols;
+  m.f8.block_rows = opt_.fp8.block_rows;
+  m.f8.block_cols = opt_.fp8.block_cols;
   bytes_by_name_[name] = t.nbytes();
   bytes_by_name_[scale_name] = scales.size() * 4;
   return m;

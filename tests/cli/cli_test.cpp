@@ -256,25 +256,34 @@ TEST_F(CliTest, BenchLatencyBandwidthEachStepSetsEachRoundAgainstItsReads) {
                "--bandwidth-each-step times one rank's generator alone");
 }
 
-// --no-repack: bench latency says whether the dense matrices were packed as panels, and
-// generate gives the same tokens either way.
-TEST_F(CliTest, NoRepackReadsWeightsAsStored) {
+// --no-repack and --mmap: bench latency says whether the dense matrices were packed as panels
+// and whether the weights were copied out of the files, and generate gives the same tokens
+// every way.
+TEST_F(CliTest, NoRepackAndMmapReadWeightsAsStored) {
   const std::string bench =
       "bench latency " + dir_ + " --batch 2 --prompt-len 4 --gen-len 2 --threads 1";
-  RunResult packed = run_duet(bench), plain = run_duet(bench + " --no-repack");
+  RunResult packed = run_duet(bench), plain = run_duet(bench + " --no-repack"),
+            mapped = run_duet(bench + " --mmap");
   ASSERT_EQ(packed.exit_code, 0) << packed.out;
   ASSERT_EQ(plain.exit_code, 0) << plain.out;
+  ASSERT_EQ(mapped.exit_code, 0) << mapped.out;
   EXPECT_NE(plain.out.find("weights: as stored\n"), std::string::npos) << plain.out;
   if (matmul_reads_panels(DType::kBF16)) {
     EXPECT_NE(packed.out.find("also as panels ("), std::string::npos) << packed.out;
   }
+  EXPECT_NE(packed.out.find("weights: copied into huge pages at load"), std::string::npos)
+      << packed.out;
+  EXPECT_NE(mapped.out.find("weights: read in the files' mapping (--mmap)"), std::string::npos)
+      << mapped.out;
   const std::string gen =
       "generate " + dir_ +
       " --prompt-ids 5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21 --max-tokens 6";
-  RunResult a = run_duet(gen), b = run_duet(gen + " --no-repack");
+  RunResult a = run_duet(gen), b = run_duet(gen + " --no-repack"), c = run_duet(gen + " --mmap");
   ASSERT_EQ(a.exit_code, 0) << a.out;
   ASSERT_EQ(b.exit_code, 0) << b.out;
+  ASSERT_EQ(c.exit_code, 0) << c.out;
   EXPECT_EQ(first_line(a.out), first_line(b.out));
+  EXPECT_EQ(first_line(a.out), first_line(c.out));
 }
 
 // --quantization on every command that loads a model: a bad value is refused (before the model
@@ -303,7 +312,7 @@ TEST_F(CliTest, QuantizationIsCheckedAndReported) {
   // --quantizations: the loads side by side, a row each, ratios to the first.
   RunResult both = run_duet("bench latency " + dir_ +
                             " --batch 1 --prompt-len 4 --gen-len 3 --threads 1 --rounds 2 "
-                            "--quantizations none,int8,int4,int4_pure");
+                            "--quantizations none,int8,int4,int4_pure,none+mmap");
   ASSERT_EQ(both.exit_code, 0) << both.out;
   const size_t table = both.out.find("decode/limit\n");
   ASSERT_NE(table, std::string::npos) << both.out;
@@ -311,6 +320,7 @@ TEST_F(CliTest, QuantizationIsCheckedAndReported) {
   EXPECT_NE(both.out.find("\n  int8  ", table), std::string::npos) << both.out;
   EXPECT_NE(both.out.find("\n  int4  ", table), std::string::npos) << both.out;
   EXPECT_NE(both.out.find("\n  int4_pure ", table), std::string::npos) << both.out;
+  EXPECT_NE(both.out.find("\n  none+mmap ", table), std::string::npos) << both.out;
   expect_error(run_duet("bench latency " + dir_ + " --quantizations none,int9"),
                "--quantization int9: expected none, int8, int4 or int4_pure");
 }

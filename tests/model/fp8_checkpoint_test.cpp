@@ -159,12 +159,14 @@ TEST(Fp8ConfigTest, RefusesWhatItCannotRead) {
   }
 }
 
-// The codes are handed out as stored (the matrix points into the file) and each weight is its
-// code's value times its block's scale, exactly.
+// The codes are handed out as stored (a copy of the file's bytes, one per weight) and each weight
+// is its code's value times its block's scale, exactly.
 TEST(Fp8LoaderTest, KnownBlockScalesDequantizeExactly) {
   const std::string dir = fp8_q_model();
   const ModelConfig config = load_config(dir);
-  CheckpointSource src(dir, true, config.fp8);
+  SourceOptions opt;
+  opt.fp8 = config.fp8;
+  CheckpointSource src(dir, opt);
   const Matrix m = src.matrix(kQ, 64, 64, Layout::kPanels);
   ASSERT_EQ(m.dtype, DType::kF8E4M3);
   EXPECT_EQ(m.panels, nullptr);

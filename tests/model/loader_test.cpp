@@ -2,6 +2,8 @@
 // file, the tensor or the field; good variants (sharded, f16) load.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -273,7 +275,9 @@ TEST(LoaderTest, PanelsArePackedOncePerNameWhereMatmulReadsThem) {
     }
   }
   {
-    CheckpointSource src(dir, /*repack=*/false);
+    SourceOptions as_stored;
+    as_stored.repack = false;
+    CheckpointSource src(dir, as_stored);
     EXPECT_EQ(src.matrix(name, rows, cols, Layout::kPanels).panels, nullptr);
     EXPECT_EQ(src.packed_bytes(), 0u);
   }
@@ -301,6 +305,63 @@ TEST(LoaderTest, PanelsArePackedOncePerNameWhereMatmulReadsThem) {
     EXPECT_EQ(std::memcmp(m.panels, want.data(), want.size() * 4), 0);
     EXPECT_EQ(src.matrix(name, rows, cols).data, m.data);  // converted once
   }
+}
+
+// The path of the file mapped at p in this process ("" for anonymous memory), from
+// /proc/self/maps.
+std::string mapping_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    uintptr_t begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%zx-%zx", &begin, &end) != 2 || a < begin || a >= end) continue;
+    const size_t path = line.find('/');
+    return path == std::string::npos ? "" : line.substr(path);
+  }
+  ADD_FAILURE() << "no mapping holds " << p;
+  return "";
+}
+
+// A matrix is copied out of the file's mapping when first asked for (the same bytes, the same
+// copy when asked again, a tied output head included), unless SourceOptions::mmap keeps it in
+// the mapping.
+TEST(LoaderTest, MatricesAreCopiedOutOfTheFileUnlessMmap) {
+  const std::string dir = fresh_model("qwen3_moe");
+  const SafetensorsSet set = SafetensorsSet::open_dir(dir);
+  for (const std::string name :
+       {"model.layers.0.self_attn.q_proj.weight", "model.layers.1.mlp.experts.2.up_proj.weight",
+        "model.embed_tokens.weight"}) {
+    SCOPED_TRACE(name);
+    const TensorView& t = set.get(name);
+    const int64_t rows = t.dim(0), cols = t.dim(1);
+    {
+      CheckpointSource src(dir);
+      const Matrix m = src.matrix(name, rows, cols);
+      EXPECT_EQ(mapping_of(m.data), "");
+      ASSERT_EQ(m.nbytes(), t.nbytes());
+      EXPECT_EQ(std::memcmp(m.data, t.data, t.nbytes()), 0);
+      const Matrix again = src.matrix(name, rows, cols, Layout::kPanels);
+      EXPECT_EQ(again.data, m.data);
+      EXPECT_EQ(src.bytes_by_name().at(name), t.nbytes());
+    }
+    SourceOptions in_file;
+    in_file.mmap = true;
+    CheckpointSource src(dir, in_file);
+    const Matrix m = src.matrix(name, rows, cols);
+    EXPECT_TRUE(mapping_of(m.data).ends_with("/model.safetensors")) << mapping_of(m.data);
+    EXPECT_EQ(std::memcmp(m.data, t.data, t.nbytes()), 0);
+  }
+  // Both load and decode alike.
+  auto copied = Model::load(dir);
+  LoadOptions lo;
+  lo.mmap = true;
+  auto mapped = Model::load(dir, lo);
+  ThreadPool pool(2);
+  GenerateRequest req;
+  req.prompt = {1, 2, 3, 4, 5};
+  req.max_tokens = 6;
+  Generator a(*copied, pool), b(*mapped, pool);
+  EXPECT_EQ(a.generate({req})[0].tokens, b.generate({req})[0].tokens);
 }
 
 }  // namespace
