@@ -10,6 +10,8 @@
 // weight_GB/s against side by side (timings on shared machines drift between runs).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -342,6 +344,57 @@ void BM_Attend(benchmark::State& state) {
 BENCHMARK(BM_Attend)
     ->ArgNames({"n_ctx", "stride_heads"})
     ->ArgsProduct({{128, 1024, 8192}, {4, 32}});
+
+// A decode step's attention of one layer, as the serving engine runs it: 4 KV heads (a task each,
+// 4 query heads per group, head_dim 128), bf16 rows of the 4 heads per position, in one span
+// (block_size 0: KvCache) or in blocks of block_size positions scattered over the pool (the
+// paged cache hands out a span per block). Cold: each iteration reads another of the copies
+// filling 512 MiB. Reports the KV bytes read per second; compare block_size 16 against 0.
+void BM_AttendPaged(benchmark::State& state) {
+  const int64_t n_ctx = state.range(0), bs = state.range(1), hd = 128, n_kv = 4;
+  const int64_t kv_w = n_kv * hd, step_rows = bs > 0 ? (n_ctx + bs - 1) / bs * bs : n_ctx;
+  const int64_t n_copies = std::max<int64_t>(2, (int64_t{512} << 20) / (4 * step_rows * kv_w));
+  std::mt19937 rng(1);
+  std::vector<uint16_t> k(static_cast<size_t>(n_copies * step_rows * kv_w)), v(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = f32_to_bf16(std::ldexp(float(rng() % 2048) - 1024.0f, -10));
+    v[i] = f32_to_bf16(std::ldexp(float(rng() % 2048) - 1024.0f, -10));
+  }
+  // The blocks of every copy, shuffled over the whole pool.
+  std::vector<int64_t> blocks(static_cast<size_t>(bs > 0 ? n_copies * step_rows / bs : 0));
+  for (size_t i = 0; i < blocks.size(); ++i) blocks[i] = static_cast<int64_t>(i);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  std::vector<float> q(static_cast<size_t>(4 * kv_w)), out(q.size()), scores;  // 16 heads
+  for (float& x : q) x = float(rng() % 2000) / 1000.0f - 1.0f;
+  std::vector<KvSpan> spans;
+  const AttendShape shape{4, hd, hd, hd, hd, 0.088f};
+  int64_t copy = 0;
+  for (auto _ : state) {
+    for (int64_t h = 0; h < n_kv; ++h) {
+      spans.clear();
+      if (bs == 0) {
+        const int64_t off = copy * step_rows * kv_w + h * hd;
+        spans.push_back({k.data() + off, v.data() + off, kv_w, kv_w, n_ctx, DType::kBF16});
+      } else {
+        for (int64_t b = 0; b * bs < n_ctx; ++b) {
+          const int64_t off = blocks[static_cast<size_t>(copy * step_rows / bs + b)] * bs * kv_w;
+          spans.push_back({k.data() + off + h * hd, v.data() + off + h * hd, kv_w, kv_w,
+                           std::min(bs, n_ctx - b * bs), DType::kBF16});
+        }
+      }
+      attend(shape, q.data() + h * 4 * hd, spans, out.data() + h * 4 * hd, scores);
+    }
+    benchmark::DoNotOptimize(out.data());
+    copy = (copy + 1) % n_copies;
+  }
+  state.counters["kv_GB/s"] =
+      benchmark::Counter(2.0 * n_ctx * kv_w * sizeof(uint16_t) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK(BM_AttendPaged)
+    ->ArgNames({"n_ctx", "block_size"})
+    ->ArgsProduct({{1024, 4096}, {0, 16}});
 
 }  // namespace
 }  // namespace duet
