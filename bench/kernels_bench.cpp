@@ -387,14 +387,11 @@ void BM_AttendPaged(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
     copy = (copy + 1) % n_copies;
   }
-  state.counters["kv_GB/s"] =
-      benchmark::Counter(2.0 * n_ctx * kv_w * sizeof(uint16_t) * 1e-9,
-                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["kv_GB/s"] = benchmark::Counter(2.0 * n_ctx * kv_w * sizeof(uint16_t) * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
-BENCHMARK(BM_AttendPaged)
-    ->ArgNames({"n_ctx", "block_size"})
-    ->ArgsProduct({{1024, 4096}, {0, 16}});
+BENCHMARK(BM_AttendPaged)->ArgNames({"n_ctx", "block_size"})->ArgsProduct({{1024, 4096}, {0, 16}});
 
 }  // namespace
 }  // namespace duet
