@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/huge_pages.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "kernels/attend.h"
@@ -349,14 +350,30 @@ BENCHMARK(BM_Attend)
 // 4 query heads per group, head_dim 128), bf16 rows of the 4 heads per position, in one span
 // (block_size 0: KvCache) or in blocks of block_size positions scattered over the pool (the
 // paged cache hands out a span per block). Cold: each iteration reads another of the copies
-// filling 512 MiB. Reports the KV bytes read per second; compare block_size 16 against 0.
+// filling 512 MiB, in 4 KiB pages or (huge 1) in huge pages. Reports the KV bytes read per
+// second; compare block_size 16 against 0.
 void BM_AttendPaged(benchmark::State& state) {
   const int64_t n_ctx = state.range(0), bs = state.range(1), hd = 128, n_kv = 4;
   const int64_t kv_w = n_kv * hd, step_rows = bs > 0 ? (n_ctx + bs - 1) / bs * bs : n_ctx;
   const int64_t n_copies = std::max<int64_t>(2, (int64_t{512} << 20) / (4 * step_rows * kv_w));
   std::mt19937 rng(1);
-  std::vector<uint16_t> k(static_cast<size_t>(n_copies * step_rows * kv_w)), v(k.size());
-  for (size_t i = 0; i < k.size(); ++i) {
+  const size_t n_elems = static_cast<size_t>(n_copies * step_rows * kv_w);
+  // In 4 KiB pages (huge 0) or in huge pages (1).
+  std::vector<uint16_t> small_k, small_v;
+  HugePtr huge_k, huge_v;
+  uint16_t *k, *v;
+  if (state.range(2)) {
+    huge_k = allocate_huge(n_elems * 2);
+    huge_v = allocate_huge(n_elems * 2);
+    k = static_cast<uint16_t*>(huge_k.get());
+    v = static_cast<uint16_t*>(huge_v.get());
+  } else {
+    small_k.resize(n_elems);
+    small_v.resize(n_elems);
+    k = small_k.data();
+    v = small_v.data();
+  }
+  for (size_t i = 0; i < n_elems; ++i) {
     k[i] = f32_to_bf16(std::ldexp(float(rng() % 2048) - 1024.0f, -10));
     v[i] = f32_to_bf16(std::ldexp(float(rng() % 2048) - 1024.0f, -10));
   }
@@ -374,11 +391,11 @@ void BM_AttendPaged(benchmark::State& state) {
       spans.clear();
       if (bs == 0) {
         const int64_t off = copy * step_rows * kv_w + h * hd;
-        spans.push_back({k.data() + off, v.data() + off, kv_w, kv_w, n_ctx, DType::kBF16});
+        spans.push_back({k + off, v + off, kv_w, kv_w, n_ctx, DType::kBF16});
       } else {
         for (int64_t b = 0; b * bs < n_ctx; ++b) {
           const int64_t off = blocks[static_cast<size_t>(copy * step_rows / bs + b)] * bs * kv_w;
-          spans.push_back({k.data() + off + h * hd, v.data() + off + h * hd, kv_w, kv_w,
+          spans.push_back({k + off + h * hd, v + off + h * hd, kv_w, kv_w,
                            std::min(bs, n_ctx - b * bs), DType::kBF16});
         }
       }
@@ -391,7 +408,9 @@ void BM_AttendPaged(benchmark::State& state) {
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
 
-BENCHMARK(BM_AttendPaged)->ArgNames({"n_ctx", "block_size"})->ArgsProduct({{1024, 4096}, {0, 16}});
+BENCHMARK(BM_AttendPaged)
+    ->ArgNames({"n_ctx", "block_size", "huge"})
+    ->ArgsProduct({{1024, 4096}, {0, 16}, {0, 1}});
 
 }  // namespace
 }  // namespace duet

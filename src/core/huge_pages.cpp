@@ -32,6 +32,13 @@ HugePtr allocate_huge(size_t bytes) {
   return HugePtr(p);
 }
 
+HugePtr allocate_streamed(size_t bytes) {
+  if (bytes >= kHugePage) return allocate_huge(bytes);
+  void* p = std::aligned_alloc(kAlign, round_up(std::max<size_t>(bytes, 1), kAlign));
+  if (!p) DUET_ERROR("out of memory: " << bytes << " bytes");
+  return HugePtr(p);
+}
+
 void* HugePageArena::allocate(size_t bytes) {
   bytes = round_up(std::max<size_t>(bytes, 1), kAlign);
   if (bytes > kSlabBytes / 2) {  // a slab of its own, the current one left for smaller buffers

@@ -20,6 +20,11 @@ using HugePtr = std::unique_ptr<void, FreeHuge>;
 // transparent huge pages are off). Throws Error when the memory cannot be had.
 HugePtr allocate_huge(size_t bytes);
 
+// `bytes` for a buffer streamed like the weights but grown and freed as it goes (a sequence's KV
+// rows): from allocate_huge when it is a huge page or more, else 64-byte aligned heap memory (a
+// small buffer in a huge page of its own would hold 2 MiB once touched). Uninitialised.
+HugePtr allocate_streamed(size_t bytes);
+
 // Many buffers cut from slabs of allocate_huge memory, each 64-byte aligned and living as long
 // as the arena: the weights of a model, matrix by matrix (a routed expert's matrices are a few
 // hundred KiB, too small for huge pages of their own). Not thread-safe: one loader fills it.

@@ -29,9 +29,8 @@ BlockPool::BlockPool(const BlockPoolShape& shape, int64_t n_blocks)
   DUET_CHECK(shape.dtype == DType::kF32 || shape.dtype == DType::kBF16,
              "KV blocks of dtype " << dtype_name(shape.dtype));
   const int64_t rows = n_blocks * shape.n_layer * shape.block_size;
-  k_ = std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(rows * k_row_));
-  if (shape.v_width > 0)
-    v_ = std::make_unique_for_overwrite<std::byte[]>(static_cast<size_t>(rows * v_row_));
+  k_ = allocate_huge(static_cast<size_t>(rows * k_row_));
+  if (shape.v_width > 0) v_ = allocate_huge(static_cast<size_t>(rows * v_row_));
   free_.reserve(static_cast<size_t>(n_blocks));
   for (int64_t b = n_blocks - 1; b >= 0; --b) free_.push_back(static_cast<int32_t>(b));
   in_use_.assign(static_cast<size_t>(n_blocks), 0);

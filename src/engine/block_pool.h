@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/huge_pages.h"
 
 namespace duet {
 
@@ -41,11 +42,11 @@ class BlockPool {
 
   // [k_width] row (of shape().dtype) of layer il at offset `off` (< block_size) inside `block`.
   void* k(int32_t block, int64_t il, int64_t off) {
-    return k_.get() + row(block, il, off) * k_row_;
+    return static_cast<std::byte*>(k_.get()) + row(block, il, off) * k_row_;
   }
   // [v_width] row; nullptr when v_width is 0 (MLA), which no caller reads.
   void* v(int32_t block, int64_t il, int64_t off) {
-    return v_.get() + row(block, il, off) * v_row_;
+    return static_cast<std::byte*>(v_.get()) + row(block, il, off) * v_row_;
   }
 
  private:
@@ -56,8 +57,10 @@ class BlockPool {
   BlockPoolShape shape_;
   int64_t n_blocks_;
   int64_t k_row_, v_row_;           // bytes of a k / v row
-  std::unique_ptr<std::byte[]> k_;  // [n_blocks, n_layer, block_size, k_width] shape_.dtype
-  std::unique_ptr<std::byte[]> v_;  // [n_blocks, n_layer, block_size, v_width] shape_.dtype
+  // In huge pages: every decode step streams a sequence's rows, and the blocks scattered over
+  // the pool are far apart.
+  HugePtr k_;  // [n_blocks, n_layer, block_size, k_width] shape_.dtype
+  HugePtr v_;  // [n_blocks, n_layer, block_size, v_width] shape_.dtype
   std::vector<int32_t> free_;       // stack of free block ids; lowest ids handed out first
   std::vector<uint8_t> in_use_;     // [n_blocks] catches double frees
 };

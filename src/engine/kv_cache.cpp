@@ -46,12 +46,15 @@ namespace {
 
 // old [n_layer, old_cap, row] → [n_layer, cap, row] (rows of row_bytes); the rows past old_cap
 // are zero.
-std::vector<std::byte> regrow(const std::vector<std::byte>& old, int64_t n_layer, int64_t old_cap,
-                              int64_t cap, int64_t row_bytes) {
-  std::vector<std::byte> grown(static_cast<size_t>(n_layer * cap * row_bytes));
+HugePtr regrow(const HugePtr& old, int64_t n_layer, int64_t old_cap, int64_t cap,
+               int64_t row_bytes) {
+  HugePtr grown = allocate_streamed(static_cast<size_t>(n_layer * cap * row_bytes));
+  const auto* from = static_cast<const std::byte*>(old.get());
+  auto* to = static_cast<std::byte*>(grown.get());
   for (int64_t il = 0; il < n_layer; ++il) {
-    std::copy_n(old.data() + il * old_cap * row_bytes, old_cap * row_bytes,
-                grown.data() + il * cap * row_bytes);
+    if (old_cap > 0) std::copy_n(from + il * old_cap * row_bytes, old_cap * row_bytes, to);
+    std::fill_n(to + old_cap * row_bytes, (cap - old_cap) * row_bytes, std::byte{0});
+    to += cap * row_bytes;
   }
   return grown;
 }
@@ -85,12 +88,12 @@ KvCache::Seq& KvCache::row_seq(int32_t seq_id, int64_t il, int64_t pos) {
 
 void* KvCache::k(int32_t seq_id, int64_t il, int64_t pos) {
   Seq& s = row_seq(seq_id, il, pos);
-  return s.k.data() + (il * s.capacity + pos) * k_width_ * elem_;
+  return static_cast<std::byte*>(s.k.get()) + (il * s.capacity + pos) * k_width_ * elem_;
 }
 
 void* KvCache::v(int32_t seq_id, int64_t il, int64_t pos) {
   Seq& s = row_seq(seq_id, il, pos);
-  return s.v.data() + (il * s.capacity + pos) * v_width_ * elem_;
+  return static_cast<std::byte*>(s.v.get()) + (il * s.capacity + pos) * v_width_ * elem_;
 }
 
 KvRows KvCache::rows(int32_t seq_id, int64_t il, int64_t pos, int64_t n_max) {

@@ -1,7 +1,8 @@
 // A contiguous KV cache: each sequence owns one growable buffer laid out [layer][pos][width], so
 // one layer's rows are consecutive and attention reads them as a stream (a position-major
-// layout put each row a page or more from the next, a TLB miss per row). Growing the buffer
-// moves the rows (a paged block pool replaces this for serving).
+// layout put each row a page or more from the next, a TLB miss per row), in huge pages once it
+// is 2 MiB or more (allocate_streamed). Growing the buffer moves the rows (a paged block pool
+// replaces this for serving).
 #pragma once
 
 #include <cstddef>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/huge_pages.h"
 #include "model/forward.h"
 
 namespace duet {
@@ -38,8 +40,8 @@ class KvCache final : public KvStore {
  private:
   struct Seq {
     int64_t capacity = 0;      // positions
-    std::vector<std::byte> k;  // [n_layer, capacity, k_width] dtype_
-    std::vector<std::byte> v;  // [n_layer, capacity, v_width] dtype_
+    HugePtr k;  // [n_layer, capacity, k_width] dtype_
+    HugePtr v;  // [n_layer, capacity, v_width] dtype_
   };
   Seq& row_seq(int32_t seq_id, int64_t il, int64_t pos);
   Seq& seq(int32_t seq_id);

@@ -245,10 +245,18 @@ DUET_TARGET_AVX512 void scores_rows(const RowPtrs& rows, int64_t n_rows, int64_t
 }
 
 // s[r][j0 + j] = scale · q[r] · k_j for the span's positions j and every row, kPosBlock
-// positions at a time.
+// positions at a time. The first kAhead keys of the next span (null: none; of the same dtype)
+// are prefetched first: a paged KV cache hands out a span per block of 16 positions, and the
+// prefetch inside a span alone never reached the next block.
 template <typename T>
 DUET_TARGET_AVX512 void span_scores(const RowPtrs& rows, int64_t n_rows, int64_t k_dim,
-                                    const KvSpan& sp, int64_t j0, float scale) {
+                                    const KvSpan& sp, const KvSpan* next, int64_t j0,
+                                    float scale) {
+  if (next) {
+    for (int64_t i = 0; i < std::min(kAhead, next->n); ++i) {
+      prefetch_row(k_row<T>(*next, i), k_dim);
+    }
+  }
   int64_t j = 0;
   for (; j + kPosBlock <= sp.n; j += kPosBlock) {
     const T* kj = k_row<T>(sp, j);
@@ -303,10 +311,17 @@ DUET_TARGET_AVX512 void values_block(float* const* p, float* const* o, const KvS
 }
 
 // values_block for every row over the span, kValueBlock positions at a time so that their value
-// slices stay in L1 across the rows.
+// slices stay in L1 across the rows; the next span's first kAhead value slices prefetched first,
+// as in span_scores.
 template <typename T>
 DUET_TARGET_AVX512 void span_values(const RowPtrs& rows, int64_t n_rows, const KvSpan& sp,
-                                    int64_t j0, int64_t d0, int64_t v_dim) {
+                                    const KvSpan* next, int64_t j0, int64_t d0, int64_t v_dim) {
+  if (next) {
+    const int64_t span_dim = std::min<int64_t>(kValueVecs * kW, v_dim - d0);
+    for (int64_t i = 0; i < std::min(kAhead, next->n); ++i) {
+      prefetch_row(v_row<T>(*next, i) + d0, span_dim);
+    }
+  }
   for (int64_t jb = 0; jb < sp.n; jb += kValueBlock) {
     const int64_t je = std::min(sp.n, jb + kValueBlock);
     int64_t r = 0;
@@ -347,8 +362,12 @@ DUET_TARGET_AVX512 void attend_avx512(const AttendShape& a, const float* q,
     rows.o[r] = out_row(a, out, r);
   }
   int64_t j0 = 0;
-  for (const KvSpan& sp : spans) {
-    by_dtype(sp, [&](auto t) { span_scores<decltype(t)>(rows, n_rows, a.k_dim, sp, j0, a.scale); });
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const KvSpan& sp = spans[i];
+    const KvSpan* next = i + 1 < spans.size() ? &spans[i + 1] : nullptr;
+    by_dtype(sp, [&](auto t) {
+      span_scores<decltype(t)>(rows, n_rows, a.k_dim, sp, next, j0, a.scale);
+    });
     j0 += sp.n;
   }
   // Keys a row must not see get probability 0: its output gains exactly 0 · v from them.
@@ -362,8 +381,12 @@ DUET_TARGET_AVX512 void attend_avx512(const AttendShape& a, const float* q,
       std::fill_n(rows.o[r] + d0, std::min<int64_t>(kValueVecs * kW, a.v_dim - d0), 0.0f);
     }
     j0 = 0;
-    for (const KvSpan& sp : spans) {
-      by_dtype(sp, [&](auto t) { span_values<decltype(t)>(rows, n_rows, sp, j0, d0, a.v_dim); });
+    for (size_t i = 0; i < spans.size(); ++i) {
+      const KvSpan& sp = spans[i];
+      const KvSpan* next = i + 1 < spans.size() ? &spans[i + 1] : nullptr;
+      by_dtype(sp, [&](auto t) {
+        span_values<decltype(t)>(rows, n_rows, sp, next, j0, d0, a.v_dim);
+      });
       j0 += sp.n;
     }
   }
