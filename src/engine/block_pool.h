@@ -59,8 +59,8 @@ class BlockPool {
   int64_t k_row_, v_row_;           // bytes of a k / v row
   // In huge pages: every decode step streams a sequence's rows, and the blocks scattered over
   // the pool are far apart.
-  HugePtr k_;  // [n_blocks, n_layer, block_size, k_width] shape_.dtype
-  HugePtr v_;  // [n_blocks, n_layer, block_size, v_width] shape_.dtype
+  HugePtr k_;                       // [n_blocks, n_layer, block_size, k_width] shape_.dtype
+  HugePtr v_;                       // [n_blocks, n_layer, block_size, v_width] shape_.dtype
   std::vector<int32_t> free_;       // stack of free block ids; lowest ids handed out first
   std::vector<uint8_t> in_use_;     // [n_blocks] catches double frees
 };

@@ -40,8 +40,8 @@ class KvCache final : public KvStore {
  private:
   struct Seq {
     int64_t capacity = 0;      // positions
-    HugePtr k;  // [n_layer, capacity, k_width] dtype_
-    HugePtr v;  // [n_layer, capacity, v_width] dtype_
+    HugePtr k;                 // [n_layer, capacity, k_width] dtype_
+    HugePtr v;                 // [n_layer, capacity, v_width] dtype_
   };
   Seq& row_seq(int32_t seq_id, int64_t il, int64_t pos);
   Seq& seq(int32_t seq_id);

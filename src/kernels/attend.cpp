@@ -250,8 +250,7 @@ DUET_TARGET_AVX512 void scores_rows(const RowPtrs& rows, int64_t n_rows, int64_t
 // prefetch inside a span alone never reached the next block.
 template <typename T>
 DUET_TARGET_AVX512 void span_scores(const RowPtrs& rows, int64_t n_rows, int64_t k_dim,
-                                    const KvSpan& sp, const KvSpan* next, int64_t j0,
-                                    float scale) {
+                                    const KvSpan& sp, const KvSpan* next, int64_t j0, float scale) {
   if (next) {
     for (int64_t i = 0; i < std::min(kAhead, next->n); ++i) {
       prefetch_row(k_row<T>(*next, i), k_dim);
@@ -384,9 +383,8 @@ DUET_TARGET_AVX512 void attend_avx512(const AttendShape& a, const float* q,
     for (size_t i = 0; i < spans.size(); ++i) {
       const KvSpan& sp = spans[i];
       const KvSpan* next = i + 1 < spans.size() ? &spans[i + 1] : nullptr;
-      by_dtype(sp, [&](auto t) {
-        span_values<decltype(t)>(rows, n_rows, sp, next, j0, d0, a.v_dim);
-      });
+      by_dtype(sp,
+               [&](auto t) { span_values<decltype(t)>(rows, n_rows, sp, next, j0, d0, a.v_dim); });
       j0 += sp.n;
     }
   }
