@@ -93,7 +93,8 @@ class CheckpointSource final : public WeightSource {
   SourceOptions opt_;
   std::deque<std::vector<float>> owned_;     // f32 conversions of f16 matrices and of vectors
   std::map<std::string, Matrix> converted_;  // f16 matrices, by name, once converted
-  // The packed and quantized copies, in huge pages: decode streams through them every step.
+  // The copies (as stored, packed, quantized), in huge pages: decode streams through them every
+  // step.
   HugePageArena arena_;
   std::map<std::string, void*> copies_;  // matrices copied from the mapping (in arena_), by name
   std::map<std::string, void*> panels_;  // packed copies (in arena_), by name
