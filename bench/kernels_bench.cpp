@@ -350,10 +350,20 @@ BENCHMARK(BM_Attend)
 // 4 query heads per group, head_dim 128), bf16 rows of the 4 heads per position, in one span
 // (block_size 0: KvCache) or in blocks of block_size positions scattered over the pool (the
 // paged cache hands out a span per block). Cold: each iteration reads another of the copies
-// filling 512 MiB, in 4 KiB pages or (huge 1) in huge pages. Reports the KV bytes read per
-// second; compare block_size 16 against 0.
+// filling 512 MiB, in 4 KiB pages or (huge 1) in huge pages. The kernel: f32 products (pairs 0)
+// or, where the CPU multiplies bf16 pairs, the bf16-pair one (pairs 1; attend's choice there).
+// Reports the KV bytes read per second; compare block_size 16 against 0, pairs 1 against 0.
 void BM_AttendPaged(benchmark::State& state) {
   const int64_t n_ctx = state.range(0), bs = state.range(1), hd = 128, n_kv = 4;
+  const simd::Isa isa = state.range(3) ? simd::best_isa() : simd::Isa::kAvx512;
+  if (state.range(3) && !simd::has_dpbf16(isa)) {
+    state.SkipWithError("the matmuls' instruction set does not multiply bf16 pairs");
+    return;
+  }
+  if (!simd::isa_supported(simd::Isa::kAvx512)) {
+    state.SkipWithError("no AVX-512 on this CPU");
+    return;
+  }
   const int64_t kv_w = n_kv * hd, step_rows = bs > 0 ? (n_ctx + bs - 1) / bs * bs : n_ctx;
   const int64_t n_copies = std::max<int64_t>(2, (int64_t{512} << 20) / (4 * step_rows * kv_w));
   std::mt19937 rng(1);
@@ -399,7 +409,7 @@ void BM_AttendPaged(benchmark::State& state) {
                            std::min(bs, n_ctx - b * bs), DType::kBF16});
         }
       }
-      attend(shape, q.data() + h * 4 * hd, spans, out.data() + h * 4 * hd, scores);
+      attend_with(isa, shape, q.data() + h * 4 * hd, spans, out.data() + h * 4 * hd, scores);
     }
     benchmark::DoNotOptimize(out.data());
     copy = (copy + 1) % n_copies;
@@ -409,8 +419,8 @@ void BM_AttendPaged(benchmark::State& state) {
 }
 
 BENCHMARK(BM_AttendPaged)
-    ->ArgNames({"n_ctx", "block_size", "huge"})
-    ->ArgsProduct({{1024, 4096}, {0, 16}, {0, 1}});
+    ->ArgNames({"n_ctx", "block_size", "huge", "pairs"})
+    ->ArgsProduct({{1024, 4096}, {0, 16}, {0, 1}, {0, 1}});
 
 }  // namespace
 }  // namespace duet

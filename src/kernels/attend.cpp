@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "kernels/attend_impl.h"
 #include "kernels/ops_impl.h"
 #include "kernels/simd_impl.h"
 
@@ -11,32 +12,13 @@ namespace duet {
 
 namespace {
 
-int64_t n_positions(const std::vector<KvSpan>& spans) {
-  int64_t n = 0;
-  for (const KvSpan& s : spans) n += s.n;
-  return n;
-}
-
-void check_shape(const AttendShape& a, int64_t n_ctx) {
-  DUET_CHECK(a.n_q >= 1 && a.k_dim >= 1 && a.v_dim >= 1 && a.ldq >= a.k_dim && a.ldo >= a.v_dim &&
-                 a.n_t >= 1 && n_ctx >= a.n_t,
-             "attend: n_q " << a.n_q << " k_dim " << a.k_dim << " v_dim " << a.v_dim << " ldq "
-                            << a.ldq << " ldo " << a.ldo << " n_t " << a.n_t << " positions "
-                            << n_ctx);
-}
-
-// Positions that query row r (= position i · n_q + head) sees.
-int64_t visible(const AttendShape& a, int64_t n_ctx, int64_t r) {
-  return n_ctx - a.n_t + 1 + r / a.n_q;
-}
-
-const float* q_row(const AttendShape& a, const float* q, int64_t r) {
-  return q + r / a.n_q * a.ldq_t + r % a.n_q * a.ldq;
-}
-
-float* out_row(const AttendShape& a, float* out, int64_t r) {
-  return out + r / a.n_q * a.ldo_t + r % a.n_q * a.ldo;
-}
+using attend_impl::check_shape;
+using attend_impl::k_row;
+using attend_impl::n_positions;
+using attend_impl::out_row;
+using attend_impl::q_row;
+using attend_impl::v_row;
+using attend_impl::visible;
 
 // The KV element types: f32 rows are read as they are, bf16 rows (uint16_t) widened exactly.
 inline float widen(float x) {
@@ -44,16 +26,6 @@ inline float widen(float x) {
 }
 inline float widen(uint16_t x) {
   return bf16_to_f32(x);
-}
-
-template <typename T>
-const T* k_row(const KvSpan& sp, int64_t i) {
-  return static_cast<const T*>(sp.k) + i * sp.k_stride;
-}
-
-template <typename T>
-const T* v_row(const KvSpan& sp, int64_t i) {
-  return static_cast<const T*>(sp.v) + i * sp.v_stride;
 }
 
 // Calls f(T{}) with T the span's element type: float or uint16_t (bf16).
@@ -131,12 +103,13 @@ void attend_scalar(const AttendShape& a, const float* q, const std::vector<KvSpa
 namespace {
 
 using S = simd::Avx512;
+using attend_impl::kAhead;
+using attend_impl::kMaxRows;
+using attend_impl::kPosBlock;
+using attend_impl::kValueBlock;  // 64 positions' value slices: 16 KB at head_dim 128
+using attend_impl::prefetch_row;
 constexpr int64_t kW = S::kWidth;
-constexpr int kMaxRows = 4;    // query rows per pass over the keys (accumulators per position)
 constexpr int kValueVecs = 4;  // value vectors per pass: kMaxRows × 4 accumulators
-constexpr int kPosBlock = 4;   // positions per pass over a query: kMaxRows × 4 accumulators
-constexpr int64_t kValueBlock = 64;  // positions whose value slices (16 KB) serve every row
-constexpr int64_t kAhead = 16;       // positions prefetched ahead, into L2
 
 // Where each query row (position i · n_q + head) reads its query and writes its scores and
 // output: [n_t * n_q] pointers each.
@@ -164,14 +137,6 @@ DUET_TARGET_AVX512 DUET_ALWAYS_INLINE __m512 load_kv(const float* p, __mmask16 m
 }
 DUET_TARGET_AVX512 DUET_ALWAYS_INLINE __m512 load_kv(const uint16_t* p, __mmask16 m) {
   return S::widen(_mm256_maskz_loadu_epi16(m, p));
-}
-
-// Prefetches the cache lines of row[0, n) into L2.
-template <typename T>
-DUET_TARGET_AVX512 inline void prefetch_row(const T* row, int64_t n) {
-  const char* bytes = reinterpret_cast<const char*>(row);
-  for (int64_t b = 0; b < n * static_cast<int64_t>(sizeof(T)); b += 64)
-    _mm_prefetch(bytes + b, _MM_HINT_T1);
 }
 
 // acc[jj][g] += q[g][d : d + n) · k_jj[d : d + n) for J positions and G rows; n == kW unless
@@ -207,18 +172,7 @@ DUET_TARGET_AVX512 void scores_block(const float* const* q, float* const* s, int
   int64_t d = 0;
   for (; d + kW <= k_dim; d += kW) scores_step<G, J, false>(acc, q, k, k_stride, d, 0);
   if (d < k_dim) scores_step<G, J, true>(acc, q, k, k_stride, d, lanes(k_dim - d));
-    // One reduction tree for every G (each lane's sum is independent of the others): a row's
-    // scores do not depend on which rows it was grouped with.
-#pragma GCC unroll 4
-  for (int jj = 0; jj < J; ++jj) {
-    const __m512 z = S::zero();
-    alignas(16) float v[4];
-    _mm_store_ps(v, _mm_mul_ps(S::hsum4(acc[jj][0], G > 1 ? acc[jj][G > 1 ? 1 : 0] : z,
-                                        G > 2 ? acc[jj][G > 2 ? 2 : 0] : z,
-                                        G > 3 ? acc[jj][G > 3 ? 3 : 0] : z),
-                               _mm_set1_ps(scale)));
-    for (int g = 0; g < G; ++g) s[g][j + jj] = v[g];
-  }
+  attend_impl::store_scores<G, J>(acc, s, j, scale);
 }
 
 // scores_block<·, J> for every row, kMaxRows at a time: the J keys stay in L1 across the rows.
@@ -394,11 +348,21 @@ DUET_TARGET_AVX512 void attend_avx512(const AttendShape& a, const float* q,
 
 #pragma GCC diagnostic pop
 
+void attend_with(simd::Isa isa, const AttendShape& shape, const float* q,
+                 const std::vector<KvSpan>& spans, float* out, std::vector<float>& scores) {
+  const bool bf16_rows = std::all_of(spans.begin(), spans.end(),
+                                     [](const KvSpan& sp) { return sp.dtype == DType::kBF16; });
+  if (simd::has_dpbf16(isa) && bf16_rows) {
+    return attend_impl::attend_pairs(isa, shape, q, spans, out, scores);
+  }
+  static const bool avx512 = simd::isa_supported(simd::Isa::kAvx512);
+  if (avx512 && isa != simd::Isa::kScalar) return attend_avx512(shape, q, spans, out, scores);
+  attend_scalar(shape, q, spans, out, scores);
+}
+
 void attend(const AttendShape& shape, const float* q, const std::vector<KvSpan>& spans, float* out,
             std::vector<float>& scores) {
-  static const bool avx512 = simd::isa_supported(simd::Isa::kAvx512);
-  if (avx512) return attend_avx512(shape, q, spans, out, scores);
-  attend_scalar(shape, q, spans, out, scores);
+  attend_with(simd::best_isa(), shape, q, spans, out, scores);
 }
 
 }  // namespace duet

@@ -9,6 +9,10 @@
 
 namespace duet {
 
+namespace simd {
+enum class Isa;  // kernels/simd_impl.h
+}
+
 // n consecutive positions whose rows sit at fixed strides (in elements), as a KV store holds
 // them, in f32 or bf16 (widened to f32 as they are loaded; no copy of the rows is made).
 struct KvSpan {
@@ -39,11 +43,24 @@ struct AttendShape {
 // softmax_j(scale · q[i * ldq_t + h * ldq + :k_dim] · k_j) over the positions j < n_ctx - n_t + 1
 // + i of all spans in order, for i < n_t, h < n_q. At least n_t positions; q, out f32; the K/V
 // rows f32 or bf16 (each span says which); out must not overlap q or the KV rows. `scores` is
-// scratch ([n_t * n_q, n_ctx] f32), reused across calls to avoid allocating. AVX-512 when the CPU
-// has it, else the scalar version. A position's output is the same, bit for bit, whether
-// computed alone or in a block of n_t.
+// scratch ([n_t * n_q, n_ctx] f32), reused across calls to avoid allocating. A position's output
+// is the same, bit for bit, whether computed alone or in a block of n_t.
+//
+// On the instruction set the matmuls use (simd::best_isa). Where it multiplies bf16 pairs
+// (AVX-512 BF16) and every span's rows are bf16, with FlashAttention's numerics: q and the
+// probabilities rounded to bf16 (to nearest even), exact products summed in f32 (half the
+// multiply instructions of f32 products, and the rows never widened). Otherwise f32 products of
+// the rows' exact values (AVX-512 when the CPU has it, else the scalar version): bf16 rows then
+// give the same result, bit for bit, as f32 rows holding their widened values.
 void attend(const AttendShape& shape, const float* q, const std::vector<KvSpan>& spans, float* out,
             std::vector<float>& scores);
+
+// attend on a given instruction set (kernels/simd_impl.h): its bf16-pair kernel on bf16 rows
+// where isa multiplies bf16 pairs (simd::Isa::kAvx512Bf16Emulated runs it on any AVX-512 CPU);
+// otherwise the f32 one (AVX-512 where the CPU has it, unless isa is kScalar). For tests and
+// benchmarks that compare them.
+void attend_with(simd::Isa isa, const AttendShape& shape, const float* q,
+                 const std::vector<KvSpan>& spans, float* out, std::vector<float>& scores);
 
 // The plain version (sums in double): the reference for tests and the fallback. bf16 rows give
 // the same result, bit for bit, as f32 rows holding their widened values (for attend too).

@@ -29,10 +29,16 @@ using S = simd::Avx512Bf16Emulated;
 #undef DUET_SIMD_TARGET
 }  // namespace avx512bf16_emulated
 
+}  // namespace
+
+namespace matmul_impl {
+
 // GCC 12's AVX-512 intrinsics trip -Wuninitialized where inlined (see simd_impl.h).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace {
 
 // v rounded to bf16 per lane, exactly as f32_to_bf16 (core/dtype.h): to nearest even by integer
 // arithmetic on the bits, NaN made quiet. (vcvtneps2bf16 would flush denormals, and only exists
@@ -46,7 +52,8 @@ DUET_TARGET_AVX512 inline __m256i to_bf16(__m512 v) {
   return _mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16));
 }
 
-// dst[0 : cols) = bf16(src[0 : cols)), dst[cols : ld) = 0.
+}  // namespace
+
 DUET_TARGET_AVX512 void round_row(const float* src, int64_t cols, uint16_t* dst, int64_t ld) {
   int64_t k = 0;
   for (; k + 16 <= cols; k += 16) {
@@ -60,10 +67,6 @@ DUET_TARGET_AVX512 void round_row(const float* src, int64_t cols, uint16_t* dst,
 }
 
 #pragma GCC diagnostic pop
-
-}  // namespace
-
-namespace matmul_impl {
 
 XRows round_x(XRows x, int64_t cols, int64_t n_tokens, std::vector<uint16_t>& buf) {
   DUET_CHECK(simd::isa_supported(simd::Isa::kAvx512), "round_x: needs AVX-512");

@@ -119,6 +119,10 @@ constexpr int64_t kFp8PairsMinTokens = 8;
 // batch-invariant (matmul_fp8_pairs.cpp).
 bool fp8_reads_widened(simd::Isa isa, const Matrix& w, int64_t n_tokens);
 
+// dst[0 : cols) = src[0 : cols) rounded to bf16 (to nearest even, NaN kept, as f32_to_bf16),
+// dst[cols : ld) = 0. Needs AVX-512.
+void round_row(const float* src, int64_t cols, uint16_t* dst, int64_t ld);
+
 // x[n_tokens, cols] rounded to bf16 (to nearest even, NaN kept, as f32_to_bf16) into buf: rows
 // at a 64-byte aligned address, whole cache lines plus one apart, zero past cols. Needs AVX-512
 // (simd::isa_supported(simd::Isa::kAvx512)).

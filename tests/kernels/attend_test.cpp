@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "kernels/simd_impl.h"
 
 namespace duet {
 namespace {
@@ -58,32 +59,55 @@ Cache make_cache(std::mt19937& rng, int64_t n_ctx, int64_t stride,
   return c;
 }
 
-// The textbook computation, independent of attend_scalar: out[h] = Σ_j softmax(s)_j v_j.
-// scale_out[h * v_dim + d] = Σ_j p_j |v_j[d]|, the size the error is measured against.
-void naive(const AttendShape& a, const float* q, const Cache& c, int64_t n_ctx, bool v_is_k,
-           std::vector<double>& out, std::vector<double>& scale_out) {
+float round_bf16(float x) {
+  return bf16_to_f32(f32_to_bf16(x));
+}
+
+// What the textbook computation is compared with: its output and the error allowed for each
+// element.
+struct Expected {
+  std::vector<double> out, tol;
+};
+
+// The textbook computation, independent of attend_scalar: out[h] = Σ_j softmax(s)_j v_j. The
+// tolerance is 2e-5 · Σ_j p_j |v_j[d]|. With `pairs` (the bf16-pair kernel's numerics), q and
+// the probabilities are rounded to bf16 first; the kernel rounds its f32 softmax, this one its
+// double one rounded to f32, so a probability near a rounding boundary may land one bf16 step
+// (2^-7 of it at most) away: each element also allows that for its largest term.
+Expected naive(const AttendShape& a, const float* q, const Cache& c, int64_t n_ctx, bool v_is_k,
+               bool pairs = false) {
   const float* vals = v_is_k ? c.keys.data() : c.values.data();
-  out.assign(static_cast<size_t>(a.n_q * a.v_dim), 0.0);
-  scale_out.assign(out.size(), 0.0);
+  Expected e{std::vector<double>(static_cast<size_t>(a.n_q * a.v_dim), 0.0), {}};
+  std::vector<double> scale(e.out.size(), 0.0), largest(e.out.size(), 0.0);
   for (int64_t h = 0; h < a.n_q; ++h) {
     std::vector<double> s(static_cast<size_t>(n_ctx));
     double max = -INFINITY, sum = 0;
     for (int64_t j = 0; j < n_ctx; ++j) {
       double d = 0;
-      for (int64_t i = 0; i < a.k_dim; ++i)
-        d += double(q[h * a.ldq + i]) * c.keys[j * c.stride + i];
+      for (int64_t i = 0; i < a.k_dim; ++i) {
+        const float qi = q[h * a.ldq + i];
+        d += double(pairs ? round_bf16(qi) : qi) * c.keys[j * c.stride + i];
+      }
       s[j] = d * a.scale;
       max = std::max(max, s[j]);
     }
     for (double& v : s) sum += (v = std::exp(v - max));
     for (int64_t j = 0; j < n_ctx; ++j) {
+      const double p = pairs ? round_bf16(static_cast<float>(s[j] / sum)) : s[j] / sum;
       for (int64_t d = 0; d < a.v_dim; ++d) {
         const double v = vals[j * c.stride + d];
-        out[h * a.v_dim + d] += s[j] / sum * v;
-        scale_out[h * a.v_dim + d] += s[j] / sum * std::fabs(v);
+        const size_t i = static_cast<size_t>(h * a.v_dim + d);
+        e.out[i] += p * v;
+        scale[i] += p * std::fabs(v);
+        largest[i] = std::max(largest[i], p * std::fabs(v));
       }
     }
   }
+  e.tol.resize(e.out.size());
+  for (size_t i = 0; i < e.tol.size(); ++i) {
+    e.tol[i] = 2e-5 * scale[i] + (pairs ? 0x1p-7 * largest[i] : 0.0) + 1e-30;
+  }
+  return e;
 }
 
 // Every head count around the kernel's block of 4, dims around the vector width, the MLA shape
@@ -92,21 +116,43 @@ void naive(const AttendShape& a, const float* q, const Cache& c, int64_t n_ctx, 
 // attend_scalar.
 constexpr float kGuard = 777.0f;
 
-// attend (simd) or attend_scalar into a fresh output of n floats that starts as kGuard.
-std::vector<float> run_attend(bool simd, const AttendShape& a, const float* q,
+using simd::Isa;
+
+// attend_with(isa) (kScalar: attend_scalar) into a fresh output of n floats that starts as
+// kGuard.
+std::vector<float> run_attend(Isa isa, const AttendShape& a, const float* q,
                               const std::vector<KvSpan>& spans, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n), kGuard), scores;
-  if (simd) {
-    attend(a, q, spans, out.data(), scores);
-  } else {
+  if (isa == Isa::kScalar) {
     attend_scalar(a, q, spans, out.data(), scores);
+  } else {
+    attend_with(isa, a, q, spans, out.data(), scores);
   }
   return out;
 }
 
-// f32 and bf16 KV rows: the same tests, the bf16 ones against the textbook version on the
-// widened values.
-class AttendDtypeTest : public ::testing::TestWithParam<DType> {};
+// The kernels under test: f32 rows and bf16 rows on the f32 kernels (AVX-512, scalar), the bf16
+// ones against the textbook version on the widened values; bf16 rows on the bf16-pair kernel
+// (its emulation everywhere, vdpbf16ps where the CPU has it) against the rounded textbook
+// version.
+enum class Numerics { kF32Rows, kBf16Rows, kBf16Pairs };
+
+DType rows_dtype(Numerics n) {
+  return n == Numerics::kF32Rows ? DType::kF32 : DType::kBF16;
+}
+
+std::vector<Isa> isas_for(Numerics n) {
+  std::vector<Isa> isas;
+  const std::vector<Isa> candidates =
+      n == Numerics::kBf16Pairs ? std::vector<Isa>{Isa::kAvx512Bf16Emulated, Isa::kAvx512Bf16}
+                                : std::vector<Isa>{Isa::kAvx512, Isa::kScalar};
+  for (Isa isa : candidates) {
+    if (simd::isa_supported(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+class AttendDtypeTest : public ::testing::TestWithParam<Numerics> {};
 
 TEST_P(AttendDtypeTest, MatchesNaiveOnEdgeShapes) {
   std::mt19937 rng(2024);
@@ -123,21 +169,22 @@ TEST_P(AttendDtypeTest, MatchesNaiveOnEdgeShapes) {
       for (int64_t n_ctx : {1, 2, 17, 100}) {
         for (const std::vector<int64_t>& lens : span_sets) {
           const int64_t stride = std::max(dm.k_dim, dm.v_dim) + 5;
-          Cache c = make_cache(rng, n_ctx, stride, lens, dm.v_is_k, GetParam());
+          Cache c = make_cache(rng, n_ctx, stride, lens, dm.v_is_k, rows_dtype(GetParam()));
           AttendShape a{n_q,          dm.k_dim,
                         dm.v_dim,     dm.k_dim + 3,
                         dm.v_dim + 2, static_cast<float>(1.0 / std::sqrt(double(dm.k_dim)))};
           std::normal_distribution<float> normal(0.0f, 1.0f);
           std::vector<float> q(static_cast<size_t>(n_q * a.ldq));
           for (float& v : q) v = normal(rng);
-          std::vector<double> want, scale;
-          naive(a, q.data(), c, n_ctx, dm.v_is_k, want, scale);
+          const Expected want =
+              naive(a, q.data(), c, n_ctx, dm.v_is_k, GetParam() == Numerics::kBf16Pairs);
           const std::string what =
-              std::string(dtype_name(GetParam())) + " k_dim " + std::to_string(dm.k_dim) +
-              " v_dim " + std::to_string(dm.v_dim) + " n_q " + std::to_string(n_q) + " n_ctx " +
-              std::to_string(n_ctx) + " spans " + std::to_string(c.spans.size());
-          for (bool simd : {true, false}) {
-            const std::vector<float> out = run_attend(simd, a, q.data(), c.spans, n_q * a.ldo);
+              std::string(dtype_name(rows_dtype(GetParam()))) + " k_dim " +
+              std::to_string(dm.k_dim) + " v_dim " + std::to_string(dm.v_dim) + " n_q " +
+              std::to_string(n_q) + " n_ctx " + std::to_string(n_ctx) + " spans " +
+              std::to_string(c.spans.size());
+          for (Isa isa : isas_for(GetParam())) {
+            const std::vector<float> out = run_attend(isa, a, q.data(), c.spans, n_q * a.ldo);
             for (int64_t h = 0; h < n_q; ++h) {
               for (int64_t d = 0; d < a.ldo; ++d) {
                 const float got = out[h * a.ldo + d];
@@ -146,8 +193,8 @@ TEST_P(AttendDtypeTest, MatchesNaiveOnEdgeShapes) {
                   continue;
                 }
                 const size_t i = static_cast<size_t>(h * a.v_dim + d);
-                ASSERT_NEAR(got, want[i], 2e-5 * scale[i] + 1e-30)
-                    << what << (simd ? " simd" : " scalar") << " head " << h << " lane " << d;
+                ASSERT_NEAR(got, want.out[i], want.tol[i])
+                    << what << " " << simd::isa_name(isa) << " head " << h << " lane " << d;
               }
             }
           }
@@ -177,7 +224,7 @@ TEST_P(AttendDtypeTest, CausalBlockMatchesPerPosition) {
         for (int64_t n_ctx : {n_t, n_t + 1, int64_t{70}}) {
           for (const std::vector<int64_t>& lens : span_sets) {
             const int64_t stride = std::max(dm.k_dim, dm.v_dim) + 5;
-            Cache c = make_cache(rng, n_ctx, stride, lens, dm.v_is_k, GetParam());
+            Cache c = make_cache(rng, n_ctx, stride, lens, dm.v_is_k, rows_dtype(GetParam()));
             AttendShape a{n_q,          dm.k_dim,
                           dm.v_dim,     dm.k_dim + 3,
                           dm.v_dim + 2, static_cast<float>(1.0 / std::sqrt(double(dm.k_dim)))};
@@ -188,19 +235,18 @@ TEST_P(AttendDtypeTest, CausalBlockMatchesPerPosition) {
             std::vector<float> q(static_cast<size_t>(n_t * a.ldq_t));
             for (float& v : q) v = normal(rng);
             const std::string what =
-                std::string(dtype_name(GetParam())) + " k_dim " + std::to_string(dm.k_dim) +
-                " n_q " + std::to_string(n_q) + " n_t " + std::to_string(n_t) + " n_ctx " +
-                std::to_string(n_ctx) + " spans " + std::to_string(c.spans.size());
-            for (bool simd : {true, false}) {
-              const std::vector<float> out =
-                  run_attend(simd, a, q.data(), c.spans, n_t * a.ldo_t);
+                std::string(dtype_name(rows_dtype(GetParam()))) + " k_dim " +
+                std::to_string(dm.k_dim) + " n_q " + std::to_string(n_q) + " n_t " +
+                std::to_string(n_t) + " n_ctx " + std::to_string(n_ctx) + " spans " +
+                std::to_string(c.spans.size());
+            for (Isa isa : isas_for(GetParam())) {
+              const std::vector<float> out = run_attend(isa, a, q.data(), c.spans, n_t * a.ldo_t);
               for (int64_t i = 0; i < n_t; ++i) {
                 const int64_t n_i = n_ctx - n_t + 1 + i;  // positions token i sees
                 AttendShape one = a;
                 one.n_t = 1;
-                std::vector<double> want, scale;
-                naive(one, q.data() + i * a.ldq_t, c, n_i, dm.v_is_k, want, scale);
-                std::vector<float> alone(static_cast<size_t>(n_q * a.ldo), kGuard), scores;
+                const Expected want = naive(one, q.data() + i * a.ldq_t, c, n_i, dm.v_is_k,
+                                            GetParam() == Numerics::kBf16Pairs);
                 std::vector<KvSpan> prefix;
                 for (int64_t j = 0; j < n_i;) {
                   KvSpan sp = c.spans[prefix.size()];
@@ -208,7 +254,8 @@ TEST_P(AttendDtypeTest, CausalBlockMatchesPerPosition) {
                   prefix.push_back(sp);
                   j += sp.n;
                 }
-                if (simd) attend(one, q.data() + i * a.ldq_t, prefix, alone.data(), scores);
+                const std::vector<float> alone =
+                    run_attend(isa, one, q.data() + i * a.ldq_t, prefix, n_q * a.ldo);
                 for (int64_t d = 0; d < a.ldo_t; ++d) {
                   const float got = out[i * a.ldo_t + d];
                   const int64_t h = d / a.ldo, lane = d % a.ldo;
@@ -217,10 +264,10 @@ TEST_P(AttendDtypeTest, CausalBlockMatchesPerPosition) {
                     continue;
                   }
                   const size_t w = static_cast<size_t>(h * a.v_dim + lane);
-                  ASSERT_NEAR(got, want[w], 2e-5 * scale[w] + 1e-30)
-                      << what << (simd ? " simd" : " scalar") << " token " << i << " head " << h
+                  ASSERT_NEAR(got, want.out[w], want.tol[w])
+                      << what << " " << simd::isa_name(isa) << " token " << i << " head " << h
                       << " lane " << lane;
-                  if (simd) {
+                  if (isa != Isa::kScalar) {
                     ASSERT_EQ(got, alone[h * a.ldo + lane]) << what << " token " << i;
                   }
                 }
@@ -233,9 +280,13 @@ TEST_P(AttendDtypeTest, CausalBlockMatchesPerPosition) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtype, AttendDtypeTest, ::testing::Values(DType::kF32, DType::kBF16),
-                         [](const ::testing::TestParamInfo<DType>& p) {
-                           return std::string(p.param == DType::kBF16 ? "bf16" : "f32");
+INSTANTIATE_TEST_SUITE_P(Kernel, AttendDtypeTest,
+                         ::testing::Values(Numerics::kF32Rows, Numerics::kBf16Rows,
+                                           Numerics::kBf16Pairs),
+                         [](const ::testing::TestParamInfo<Numerics>& p) {
+                           return std::string(p.param == Numerics::kF32Rows    ? "f32"
+                                              : p.param == Numerics::kBf16Rows ? "bf16"
+                                                                               : "bf16_pairs");
                          });
 
 // The spans of c over its f32 rows (for a bf16 cache: the widened values), cut as c.spans are.
@@ -251,11 +302,12 @@ std::vector<KvSpan> f32_spans(const Cache& c, bool v_is_k) {
   return out;
 }
 
-// bf16 rows are widened exactly and then go through the same arithmetic in the same order, so
-// attend and attend_scalar over bf16 rows must equal, bit for bit, the same function over f32
-// rows holding the widened values: one position, odd dims, GQA groups, causal blocks, the MLA
-// shape (values = the keys' first v_dim elements), several spans, and spans of both dtypes in
-// one call.
+// On the f32 kernels, bf16 rows are widened exactly and then go through the same arithmetic in
+// the same order, so attend_with(kAvx512) and attend_scalar over bf16 rows must equal, bit for
+// bit, the same function over f32 rows holding the widened values: one position, odd dims, GQA
+// groups, causal blocks, the MLA shape (values = the keys' first v_dim elements), several spans,
+// and spans of both dtypes in one call (which the bf16-pair instruction sets also run on the f32
+// kernel).
 TEST(AttendTest, Bf16RowsGiveTheWidenedF32ResultBitForBit) {
   std::mt19937 rng(4242);
   struct Dims {
@@ -289,21 +341,111 @@ TEST(AttendTest, Bf16RowsGiveTheWidenedF32ResultBitForBit) {
                                      " n_ctx " + std::to_string(n_ctx) + " spans " +
                                      std::to_string(c.spans.size());
             const int64_t n_out = n_t * a.ldo_t;
-            for (bool simd : {true, false}) {
-              const std::vector<float> want = run_attend(simd, a, q.data(), widened, n_out);
-              const std::vector<float> got = run_attend(simd, a, q.data(), c.spans, n_out);
-              const std::vector<float> got_mixed = run_attend(simd, a, q.data(), mixed, n_out);
+            for (Isa isa : isas_for(Numerics::kBf16Rows)) {
+              const std::vector<float> want = run_attend(isa, a, q.data(), widened, n_out);
+              const std::vector<float> got = run_attend(isa, a, q.data(), c.spans, n_out);
+              const std::vector<float> got_mixed = run_attend(isa, a, q.data(), mixed, n_out);
               for (int64_t i = 0; i < n_out; ++i) {
-                ASSERT_EQ(got[i], want[i])
-                    << what << (simd ? " simd" : " scalar") << " float " << i;
+                ASSERT_EQ(got[i], want[i]) << what << " " << simd::isa_name(isa) << " float " << i;
                 ASSERT_EQ(got_mixed[i], want[i])
-                    << what << (simd ? " simd" : " scalar") << " mixed spans, float " << i;
+                    << what << " " << simd::isa_name(isa) << " mixed spans, float " << i;
+              }
+              if (isa == Isa::kAvx512 && mixed.size() > 1 &&
+                  simd::isa_supported(Isa::kAvx512Bf16Emulated)) {
+                const std::vector<float> pairs_mixed =
+                    run_attend(Isa::kAvx512Bf16Emulated, a, q.data(), mixed, n_out);
+                for (int64_t i = 0; i < n_out; ++i) {
+                  ASSERT_EQ(pairs_mixed[i], want[i]) << what << " mixed spans on a pair ISA";
+                }
               }
             }
           }
         }
       }
     }
+  }
+}
+
+// A causal block of query rows over bf16 rows cut into spans of 1 and 3 (odd ones: pairs at
+// span ends), head_dim 128 (qwen3's) and the MLA shape, and its result from attend and from
+// attend_with each kernel.
+struct PairCase {
+  Cache c;
+  AttendShape a;
+  std::vector<float> q;
+  int64_t n_out;
+};
+
+std::vector<PairCase> pair_cases() {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<PairCase> cases;
+  for (bool mla : {false, true}) {
+    for (const std::vector<int64_t>& lens :
+         std::vector<std::vector<int64_t>>{{1 << 20}, {16}, {1, 3}}) {
+      const int64_t k_dim = mla ? 576 : 128, v_dim = mla ? 512 : 128, n_q = mla ? 8 : 4;
+      const int64_t n_ctx = 75, n_t = 3;
+      PairCase p{make_cache(rng, n_ctx, k_dim + 8, lens, mla, DType::kBF16),
+                 AttendShape{n_q, k_dim, v_dim, k_dim, v_dim,
+                             static_cast<float>(1.0 / std::sqrt(double(k_dim)))},
+                 {},
+                 0};
+      p.a.n_t = n_t;
+      p.a.ldq_t = n_q * k_dim;
+      p.a.ldo_t = n_q * v_dim;
+      p.q.resize(static_cast<size_t>(n_t * p.a.ldq_t));
+      for (float& v : p.q) v = 2.0f * normal(rng);
+      p.n_out = n_t * p.a.ldo_t;
+      cases.push_back(std::move(p));
+    }
+  }
+  return cases;
+}
+
+// vdpbf16ps follows Intel's pseudocode bit for bit (SimdTest.RealDpbf16MatchesPseudocode), so the
+// kernel on it must give its emulation's result bit for bit.
+TEST(AttendTest, PairKernelMatchesItsEmulationBitForBit) {
+  if (!simd::isa_supported(Isa::kAvx512Bf16)) {
+    GTEST_SKIP() << "this CPU lacks AVX-512 BF16: the pair kernel runs only as its emulation";
+  }
+  for (const PairCase& p : pair_cases()) {
+    const std::vector<float> want =
+        run_attend(Isa::kAvx512Bf16Emulated, p.a, p.q.data(), p.c.spans, p.n_out);
+    const std::vector<float> got = run_attend(Isa::kAvx512Bf16, p.a, p.q.data(), p.c.spans, p.n_out);
+    for (int64_t i = 0; i < p.n_out; ++i) {
+      ASSERT_EQ(got[i], want[i]) << "k_dim " << p.a.k_dim << " spans " << p.c.spans.size()
+                                 << " float " << i;
+    }
+  }
+}
+
+// The pair kernel rounds q and the probabilities (the textbook comparison allows for that much):
+// its results stand off the f32 kernel's by far more than f32 sums do, at a few 1e-3 of a value.
+TEST(AttendTest, PairKernelRoundsTheQueryAndTheProbabilities) {
+  if (!simd::isa_supported(Isa::kAvx512Bf16Emulated)) GTEST_SKIP() << "no AVX-512 on this CPU";
+  for (const PairCase& p : pair_cases()) {
+    const std::vector<float> f32 = run_attend(Isa::kAvx512, p.a, p.q.data(), p.c.spans, p.n_out);
+    const std::vector<float> pairs =
+        run_attend(Isa::kAvx512Bf16Emulated, p.a, p.q.data(), p.c.spans, p.n_out);
+    double max_diff = 0, max_abs = 0;
+    for (int64_t i = 0; i < p.n_out; ++i) {
+      max_diff = std::max(max_diff, double(std::fabs(pairs[i] - f32[i])));
+      max_abs = std::max(max_abs, double(std::fabs(f32[i])));
+    }
+    EXPECT_GT(max_diff, 1e-4 * max_abs) << "k_dim " << p.a.k_dim;
+    EXPECT_LT(max_diff, 3e-2 * max_abs) << "k_dim " << p.a.k_dim;
+  }
+}
+
+// attend runs what the matmuls' instruction set runs: the pair kernel on bf16 rows where it
+// multiplies bf16 pairs, the f32 one elsewhere.
+TEST(AttendTest, AttendRunsTheKernelOfTheMatmulsInstructionSet) {
+  for (const PairCase& p : pair_cases()) {
+    std::vector<float> got(static_cast<size_t>(p.n_out), kGuard), scores;
+    attend(p.a, p.q.data(), p.c.spans, got.data(), scores);
+    const Isa isa = simd::best_isa();
+    const std::vector<float> want = run_attend(isa, p.a, p.q.data(), p.c.spans, p.n_out);
+    EXPECT_EQ(got, want) << simd::isa_name(isa);
   }
 }
 
@@ -315,10 +457,12 @@ TEST(AttendTest, OneBf16PositionReturnsItsWidenedValue) {
   const std::vector<float> want = {bf16_to_f32(vh[0]), bf16_to_f32(vh[1]), bf16_to_f32(vh[2])};
   ASSERT_NE(want[0], v[0]);  // the value is rounded, so the test sees the widening
   std::vector<float> q = {0.5f, -1};
-  for (bool simd : {true, false}) {
-    const std::vector<float> out = run_attend(simd, {1, 2, 3, 2, 3, 1.0f}, q.data(),
-                                              {{kh.data(), vh.data(), 2, 3, 1, DType::kBF16}}, 3);
-    EXPECT_EQ(out, want) << (simd ? "simd" : "scalar");
+  for (Numerics n : {Numerics::kBf16Rows, Numerics::kBf16Pairs}) {
+    for (Isa isa : isas_for(n)) {
+      const std::vector<float> out = run_attend(isa, {1, 2, 3, 2, 3, 1.0f}, q.data(),
+                                                {{kh.data(), vh.data(), 2, 3, 1, DType::kBF16}}, 3);
+      EXPECT_EQ(out, want) << simd::isa_name(isa);
+    }
   }
 }
 

@@ -1,0 +1,92 @@
+// Private to src/kernels: what the attention kernels share (attend.cpp's f32 kernels and
+// attend_pairs.cpp's bf16-pair ones): the shape's rows, the prefetch distance, and the score
+// rows' reduction.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "core/error.h"
+#include "kernels/attend.h"
+#include "kernels/simd_impl.h"
+
+namespace duet::attend_impl {
+
+constexpr int kMaxRows = 4;          // query rows per pass over the keys (accumulators per position)
+constexpr int kPosBlock = 4;         // positions per pass over a query: kMaxRows × 4 accumulators
+constexpr int64_t kValueBlock = 64;  // positions whose value rows serve every row before the next
+constexpr int64_t kAhead = 16;       // positions prefetched ahead, into L2
+
+inline int64_t n_positions(const std::vector<KvSpan>& spans) {
+  int64_t n = 0;
+  for (const KvSpan& s : spans) n += s.n;
+  return n;
+}
+
+inline void check_shape(const AttendShape& a, int64_t n_ctx) {
+  DUET_CHECK(a.n_q >= 1 && a.k_dim >= 1 && a.v_dim >= 1 && a.ldq >= a.k_dim && a.ldo >= a.v_dim &&
+                 a.n_t >= 1 && n_ctx >= a.n_t,
+             "attend: n_q " << a.n_q << " k_dim " << a.k_dim << " v_dim " << a.v_dim << " ldq "
+                            << a.ldq << " ldo " << a.ldo << " n_t " << a.n_t << " positions "
+                            << n_ctx);
+}
+
+// Positions that query row r (= position i · n_q + head) sees.
+inline int64_t visible(const AttendShape& a, int64_t n_ctx, int64_t r) {
+  return n_ctx - a.n_t + 1 + r / a.n_q;
+}
+
+inline const float* q_row(const AttendShape& a, const float* q, int64_t r) {
+  return q + r / a.n_q * a.ldq_t + r % a.n_q * a.ldq;
+}
+
+inline float* out_row(const AttendShape& a, float* out, int64_t r) {
+  return out + r / a.n_q * a.ldo_t + r % a.n_q * a.ldo;
+}
+
+template <typename T>
+const T* k_row(const KvSpan& sp, int64_t i) {
+  return static_cast<const T*>(sp.k) + i * sp.k_stride;
+}
+
+template <typename T>
+const T* v_row(const KvSpan& sp, int64_t i) {
+  return static_cast<const T*>(sp.v) + i * sp.v_stride;
+}
+
+// Prefetches the cache lines of row[0, n) into L2.
+template <typename T>
+DUET_TARGET_AVX512 inline void prefetch_row(const T* row, int64_t n) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t b = 0; b < n * static_cast<int64_t>(sizeof(T)); b += 64)
+    _mm_prefetch(bytes + b, _MM_HINT_T1);
+}
+
+// s[g][j + jj] = scale · (the sum of acc[jj][g]'s lanes) for J positions and G rows. One
+// reduction tree for every G (each lane's sum is independent of the others): a row's scores do
+// not depend on which rows it was grouped with.
+template <int G, int J>
+DUET_TARGET_AVX512 DUET_ALWAYS_INLINE void store_scores(__m512 (&acc)[J][G], float* const* s,
+                                                        int64_t j, float scale) {
+  using S = simd::Avx512;
+#pragma GCC unroll 4
+  for (int jj = 0; jj < J; ++jj) {
+    const __m512 z = S::zero();
+    alignas(16) float v[4];
+    _mm_store_ps(v, _mm_mul_ps(S::hsum4(acc[jj][0], G > 1 ? acc[jj][G > 1 ? 1 : 0] : z,
+                                        G > 2 ? acc[jj][G > 2 ? 2 : 0] : z,
+                                        G > 3 ? acc[jj][G > 3 ? 3 : 0] : z),
+                               _mm_set1_ps(scale)));
+    for (int g = 0; g < G; ++g) s[g][j + jj] = v[g];
+  }
+}
+
+// attend over bf16 rows on an instruction set that multiplies bf16 pairs (simd::has_dpbf16):
+// q and the probabilities rounded to bf16, products of pairs summed in f32 (attend_pairs.cpp).
+void attend_pairs(simd::Isa isa, const AttendShape& shape, const float* q,
+                  const std::vector<KvSpan>& spans, float* out, std::vector<float>& scores);
+
+}  // namespace duet::attend_impl
