@@ -15,8 +15,8 @@
 
 namespace duet::attend_impl {
 
-constexpr int kMaxRows = 4;          // query rows per pass over the keys (accumulators per position)
-constexpr int kPosBlock = 4;         // positions per pass over a query: kMaxRows × 4 accumulators
+constexpr int kMaxRows = 4;   // query rows per pass over the keys (accumulators per position)
+constexpr int kPosBlock = 4;  // positions per pass over a query: kMaxRows × 4 accumulators
 constexpr int64_t kValueBlock = 64;  // positions whose value rows serve every row before the next
 constexpr int64_t kAhead = 16;       // positions prefetched ahead, into L2
 

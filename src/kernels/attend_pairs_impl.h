@@ -117,8 +117,8 @@ DUET_SIMD_TARGET void span_scores(const uint16_t* const* q, float* const* s, int
 // kAhead positions on are prefetched.
 template <int G>
 DUET_SIMD_TARGET void values_block(const uint16_t* const* p, float* const* acc_rows,
-                                   const KvSpan& sp, int64_t j0, int64_t jb, int64_t je,
-                                   int64_t d0, int64_t v_dim, int64_t prefetch_dim) {
+                                   const KvSpan& sp, int64_t j0, int64_t jb, int64_t je, int64_t d0,
+                                   int64_t v_dim, int64_t prefetch_dim) {
   using attend_impl::kAhead;
   using attend_impl::v_row;
   __mmask32 m[kSliceVecs];
@@ -169,8 +169,7 @@ DUET_SIMD_TARGET void values_block(const uint16_t* const* p, float* const* acc_r
 // time: their value rows stay in cache across the rows and slices, so each is read from memory
 // once. The next span's first kAhead value rows are prefetched first, as in span_scores.
 DUET_SIMD_TARGET void span_values(const uint16_t* const* p, float* const* acc, int64_t n_rows,
-                                  const KvSpan& sp, const KvSpan* next, int64_t j0,
-                                  int64_t v_dim) {
+                                  const KvSpan& sp, const KvSpan* next, int64_t j0, int64_t v_dim) {
   using attend_impl::v_row;
   constexpr int kR = attend_impl::kMaxRows;
   if (next) {
@@ -233,7 +232,7 @@ DUET_SIMD_TARGET void attend(const AttendShape& a, const float* q, const std::ve
                          kPairW;  // whole slices
   scores.resize(static_cast<size_t>(n_rows * n_ctx));
   thread_local std::vector<uint16_t> q_buf, p_buf;  // [n_rows, k_ld], [n_rows, p_ld] bf16
-  thread_local std::vector<float> acc_buf;           // [n_rows, acc_ld] f32
+  thread_local std::vector<float> acc_buf;          // [n_rows, acc_ld] f32
   thread_local std::vector<const uint16_t*> q_rows, p_rows;
   thread_local std::vector<float*> s_rows, acc_rows;
   q_buf.resize(static_cast<size_t>(n_rows * k_ld));

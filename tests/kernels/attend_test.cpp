@@ -178,11 +178,11 @@ TEST_P(AttendDtypeTest, MatchesNaiveOnEdgeShapes) {
           for (float& v : q) v = normal(rng);
           const Expected want =
               naive(a, q.data(), c, n_ctx, dm.v_is_k, GetParam() == Numerics::kBf16Pairs);
-          const std::string what =
-              std::string(dtype_name(rows_dtype(GetParam()))) + " k_dim " +
-              std::to_string(dm.k_dim) + " v_dim " + std::to_string(dm.v_dim) + " n_q " +
-              std::to_string(n_q) + " n_ctx " + std::to_string(n_ctx) + " spans " +
-              std::to_string(c.spans.size());
+          const std::string what = std::string(dtype_name(rows_dtype(GetParam()))) + " k_dim " +
+                                   std::to_string(dm.k_dim) + " v_dim " + std::to_string(dm.v_dim) +
+                                   " n_q " + std::to_string(n_q) + " n_ctx " +
+                                   std::to_string(n_ctx) + " spans " +
+                                   std::to_string(c.spans.size());
           for (Isa isa : isas_for(GetParam())) {
             const std::vector<float> out = run_attend(isa, a, q.data(), c.spans, n_q * a.ldo);
             for (int64_t h = 0; h < n_q; ++h) {
@@ -234,11 +234,11 @@ TEST_P(AttendDtypeTest, CausalBlockMatchesPerPosition) {
             std::normal_distribution<float> normal(0.0f, 1.0f);
             std::vector<float> q(static_cast<size_t>(n_t * a.ldq_t));
             for (float& v : q) v = normal(rng);
-            const std::string what =
-                std::string(dtype_name(rows_dtype(GetParam()))) + " k_dim " +
-                std::to_string(dm.k_dim) + " n_q " + std::to_string(n_q) + " n_t " +
-                std::to_string(n_t) + " n_ctx " + std::to_string(n_ctx) + " spans " +
-                std::to_string(c.spans.size());
+            const std::string what = std::string(dtype_name(rows_dtype(GetParam()))) + " k_dim " +
+                                     std::to_string(dm.k_dim) + " n_q " + std::to_string(n_q) +
+                                     " n_t " + std::to_string(n_t) + " n_ctx " +
+                                     std::to_string(n_ctx) + " spans " +
+                                     std::to_string(c.spans.size());
             for (Isa isa : isas_for(GetParam())) {
               const std::vector<float> out = run_attend(isa, a, q.data(), c.spans, n_t * a.ldo_t);
               for (int64_t i = 0; i < n_t; ++i) {
@@ -411,7 +411,8 @@ TEST(AttendTest, PairKernelMatchesItsEmulationBitForBit) {
   for (const PairCase& p : pair_cases()) {
     const std::vector<float> want =
         run_attend(Isa::kAvx512Bf16Emulated, p.a, p.q.data(), p.c.spans, p.n_out);
-    const std::vector<float> got = run_attend(Isa::kAvx512Bf16, p.a, p.q.data(), p.c.spans, p.n_out);
+    const std::vector<float> got =
+        run_attend(Isa::kAvx512Bf16, p.a, p.q.data(), p.c.spans, p.n_out);
     for (int64_t i = 0; i < p.n_out; ++i) {
       ASSERT_EQ(got[i], want[i]) << "k_dim " << p.a.k_dim << " spans " << p.c.spans.size()
                                  << " float " << i;
