@@ -16,9 +16,9 @@
 // put back in order once per row at the end. Against the f32 kernels (attend.cpp), half the
 // multiply instructions and no widening of the rows.
 //
-// A row's result does not depend on the rows it runs with, nor on how many positions a block
-// of causal rows holds past its own: pairs start at each span's first position, and a row's
-// probability for a position it does not see is 0.
+// A row's result does not depend on the rows it runs with, on how many positions a block of
+// causal rows holds past its own, nor on where the spans cut the positions: the pairs are
+// positions (2m, 2m + 1), and a row's probability for a position it does not see is 0.
 
 using V = __m512;
 
@@ -110,17 +110,16 @@ DUET_SIMD_TARGET void span_scores(const uint16_t* const* q, float* const* s, int
   }
 }
 
-// acc[g][d0 + ...] (the lo/hi order above) += Σ p[g][j0 + j] · v_j[d0 + ...] over the span's
-// positions [jb, je) in pairs from jb (even), for kSliceVecs chunks of 32 dims from d0 and G
-// rows. p rows are bf16 with a 0 past their end; a pair's missing second row (the span's odd
-// last position) is zeros. With prefetch_dim, the first prefetch_dim elements of the rows
-// kAhead positions on are prefetched.
+// acc[g][d0 + ...] (the lo/hi order above) += Σ p[g][j] · v_j[d0 + ...] over the positions
+// [jb, je) in pairs from jb (even), for kSliceVecs chunks of 32 dims from d0 and G rows; rows[j]
+// is position j's value row, wherever the spans put it. p rows are bf16 with a 0 past their end;
+// a pair's missing second row (an odd n_ctx's last position) is zeros. With prefetch_dim, the
+// first prefetch_dim elements of the rows kAhead positions on are prefetched.
 template <int G>
 DUET_SIMD_TARGET void values_block(const uint16_t* const* p, float* const* acc_rows,
-                                   const KvSpan& sp, int64_t j0, int64_t jb, int64_t je, int64_t d0,
-                                   int64_t v_dim, int64_t prefetch_dim) {
+                                   const uint16_t* const* rows, int64_t n_ctx, int64_t jb,
+                                   int64_t je, int64_t d0, int64_t v_dim, int64_t prefetch_dim) {
   using attend_impl::kAhead;
-  using attend_impl::v_row;
   __mmask32 m[kSliceVecs];
 #pragma GCC unroll 2
   for (int c = 0; c < kSliceVecs; ++c) m[c] = pair_lanes(v_dim - d0 - c * kPairW);
@@ -131,12 +130,12 @@ DUET_SIMD_TARGET void values_block(const uint16_t* const* p, float* const* acc_r
     for (int c = 0; c < 2 * kSliceVecs; ++c) acc[g][c] = S::load(acc_rows[g] + d0 + c * S::kWidth);
   }
   for (int64_t j = jb; j < je; j += 2) {
-    const uint16_t* v0 = v_row<uint16_t>(sp, j) + d0;
-    const uint16_t* v1 = v0 + sp.v_stride;
+    const uint16_t* v0 = rows[j] + d0;
     const bool pair = j + 1 < je;
+    const uint16_t* v1 = pair ? rows[j + 1] + d0 : nullptr;
     if (prefetch_dim) {
-      for (int64_t i = j + kAhead; i < std::min(j + 2 + kAhead, sp.n); ++i) {
-        attend_impl::prefetch_row(v_row<uint16_t>(sp, i), prefetch_dim);
+      for (int64_t i = j + kAhead; i < std::min(j + 2 + kAhead, n_ctx); ++i) {
+        attend_impl::prefetch_row(rows[i], prefetch_dim);
       }
     }
     V lo[kSliceVecs], hi[kSliceVecs];
@@ -150,7 +149,7 @@ DUET_SIMD_TARGET void values_block(const uint16_t* const* p, float* const* acc_r
     }
 #pragma GCC unroll 4
     for (int g = 0; g < G; ++g) {
-      const V pg = S::set1_pair(p[g] + j0 + j);
+      const V pg = S::set1_pair(p[g] + j);
 #pragma GCC unroll 2
       for (int c = 0; c < kSliceVecs; ++c) {
         acc[g][2 * c] = S::dpbf16(acc[g][2 * c], lo[c], pg);
@@ -165,36 +164,31 @@ DUET_SIMD_TARGET void values_block(const uint16_t* const* p, float* const* acc_r
   }
 }
 
-// values_block for every row and slice over the span, attend_impl::kValueBlock positions at a
-// time: their value rows stay in cache across the rows and slices, so each is read from memory
-// once. The next span's first kAhead value rows are prefetched first, as in span_scores.
-DUET_SIMD_TARGET void span_values(const uint16_t* const* p, float* const* acc, int64_t n_rows,
-                                  const KvSpan& sp, const KvSpan* next, int64_t j0, int64_t v_dim) {
-  using attend_impl::v_row;
+// values_block for every row and slice over positions [0, n_ctx), attend_impl::kValueBlock
+// positions at a time: their value rows stay in cache across the rows and slices, so each is
+// read from memory once. Pairs are positions (2m, 2m + 1) whatever the spans, so that a paged
+// store (a span per block) sums in the order a contiguous one does.
+DUET_SIMD_TARGET void values(const uint16_t* const* p, float* const* acc, int64_t n_rows,
+                             const uint16_t* const* rows, int64_t n_ctx, int64_t v_dim) {
   constexpr int kR = attend_impl::kMaxRows;
-  if (next) {
-    for (int64_t i = 0; i < std::min(attend_impl::kAhead, next->n); ++i) {
-      attend_impl::prefetch_row(v_row<uint16_t>(*next, i), v_dim);
-    }
-  }
-  for (int64_t jb = 0; jb < sp.n; jb += attend_impl::kValueBlock) {
-    const int64_t je = std::min(sp.n, jb + attend_impl::kValueBlock);
+  for (int64_t jb = 0; jb < n_ctx; jb += attend_impl::kValueBlock) {
+    const int64_t je = std::min(n_ctx, jb + attend_impl::kValueBlock);
     for (int64_t d0 = 0; d0 < v_dim; d0 += kSliceVecs * kPairW) {
       const int64_t pf = d0 == 0 ? v_dim : 0;  // by the first pass over a position
       int64_t r = 0;
       for (; r + kR <= n_rows; r += kR) {
-        values_block<kR>(p + r, acc + r, sp, j0, jb, je, d0, v_dim, r == 0 ? pf : 0);
+        values_block<kR>(p + r, acc + r, rows, n_ctx, jb, je, d0, v_dim, r == 0 ? pf : 0);
       }
       const int64_t pf_r = r == 0 ? pf : 0;
       switch (n_rows - r) {
         case 1:
-          values_block<1>(p + r, acc + r, sp, j0, jb, je, d0, v_dim, pf_r);
+          values_block<1>(p + r, acc + r, rows, n_ctx, jb, je, d0, v_dim, pf_r);
           break;
         case 2:
-          values_block<2>(p + r, acc + r, sp, j0, jb, je, d0, v_dim, pf_r);
+          values_block<2>(p + r, acc + r, rows, n_ctx, jb, je, d0, v_dim, pf_r);
           break;
         case 3:
-          values_block<3>(p + r, acc + r, sp, j0, jb, je, d0, v_dim, pf_r);
+          values_block<3>(p + r, acc + r, rows, n_ctx, jb, je, d0, v_dim, pf_r);
           break;
         default:
           break;
@@ -262,12 +256,14 @@ DUET_SIMD_TARGET void attend(const AttendShape& a, const float* q, const std::ve
     std::fill(s_rows[r] + n, s_rows[r] + n_ctx, 0.0f);
     matmul_impl::round_row(s_rows[r], n_ctx, p_buf.data() + r * p_ld, p_ld);
   }
+  thread_local std::vector<const uint16_t*> v_rows;  // [n_ctx] each position's value row
+  v_rows.resize(static_cast<size_t>(n_ctx));
   j0 = 0;
-  for (size_t i = 0; i < spans.size(); ++i) {
-    const KvSpan* next = i + 1 < spans.size() ? &spans[i + 1] : nullptr;
-    span_values(p_rows.data(), acc_rows.data(), n_rows, spans[i], next, j0, a.v_dim);
-    j0 += spans[i].n;
+  for (const KvSpan& sp : spans) {
+    for (int64_t i = 0; i < sp.n; ++i) v_rows[j0 + i] = attend_impl::v_row<uint16_t>(sp, i);
+    j0 += sp.n;
   }
+  values(p_rows.data(), acc_rows.data(), n_rows, v_rows.data(), n_ctx, a.v_dim);
   for (int64_t r = 0; r < n_rows; ++r) {
     store_in_order(acc_rows[r], a.v_dim, attend_impl::out_row(a, out, r));
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -435,6 +436,42 @@ TEST(AttendTest, PairKernelRoundsTheQueryAndTheProbabilities) {
     }
     EXPECT_GT(max_diff, 1e-4 * max_abs) << "k_dim " << p.a.k_dim;
     EXPECT_LT(max_diff, 3e-2 * max_abs) << "k_dim " << p.a.k_dim;
+  }
+}
+
+// Where the spans cut a sequence's positions (a contiguous cache's one span, a paged cache's
+// blocks of any size, odd ones included) changes no bit of the result, on every kernel: the
+// pair kernel pairs positions (2m, 2m + 1) across span ends.
+TEST(AttendTest, WhereTheSpansCutChangesNothing) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<std::pair<Isa, DType>> kernels;
+  for (Numerics n : {Numerics::kF32Rows, Numerics::kBf16Rows, Numerics::kBf16Pairs}) {
+    for (Isa isa : isas_for(n)) kernels.push_back({isa, rows_dtype(n)});
+  }
+  for (const auto& [isa, dtype] : kernels) {
+    for (int64_t n_ctx : {int64_t{1}, int64_t{2}, int64_t{37}, int64_t{150}}) {
+      const int64_t hd = 128, n_q = 4, n_t = std::min<int64_t>(3, n_ctx);
+      std::mt19937 same(n_ctx);  // the same rows for every cut
+      std::vector<Cache> caches;
+      for (const std::vector<int64_t>& lens : std::vector<std::vector<int64_t>>{
+               {1 << 20}, {16}, {3}, {1, 3}, {5, 2}, {64, 1}}) {
+        same.seed(static_cast<unsigned>(n_ctx));
+        caches.push_back(make_cache(same, n_ctx, hd + 8, lens, false, dtype));
+      }
+      AttendShape a{n_q, hd, hd, hd, hd, 0.09f};
+      a.n_t = n_t;
+      a.ldq_t = n_q * hd;
+      a.ldo_t = n_q * hd;
+      std::vector<float> q(static_cast<size_t>(n_t * a.ldq_t));
+      for (float& v : q) v = normal(rng);
+      const std::vector<float> want = run_attend(isa, a, q.data(), caches[0].spans, n_t * a.ldo_t);
+      for (size_t c = 1; c < caches.size(); ++c) {
+        EXPECT_EQ(run_attend(isa, a, q.data(), caches[c].spans, n_t * a.ldo_t), want)
+            << simd::isa_name(isa) << " " << dtype_name(dtype) << " n_ctx " << n_ctx << ", "
+            << caches[c].spans.size() << " spans";
+      }
+    }
   }
 }
 

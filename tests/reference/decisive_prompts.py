@@ -10,8 +10,10 @@ that they are decisive, and finds new ones.
 
 Decisive means, for the tiny model of that architecture and weight dtype (seed 1234, as
 tests/engine/tiny_models.h makes it) and each prompt followed by its greedy continuation:
-  - under each of the four numerics {f32, bf16} K/V rows x {f32, bf16-rounded} product inputs,
-    the reference routes every token to the same experts and generates the same tokens;
+  - under each of the four numerics {f32, bf16} K/V rows x {f32, bf16-rounded} product inputs
+    (with both, attention's q and probabilities rounded too, as the engine's attention over bf16
+    rows on those instruction sets), the reference routes every token to the same experts and
+    generates the same tokens;
   - every routing decision's top-k margin (probability units) is at least MIN_ROUTE_MARGIN, and
     every greedy step's top-1/top-2 logit gap is at least MIN_LOGIT_GAP times max(1, max |logit|):
     both well above how far the roundings move them (ROUTE_MOVE / LOGIT_MOVE, measured below).

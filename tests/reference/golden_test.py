@@ -22,7 +22,14 @@ numerics the engine uses on the instruction set in use:
     default for bf16 weights (`--kv-cache-dtype auto`);
   - where the engine multiplies bf16 pairs (avx512bf16 and its emulation: vdpbf16ps, as llama.cpp
     and oneDNN on such CPUs), it rounds the input of every product with a bf16 weight to bf16
-    (ref_common.DecoderModel.act_bf16); elsewhere it keeps them f32, as the engine does.
+    (ref_common.DecoderModel.act_bf16), and attention's q and probabilities (attn_bf16, as the
+    engine's attention over bf16 K/V rows there); elsewhere it keeps them f32, as the engine does.
+    Rounding a probability is a step: where the reference's float64 softmax and the engine's f32
+    one fall on either side of a bf16 rounding boundary (about one probability in 2^15), a
+    probability moves by one bf16 step, and at these short prompts (probabilities up to 0.5) the
+    logits after it by up to 5e-3 (deepseek_v3_bf16 from position 9; the other cases agree to
+    1e-7). Those cases are held to BF16_PAIRS_RTOL; the attention kernel itself is checked
+    against its rounded textbook version and its emulation in tests/kernels/attend_test.cpp.
 The logits must be within 2e-3 * max(1, max |ref row|) at every position and the argmax must agree
 wherever the reference's top-1/top-2 gap exceeds 1e-3 of that scale. Measured (Zen 4): f32
 products 5e-7 (DeepSeek), 5e-5 (Qwen3), 3e-4 (Mixtral); bf16-rounded products 3e-4 (Qwen3), 6e-4
@@ -55,6 +62,8 @@ MAX_TOKENS = 4
 RTOL = 1e-4          # f32 logits, relative to max(1, max |ref row|)
 BF16_TIE_RTOL = 1e-3  # bf16: argmax compared where the reference's top-2 gap is larger than this
 BF16_RTOL = 2e-3  # bf16 logits against the reference of the same numerics (measured 5e-7 to 6e-4)
+# The same where attention also rounds its probabilities to bf16 (a step function: see below).
+BF16_PAIRS_RTOL = 1e-2
 SKIP_EXIT = 77  # CTest's SKIP_RETURN_CODE: the CPU lacks the requested instruction set
 ISA = ""  # --isa: the engine's instruction set (DUET_MATMUL_ISA); "" = the engine's choice
 COMMAND_TIMEOUT = 120
@@ -218,7 +227,7 @@ class GoldenTest(unittest.TestCase):
             if case.dtype == "f32":
                 self.check_f32(case, model, ref, duet, got["generated"], eos_ids(model_dir))
             else:
-                self.check_bf16(case, ref, duet)
+                self.check_bf16(case, ref, duet, BF16_PAIRS_RTOL if model.attn_bf16 else BF16_RTOL)
                 if model.act_bf16:
                     self.report_rounding(case, model_dir, prompt, model, duet)
             report(case, f"engine {t_engine:.2f}s")
@@ -243,7 +252,7 @@ class GoldenTest(unittest.TestCase):
         self.assertIn(list(generated)[:well_posed], accepted,
                       f"greedy ids {generated} differ from the reference's {ref.generated}")
 
-    def check_bf16(self, case, ref, duet):
+    def check_bf16(self, case, ref, duet, rtol=BF16_RTOL):
         scale = row_scale(ref.prompt_logits)
         err = np.abs(duet - ref.prompt_logits).max(axis=1) / scale
         gaps = np.array([top2_gap(row) for row in ref.prompt_logits])
@@ -254,8 +263,8 @@ class GoldenTest(unittest.TestCase):
         bad = np.nonzero(decidable & ~agree)[0]
         self.assertEqual(bad.tolist(), [], f"argmax differs; reference top-2 gaps there {gaps[bad].tolist()}")
         self.assertLessEqual(
-            err.max(), BF16_RTOL,
-            f"bf16 logits differ at positions {np.nonzero(err > BF16_RTOL)[0].tolist()} "
+            err.max(), rtol,
+            f"bf16 logits differ at positions {np.nonzero(err > rtol)[0].tolist()} "
             f"(worst rel err {err.max():.3g})")
 
     def report_rounding(self, case, model_dir, prompt, rounding, duet):

@@ -202,26 +202,32 @@ def bf16_round(x):
     return bf16_to_f32(f32_to_bf16(np.asarray(x, dtype=np.float32))).astype(np.float64)
 
 
-def causal_attention(q, k, v, q_pos, scale, sliding_window=None):
+def causal_attention(q, k, v, q_pos, scale, sliding_window=None, round_bf16=False):
     """Softmax attention with a causal mask.
 
     q [n_head, n_tokens, d_k]; k [n_head, n_kv, d_k]; v [n_head, n_kv, d_v], key j at position j.
-    Returns [n_tokens, n_head * d_v] (heads concatenated, head-major).
+    Returns [n_tokens, n_head * d_v] (heads concatenated, head-major). round_bf16: as
+    attention_probs.
     """
-    out = np.einsum("hts,hsd->htd", attention_probs(q, k, q_pos, scale, sliding_window), v)
+    probs = attention_probs(q, k, q_pos, scale, sliding_window, round_bf16)
+    out = np.einsum("hts,hsd->htd", probs, v)
     return out.transpose(1, 0, 2).reshape(q.shape[1], -1)
 
 
-def attention_probs(q, k, q_pos, scale, sliding_window=None):
-    """Causal softmax(q·kᵀ · scale) [n_head, n_tokens, n_kv]; shapes as causal_attention."""
+def attention_probs(q, k, q_pos, scale, sliding_window=None, round_bf16=False):
+    """Causal softmax(q·kᵀ · scale) [n_head, n_tokens, n_kv]; shapes as causal_attention. With
+    round_bf16, q is rounded to bf16 before its products and the probabilities after the softmax,
+    as duet's attention over a bf16 KV cache does where it multiplies bf16 pairs
+    (DecoderModel.attn_bf16)."""
     k_pos = np.arange(k.shape[1])
     q_pos = np.asarray(q_pos)
     visible = k_pos[None, :] <= q_pos[:, None]  # [n_tokens, n_kv]
     if sliding_window is not None:
         visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
-    scores = np.einsum("htd,hsd->hts", q, k) * scale
+    scores = np.einsum("htd,hsd->hts", bf16_round(q) if round_bf16 else q, k) * scale
     scores = np.where(visible[None], scores, -np.inf)
-    return softmax(scores, axis=-1)
+    probs = softmax(scores, axis=-1)
+    return bf16_round(probs) if round_bf16 else probs
 
 
 class LayerCache:
@@ -280,6 +286,12 @@ class DecoderModel:
         # pairs; DUET_MATMUL_ISA=avx512bf16 or its emulation), and as llama.cpp and oneDNN do there.
         # Products with f32 weights, and MLA's q·W_UK (duet's matmul_xw), keep their input.
         self.act_bf16 = False
+
+    @property
+    def attn_bf16(self):
+        """Whether attention multiplies bf16 pairs: q and the probabilities rounded to bf16, as
+        duet does over a bf16 KV cache on the instruction sets that round products' inputs."""
+        return self.kv_bf16 and self.act_bf16
 
     def kv_round(self, x):
         """x as the KV cache keeps it (see kv_bf16)."""

@@ -45,7 +45,7 @@ class Mixtral(DecoderModel):
         v = extend_or_pass(cache, "v", self.kv_round(v), axis=1)
         group = self.n_head // self.n_head_kv  # query head h reads kv head h // group
         out = causal_attention(q, np.repeat(k, group, axis=0), np.repeat(v, group, axis=0), pos,
-                               hd ** -0.5, self.sliding_window)
+                               hd ** -0.5, self.sliding_window, round_bf16=self.attn_bf16)
         return self.mm(out, p + "o_proj.weight")
 
     def ffn(self, il, x):
