@@ -454,8 +454,8 @@ TEST(AttendTest, WhereTheSpansCutChangesNothing) {
       const int64_t hd = 128, n_q = 4, n_t = std::min<int64_t>(3, n_ctx);
       std::mt19937 same(n_ctx);  // the same rows for every cut
       std::vector<Cache> caches;
-      for (const std::vector<int64_t>& lens : std::vector<std::vector<int64_t>>{
-               {1 << 20}, {16}, {3}, {1, 3}, {5, 2}, {64, 1}}) {
+      for (const std::vector<int64_t>& lens :
+           std::vector<std::vector<int64_t>>{{1 << 20}, {16}, {3}, {1, 3}, {5, 2}, {64, 1}}) {
         same.seed(static_cast<unsigned>(n_ctx));
         caches.push_back(make_cache(same, n_ctx, hd + 8, lens, false, dtype));
       }
