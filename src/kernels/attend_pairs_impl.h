@@ -1,10 +1,9 @@
 // Private to attend_pairs.cpp: attention over bf16 K/V rows with products of bf16 pairs, written
 // once against a vector interface.
 //
-// No include guard: attend_pairs.cpp includes this file once per interface, inside a namespace
-// that defines
-//   S   simd::Avx512Bf16 (vdpbf16ps) or simd::Avx512Bf16Emulated (its emulation, for tests)
-// and with the macro DUET_SIMD_TARGET set to the matching target attribute.
+// No include guard: attend_pairs.cpp instantiates it once per interface that multiplies
+// bf16 pairs (kernels/pairs_instances.h), with S the interface and DUET_SIMD_TARGET its target
+// attribute.
 //
 // The numerics are FlashAttention's on bf16 inputs: each query row is rounded to bf16 once, so
 // q · k is a sum of exact products of bf16 pairs (adjacent dims) in f32; the softmax runs in f32

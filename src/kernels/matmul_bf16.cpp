@@ -15,19 +15,9 @@ namespace duet {
 
 namespace {
 
-namespace avx512bf16 {
-using S = simd::Avx512Bf16;
-#define DUET_SIMD_TARGET DUET_TARGET_AVX512BF16
-#include "kernels/matmul_bf16_impl.h"
-#undef DUET_SIMD_TARGET
-}  // namespace avx512bf16
-
-namespace avx512bf16_emulated {
-using S = simd::Avx512Bf16Emulated;
-#define DUET_SIMD_TARGET DUET_TARGET_AVX512
-#include "kernels/matmul_bf16_impl.h"
-#undef DUET_SIMD_TARGET
-}  // namespace avx512bf16_emulated
+#define DUET_PAIRS_IMPL "kernels/matmul_bf16_impl.h"
+#include "kernels/pairs_instances.h"
+#undef DUET_PAIRS_IMPL
 
 }  // namespace
 

@@ -1,10 +1,9 @@
 // Private to matmul_bf16.cpp: the kernels of matmul (y = x · wᵀ) for bf16 weights on an
 // instruction set that multiplies bf16 pairs, written once against a vector interface.
 //
-// No include guard: matmul_bf16.cpp includes this file once per interface, inside a namespace
-// that defines
-//   S   simd::Avx512Bf16 (vdpbf16ps) or simd::Avx512Bf16Emulated (its emulation, for tests)
-// and with the macro DUET_SIMD_TARGET set to the matching target attribute.
+// No include guard: matmul_bf16.cpp instantiates it once per interface that multiplies
+// bf16 pairs (kernels/pairs_instances.h), with S the interface and DUET_SIMD_TARGET its target
+// attribute.
 //
 // x comes rounded to bf16 (matmul_impl::round_x: contiguous rows, zero from cols to the row
 // stride) and every product is S::dpbf16, which adds w[2i] · x[2i] + w[2i + 1] · x[2i + 1] into

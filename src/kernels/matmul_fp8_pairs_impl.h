@@ -1,10 +1,9 @@
 // Private to matmul_fp8_pairs.cpp: products of x rounded to bf16 with fp8 weights in bf16 pairs,
 // written once against a vector interface.
 //
-// No include guard: matmul_fp8_pairs.cpp includes this file once per interface, inside a
-// namespace that defines
-//   S   simd::Avx512Bf16 (vdpbf16ps) or simd::Avx512Bf16Emulated (its emulation, for tests)
-// and with the macro DUET_SIMD_TARGET set to the matching target attribute.
+// No include guard: matmul_fp8_pairs.cpp instantiates it once per interface that multiplies
+// bf16 pairs (kernels/pairs_instances.h), with S the interface and DUET_SIMD_TARGET its target
+// attribute.
 //
 // Every E4M3 value times 2^-8 is a bf16 (at most 4 significant bits, exponents from -17 to 0:
 // no bf16 subnormal), so a tile of kRows rows of codes is widened once to bf16 into a small
