@@ -8,8 +8,8 @@
 // The numerics are FlashAttention's on bf16 inputs: each query row is rounded to bf16 once, so
 // q · k is a sum of exact products of bf16 pairs (adjacent dims) in f32; the softmax runs in f32
 // on those scores; its probabilities are rounded to bf16, so p · V is a sum of exact products of
-// pairs too, the pairs being two consecutive positions of a span: their value rows are
-// interleaved element by element in registers (vpunpck{l,h}wd), which leaves each accumulator's
+// pairs too, the pairs being positions (2m, 2m + 1): their value rows are interleaved element by
+// element in registers (vpunpck{l,h}wd), which leaves each accumulator's
 // lanes holding dims in the order
 //   lo: dims 8c + i of 128-bit lane c (i < 4),   hi: dims 8c + 4 + i,
 // put back in order once per row at the end. Against the f32 kernels (attend.cpp), half the
