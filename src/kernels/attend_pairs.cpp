@@ -3,7 +3,6 @@
 // it on CPUs without it.
 
 #include <algorithm>
-#include <cmath>
 #include <vector>
 
 #include "core/error.h"
