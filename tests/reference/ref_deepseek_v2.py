@@ -139,24 +139,26 @@ class DeepseekV2(DecoderModel):
         key = extend_or_pass(cache, "k", key, axis=1)
         v = extend_or_pass(cache, "v", v, axis=1)
         ckv_all = extend_or_pass(cache, "ckv", ckv, axis=0)  # [n_kv, kv_lora_rank]
-        if self.attn_bf16:
-            # duet attends in the latent space, q as [q_nope · W_UK | q_pe] against the cached
-            # [ckv | k_pe], that query and the probabilities rounded to bf16 (attn_bf16).
-            q_lat = np.einsum("htd,hdc->htc", q_nope, w_kv_b[:, :self.n_nope])  # [n_head, n_tokens, c]
-            k_pe_all = key[0:1, :, self.n_nope:]  # [1, n_kv, rope]
-            query_lat = np.concatenate([q_lat, q_pe], axis=-1)
-            key_lat = np.concatenate([np.broadcast_to(ckv_all[None], (self.n_head,) + ckv_all.shape),
-                                      np.broadcast_to(k_pe_all, (self.n_head,) + k_pe_all.shape[1:])], axis=-1)
-            probs = attention_probs(query_lat, key_lat, pos, self.kq_scale, round_bf16=True)
-            lat = np.einsum("hts,sc->htc", probs, ckv_all)
-            if self.store.dtype(p + "kv_b_proj.weight") == "BF16":
-                lat = bf16_round(lat)
-            out = np.einsum("htc,hdc->thd", lat, w_kv_b[:, self.n_nope:]).reshape(n_tokens, -1)
-        elif self.act_bf16 and self.store.dtype(p + "kv_b_proj.weight") == "BF16":
+        rounds_lat = self.act_bf16 and self.store.dtype(p + "kv_b_proj.weight") == "BF16"
+        if self.attn_bf16 or rounds_lat:
             # duet attends in the latent space and multiplies the attended latent, rounded like
-            # any product's input, by each head's W_UV; unrounded, that is the same as P·v.
-            probs = attention_probs(query, key, pos, self.kq_scale)  # [n_head, n_tokens, n_kv]
-            lat = bf16_round(np.einsum("hts,sc->htc", probs, ckv_all))  # [n_head, n_tokens, kv_lora_rank]
+            # any product's input where kv_b is bf16, by each head's W_UV; unrounded, that is the
+            # same as P·v.
+            if self.attn_bf16:
+                # Its query [q_nope · W_UK | q_pe] against the cached [ckv | k_pe], that query
+                # and the probabilities rounded to bf16 (attn_bf16).
+                q_lat = np.einsum("htd,hdc->htc", q_nope, w_kv_b[:, :self.n_nope])  # [n_head, n_tokens, c]
+                k_pe_all = key[0:1, :, self.n_nope:]  # [1, n_kv, rope]
+                key_lat = np.concatenate([np.broadcast_to(ckv_all[None], (self.n_head,) + ckv_all.shape),
+                                          np.broadcast_to(k_pe_all, (self.n_head,) + k_pe_all.shape[1:])],
+                                         axis=-1)
+                probs = attention_probs(np.concatenate([q_lat, q_pe], axis=-1), key_lat, pos, self.kq_scale,
+                                        round_bf16=True)
+            else:
+                probs = attention_probs(query, key, pos, self.kq_scale)  # [n_head, n_tokens, n_kv]
+            lat = np.einsum("hts,sc->htc", probs, ckv_all)  # [n_head, n_tokens, kv_lora_rank]
+            if rounds_lat:
+                lat = bf16_round(lat)
             out = np.einsum("htc,hdc->thd", lat, w_kv_b[:, self.n_nope:]).reshape(n_tokens, -1)
         else:
             out = causal_attention(query, key, v, pos, self.kq_scale)  # [n_tokens, n_head * v_head_dim]
