@@ -136,7 +136,7 @@ void matmul_args(benchmark::internal::Benchmark* b) {
   for (int64_t cold : {1, 0}) {
     for (int64_t threads : {1, 2}) {
       for (int64_t rows : {1024, 2048, 32000}) {
-        for (int64_t n_tokens : {1, 4, 8, 16, 32, 128}) {
+        for (int64_t n_tokens : {1, 4, 8, 12, 16, 32, 128}) {
           for (int64_t panels : {0, 1}) b->Args({rows, 1024, n_tokens, threads, cold, panels});
         }
       }

@@ -25,6 +25,12 @@ constexpr int kW = S::kWidth;          // f32 accumulator lanes = bf16 pairs per
 constexpr int kPairW = S::kPairWidth;  // bf16 elements per vector
 constexpr int kMmRows = 4;             // 24 accumulators + 4 weight vectors + 1 x vector of 32 zmm
 constexpr int kMmTokens = 6;
+// Up to this many tokens a block of kMmRows rows runs as two halves of 2 rows, each one pass
+// over k for all the tokens (up to 24 accumulators + 2 weight vectors + 1 x vector), instead of
+// a pass per block of kMmTokens tokens (dot_block_halves). At 14 tokens the halves were no
+// faster (cold, [32000, 1024], 2 threads, Zen 4: 8 tokens 33 against 23 GB/s, 10 32 against
+// 22, 12 26 against 20, 14 18 against 18).
+constexpr int kHalvesTokens = 12;
 constexpr int kPanelVecs = 4;  // 24 accumulators + 4 weight vectors + 1 broadcast x
 constexpr int kPanelTokens = 6;
 constexpr int64_t kPanelRows = kPanelVecs * kW;
@@ -45,14 +51,14 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_step(V (&acc)[T][R], const uint16_t
                                                   const uint16_t* x, int64_t ldx, int64_t kk,
                                                   int n) {
   V wv[R];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     wv[r] = kPart ? S::load_pairs_part(w + r * ldw + kk, n) : S::load_pairs(w + r * ldw + kk);
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
     const V xv = S::load_pairs(x + t * ldx + kk);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) acc[t][r] = S::dpbf16(acc[t][r], wv[r], xv);
   }
 }
@@ -60,13 +66,13 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_step(V (&acc)[T][R], const uint16_t
 // y[t * ldy + r] = the sum of acc[t][r]'s lanes, for r < R, t < T.
 template <int R, int T>
 DUET_SIMD_TARGET DUET_ALWAYS_INLINE void store_dots(V (&acc)[T][R], float* y, int64_t ldy) {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
     float* yt = y + t * ldy;
     if constexpr (R == 4) {
       _mm_storeu_ps(yt, S::hsum4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]));
     } else {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int r = 0; r < R; ++r) yt[r] = S::hsum(acc[t][r]);
     }
   }
@@ -144,6 +150,70 @@ inline DotFn dot_fn(int64_t nr, int64_t nt) {
   return kTable[static_cast<size_t>((nr - 1) * kMmTokens + (nt - 1))];
 }
 
+// dot_block<kMmRows, T> for kMmTokens < T <= kHalvesTokens, the same sums bit for bit: rows
+// [0, 2) and then [2, 4), each pair in one pass over k for all T tokens, so that every weight is
+// read once, in step with the arithmetic; the pairs' accumulators wait in memory and the four
+// rows are reduced together as in dot_block. (dot_block with T beyond kMmTokens would need more
+// accumulators than there are registers; run per block of kMmTokens tokens, its passes read the
+// block's weights from memory in the first and from L1 in the others, while nothing streams in:
+// at 8 tokens the output head's [32000, 1024], cold, read 23-26 GB/s that way and 29-33 this
+// way on 2 threads, 14-15 against 20-22 on one; Zen 4.) Each pair prefetches the same columns
+// of the rows 4 further on (the next block's), one cache line per row and step, as dot_block.
+// Rows 0 and 1 of w × T tokens in one pass over k, the accumulators stored to out[t][r].
+template <int T>
+DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_pair(const uint16_t* w, int64_t ldw, const uint16_t* x,
+                                                  int64_t ldx, int64_t k, const uint16_t* pf,
+                                                  float (*out)[2][kW]) {
+  V a[T][2];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) a[t][0] = a[t][1] = S::zero();
+  int64_t kk = 0;
+  if (pf) {
+    for (; kk + kPairW <= k; kk += kPairW) {
+      _mm_prefetch(reinterpret_cast<const char*>(pf + kk), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(pf + ldw + kk), _MM_HINT_T1);
+      dot_step<2, T, false>(a, w, ldw, x, ldx, kk, kPairW);
+    }
+  } else {
+    for (; kk + kPairW <= k; kk += kPairW) dot_step<2, T, false>(a, w, ldw, x, ldx, kk, kPairW);
+  }
+  if (kk < k) dot_step<2, T, true>(a, w, ldw, x, ldx, kk, static_cast<int>(k - kk));
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+    S::store(out[t][0], a[t][0]);
+    S::store(out[t][1], a[t][1]);
+  }
+}
+
+template <int T>
+DUET_SIMD_TARGET void dot_block_halves(const uint16_t* w, int64_t ldw, const uint16_t* x,
+                                       int64_t ldx, int64_t k, float* y, int64_t ldy,
+                                       const uint16_t* pf) {
+  static_assert(kMmRows == 4 && T <= kHalvesTokens);
+  alignas(64) float sums[2][T][2][kW];  // [half][token][row of the half] accumulators
+  dot_pair<T>(w, ldw, x, ldx, k, pf, sums[0]);
+  dot_pair<T>(w + 2 * ldw, ldw, x, ldx, k, pf ? pf + 2 * ldw : nullptr, sums[1]);
+  V acc[T][kMmRows];
+#pragma GCC unroll 16
+  for (int t = 0; t < T; ++t) {
+#pragma GCC unroll 4
+    for (int r = 0; r < kMmRows; ++r) acc[t][r] = S::load(sums[r / 2][t][r % 2]);
+  }
+  store_dots(acc, y, ldy);
+}
+
+template <int... I>
+constexpr std::array<DotFn, sizeof...(I)> make_halves_table(std::integer_sequence<int, I...>) {
+  return {&dot_block_halves<kMmTokens + 1 + I>...};
+}
+
+// dot_block_halves for kMmTokens < nt <= kHalvesTokens tokens.
+inline DotFn halves_fn(int64_t nt) {
+  static constexpr auto kTable =
+      make_halves_table(std::make_integer_sequence<int, kHalvesTokens - kMmTokens>{});
+  return kTable[static_cast<size_t>(nt - kMmTokens - 1)];
+}
+
 using DotOneFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*);
 
 // dot_rows_one for nr <= kMmRows rows.
@@ -169,10 +239,15 @@ DUET_SIMD_TARGET void matmul_rows_direct(const uint16_t* w, int64_t cols, const 
     return;
   }
   const EvenBlocks tb(n_tokens, kMmTokens);
+  const bool halves = n_tokens > kMmTokens && n_tokens <= kHalvesTokens;
   for (int64_t r0 = r_begin; r0 < r_end; r0 += kMmRows) {
     const int64_t nr = std::min<int64_t>(kMmRows, r_end - r0);
     // Past r_end the next block is another thread's or past the matrix: prefetches never fault.
     const uint16_t* next = w + (r0 + kMmRows) * cols;
+    if (halves && nr == kMmRows) {
+      halves_fn(n_tokens)(w + r0 * cols, cols, x, ldx, cols, y + (r0 - r_begin), ldy, next);
+      continue;
+    }
     for (int64_t b = 0; b < tb.n; ++b) {
       const int64_t t0 = tb.begin(b);
       dot_fn(nr, tb.size(b))(w + r0 * cols, cols, x + t0 * ldx, ldx, cols,
