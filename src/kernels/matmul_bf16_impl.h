@@ -31,6 +31,11 @@ constexpr int kMmTokens = 6;
 // faster (cold, [32000, 1024], 2 threads, Zen 4: 8 tokens 33 against 23 GB/s, 10 32 against
 // 22, 12 26 against 20, 14 18 against 18).
 constexpr int kHalvesTokens = 12;
+// dot_block_halves runs the two pairs in turn over rounds of columns whose x for all tokens takes
+// at most this many bytes, so that x stays in L1 (32 KiB on the CPUs with vdpbf16ps) beside the
+// weights: at [1024, 2048] (attention's o) and 8 tokens, in one round the x of 32 KiB came from L2
+// and the product took 1.25x as long as in passes of kMmTokens tokens.
+constexpr int64_t kHalvesXBytes = 24 * 1024;
 constexpr int kPanelVecs = 4;  // 24 accumulators + 4 weight vectors + 1 broadcast x
 constexpr int kPanelTokens = 6;
 constexpr int64_t kPanelRows = kPanelVecs * kW;
@@ -159,29 +164,35 @@ inline DotFn dot_fn(int64_t nr, int64_t nt) {
 // at 8 tokens the output head's [32000, 1024], cold, read 23-26 GB/s that way and 29-33 this
 // way on 2 threads, 14-15 against 20-22 on one; Zen 4.) Each pair prefetches the same columns
 // of the rows 4 further on (the next block's), one cache line per row and step, as dot_block.
-// Rows 0 and 1 of w × T tokens in one pass over k, the accumulators stored to out[t][r].
+// Rows 0 and 1 of w × T tokens over columns [k0, k0 + n) (the last columns of the rows if
+// k0 + n == k, else a whole number of vectors), continuing the accumulators in sums[t][r] (k0 >
+// 0) or starting them, and storing them back there.
 template <int T>
 DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_pair(const uint16_t* w, int64_t ldw, const uint16_t* x,
-                                                  int64_t ldx, int64_t k, const uint16_t* pf,
-                                                  float (*out)[2][kW]) {
+                                                  int64_t ldx, int64_t k0, int64_t n,
+                                                  const uint16_t* pf, float (*sums)[2][kW]) {
   V a[T][2];
 #pragma GCC unroll 16
-  for (int t = 0; t < T; ++t) a[t][0] = a[t][1] = S::zero();
-  int64_t kk = 0;
+  for (int t = 0; t < T; ++t) {
+    a[t][0] = k0 > 0 ? S::load(sums[t][0]) : S::zero();
+    a[t][1] = k0 > 0 ? S::load(sums[t][1]) : S::zero();
+  }
+  const int64_t end = k0 + n;
+  int64_t kk = k0;
   if (pf) {
-    for (; kk + kPairW <= k; kk += kPairW) {
+    for (; kk + kPairW <= end; kk += kPairW) {
       _mm_prefetch(reinterpret_cast<const char*>(pf + kk), _MM_HINT_T1);
       _mm_prefetch(reinterpret_cast<const char*>(pf + ldw + kk), _MM_HINT_T1);
       dot_step<2, T, false>(a, w, ldw, x, ldx, kk, kPairW);
     }
   } else {
-    for (; kk + kPairW <= k; kk += kPairW) dot_step<2, T, false>(a, w, ldw, x, ldx, kk, kPairW);
+    for (; kk + kPairW <= end; kk += kPairW) dot_step<2, T, false>(a, w, ldw, x, ldx, kk, kPairW);
   }
-  if (kk < k) dot_step<2, T, true>(a, w, ldw, x, ldx, kk, static_cast<int>(k - kk));
+  if (kk < end) dot_step<2, T, true>(a, w, ldw, x, ldx, kk, static_cast<int>(end - kk));
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
-    S::store(out[t][0], a[t][0]);
-    S::store(out[t][1], a[t][1]);
+    S::store(sums[t][0], a[t][0]);
+    S::store(sums[t][1], a[t][1]);
   }
 }
 
@@ -190,9 +201,14 @@ DUET_SIMD_TARGET void dot_block_halves(const uint16_t* w, int64_t ldw, const uin
                                        int64_t ldx, int64_t k, float* y, int64_t ldy,
                                        const uint16_t* pf) {
   static_assert(kMmRows == 4 && T <= kHalvesTokens);
-  alignas(64) float sums[2][T][2][kW];  // [half][token][row of the half] accumulators
-  dot_pair<T>(w, ldw, x, ldx, k, pf, sums[0]);
-  dot_pair<T>(w + 2 * ldw, ldw, x, ldx, k, pf ? pf + 2 * ldw : nullptr, sums[1]);
+  // Columns per round of the two pairs: the T tokens' x of a round stays in L1.
+  constexpr int64_t kRound = std::max<int64_t>(kPairW, kHalvesXBytes / (2 * T) / kPairW * kPairW);
+  alignas(64) float sums[2][T][2][kW];  // [pair][token][row of the pair] accumulators
+  for (int64_t k0 = 0; k0 < k; k0 += kRound) {
+    const int64_t n = std::min(kRound, k - k0);
+    dot_pair<T>(w, ldw, x, ldx, k0, n, pf, sums[0]);
+    dot_pair<T>(w + 2 * ldw, ldw, x, ldx, k0, n, pf ? pf + 2 * ldw : nullptr, sums[1]);
+  }
   V acc[T][kMmRows];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {

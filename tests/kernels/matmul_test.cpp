@@ -392,6 +392,38 @@ TEST(MatmulTest, Bf16PathMatchesEmulationBitForBit) {
   }
 }
 
+// Rows long enough that the few-token kernels of the pair instruction sets split them into
+// rounds of columns (7-12 tokens: two pairs of rows in turn, continuing their sums round after
+// round): the product of every token count is the reference's, and each token's row is the
+// same bits as that token alone (the order of each sum does not depend on the rounds).
+TEST(MatmulTest, WideRowsInRoundsEqualEachTokenAlone) {
+  std::mt19937 rng(23);
+  const int64_t rows = 11, ldy = 11;  // two whole blocks of 4 rows and a part
+  for (int64_t cols : {1600, 3101}) {
+    TestMatrix w = random_matrix(rng, DType::kBF16, rows, cols);
+    for (int64_t n_tokens = 1; n_tokens <= 13; ++n_tokens) {
+      std::vector<float> x = random_values(rng, n_tokens * cols);
+      const Expectations want(w, x.data(), n_tokens);
+      for (Isa isa : simd_isas()) {
+        const std::string what = std::string(simd::isa_name(isa)) + " cols " +
+                                 std::to_string(cols) + " n_tokens " + std::to_string(n_tokens);
+        std::vector<float> got(static_cast<size_t>(n_tokens * ldy), kGuard);
+        matmul_impl::matmul_rows_with(isa, Path::kDirect, w.view(), x.data(), n_tokens, got.data(),
+                                      ldy, 0, rows);
+        expect_row_range(got, want(isa).y, want(isa).scale, n_tokens, rows, ldy, 0, rows, what);
+        for (int64_t t = 0; t < n_tokens; ++t) {
+          std::vector<float> alone(static_cast<size_t>(rows));
+          matmul_impl::matmul_rows_with(isa, Path::kDirect, w.view(), x.data() + t * cols, 1,
+                                        alone.data(), rows, 0, rows);
+          EXPECT_EQ(std::memcmp(alone.data(), got.data() + t * ldy, alone.size() * sizeof(float)),
+                    0)
+              << what << " token " << t;
+        }
+      }
+    }
+  }
+}
+
 TEST(MatmulTest, RowSliceMultipliesOnlyThoseRows) {
   ThreadPool pool(2);
   std::mt19937 rng(5);
