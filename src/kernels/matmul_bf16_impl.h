@@ -34,7 +34,7 @@ constexpr int kHalvesTokens = 12;
 // dot_block_halves runs the two pairs in turn over rounds of columns whose x for all tokens takes
 // at most this many bytes, so that x stays in L1 (32 KiB on the CPUs with vdpbf16ps) beside the
 // weights: at [1024, 2048] (attention's o) and 8 tokens, in one round the x of 32 KiB came from L2
-// and the product took 1.25x as long as in passes of kMmTokens tokens.
+// and the product took about 1.3x as long as in passes of kMmTokens tokens.
 constexpr int64_t kHalvesXBytes = 24 * 1024;
 constexpr int kPanelVecs = 4;  // 24 accumulators + 4 weight vectors + 1 broadcast x
 constexpr int kPanelTokens = 6;
@@ -158,15 +158,6 @@ inline DotFn dot_fn(int64_t nr, int64_t nt) {
   return kTable[static_cast<size_t>((nr - 1) * kMmTokens + (nt - 1))];
 }
 
-// dot_block<kMmRows, T> for kMmTokens < T <= kHalvesTokens, the same sums bit for bit: rows
-// [0, 2) and then [2, 4), each pair in one pass over k for all T tokens, so that every weight is
-// read once, in step with the arithmetic; the pairs' accumulators wait in memory and the four
-// rows are reduced together as in dot_block. (dot_block with T beyond kMmTokens would need more
-// accumulators than there are registers; run per block of kMmTokens tokens, its passes read the
-// block's weights from memory in the first and from L1 in the others, while nothing streams in:
-// at 8 tokens the output head's [32000, 1024], cold, read 23-26 GB/s that way and 29-33 this
-// way on 2 threads, 14-15 against 20-22 on one; Zen 4.) Each pair prefetches the same columns
-// of the rows 4 further on (the next block's), one cache line per row and step, as dot_block.
 // Rows 0 and 1 of w × T tokens over columns [k0, k0 + n) (the last columns of the rows if
 // k0 + n == k, else a whole number of vectors), continuing the accumulators in sums[t][r] (k0 >
 // 0) or starting them, and storing them back there.
@@ -199,12 +190,22 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_pair(const uint16_t* w, int64_t ldw
   }
 }
 
+// dot_block<kMmRows, T> for kMmTokens < T <= kHalvesTokens, the same sums bit for bit: rows
+// [0, 2) and then [2, 4), each pair in one pass over k for all T tokens, so that every weight is
+// read once, in step with the arithmetic; the pairs' accumulators wait in memory and the four
+// rows are reduced together as in dot_block. (dot_block with T beyond kMmTokens would need more
+// accumulators than there are registers; run per block of kMmTokens tokens, its passes read the
+// block's weights from memory in the first and from L1 in the others, while nothing streams in:
+// at 8 tokens the output head's [32000, 1024], cold, read 23-26 GB/s that way and 29-33 this
+// way on 2 threads, 14-15 against 20-22 on one; Zen 4.) Unless pf_rows is 0, each pair
+// prefetches the same columns of the rows 4 further on (the next block's rows at pf), one cache
+// line per row and step, as dot_block does.
 template <int T>
 DUET_SIMD_TARGET void dot_block_halves(const uint16_t* w, int64_t ldw, const uint16_t* x,
                                        int64_t ldx, int64_t k, float* y, int64_t ldy,
                                        const uint16_t* pf, unsigned pf_rows) {
-  if (pf_rows == 0) pf = nullptr;
   static_assert(kMmRows == 4 && T <= kHalvesTokens);
+  if (pf_rows == 0) pf = nullptr;
   // Columns per round of the two pairs: the T tokens' x of a round stays in L1.
   constexpr int64_t kRound = std::max<int64_t>(kPairW, kHalvesXBytes / (2 * T) / kPairW * kPairW);
   alignas(64) float sums[2][T][2][kW];  // [pair][token][row of the pair] accumulators
