@@ -83,9 +83,33 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void store_dots(V (&acc)[T][R], float* y, in
   }
 }
 
-// y[t * ldy + r] = Σ_{k' < k} w[r * ldw + k'] · x[t * ldx + k'] for r < R, t < T. The same
+// acc[t][r] += Σ_{kk <= k' < end} w[r * ldw + k'] · x[t * ldx + k'] for r < R, t < T, over
+// whole vectors and then the part of one that is left (only at the end of the rows). The same
 // columns of the rows r of pf (the next block's weights, still in memory) whose bit r is set in
 // pf_rows are prefetched into L2 along the way, one cache line per row and step.
+template <int R, int T>
+DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_columns(V (&acc)[T][R], const uint16_t* w, int64_t ldw,
+                                                     const uint16_t* x, int64_t ldx, int64_t kk,
+                                                     int64_t end, const uint16_t* pf,
+                                                     unsigned pf_rows) {
+  if (pf_rows != 0) {
+    for (; kk + kPairW <= end; kk += kPairW) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        if (pf_rows >> r & 1u) {
+          _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw + kk), _MM_HINT_T1);
+        }
+      }
+      dot_step<R, T, false>(acc, w, ldw, x, ldx, kk, kPairW);
+    }
+  } else {
+    for (; kk + kPairW <= end; kk += kPairW) dot_step<R, T, false>(acc, w, ldw, x, ldx, kk, kPairW);
+  }
+  if (kk < end) dot_step<R, T, true>(acc, w, ldw, x, ldx, kk, static_cast<int>(end - kk));
+}
+
+// y[t * ldy + r] = Σ_{k' < k} w[r * ldw + k'] · x[t * ldx + k'] for r < R, t < T, prefetching
+// the rows of pf that pf_rows names (dot_columns).
 template <int R, int T>
 DUET_SIMD_TARGET void dot_block(const uint16_t* w, int64_t ldw, const uint16_t* x, int64_t ldx,
                                 int64_t k, float* y, int64_t ldy, const uint16_t* pf,
@@ -96,21 +120,7 @@ DUET_SIMD_TARGET void dot_block(const uint16_t* w, int64_t ldw, const uint16_t* 
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) acc[t][r] = S::zero();
   }
-  int64_t kk = 0;
-  if (pf_rows != 0) {
-    for (; kk + kPairW <= k; kk += kPairW) {
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        if (pf_rows >> r & 1u) {
-          _mm_prefetch(reinterpret_cast<const char*>(pf + r * ldw + kk), _MM_HINT_T1);
-        }
-      }
-      dot_step<R, T, false>(acc, w, ldw, x, ldx, kk, kPairW);
-    }
-  } else {
-    for (; kk + kPairW <= k; kk += kPairW) dot_step<R, T, false>(acc, w, ldw, x, ldx, kk, kPairW);
-  }
-  if (kk < k) dot_step<R, T, true>(acc, w, ldw, x, ldx, kk, static_cast<int>(k - kk));
+  dot_columns(acc, w, ldw, x, ldx, 0, k, pf, pf_rows);
   store_dots(acc, y, ldy);
 }
 
@@ -160,29 +170,19 @@ inline DotFn dot_fn(int64_t nr, int64_t nt) {
 
 // Rows 0 and 1 of w × T tokens over columns [k0, k0 + n) (the last columns of the rows if
 // k0 + n == k, else a whole number of vectors), continuing the accumulators in sums[t][r] (k0 >
-// 0) or starting them, and storing them back there.
+// 0) or starting them, and storing them back there; prefetching as dot_columns.
 template <int T>
 DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_pair(const uint16_t* w, int64_t ldw, const uint16_t* x,
                                                   int64_t ldx, int64_t k0, int64_t n,
-                                                  const uint16_t* pf, float (*sums)[2][kW]) {
+                                                  const uint16_t* pf, unsigned pf_rows,
+                                                  float (*sums)[2][kW]) {
   V a[T][2];
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
     a[t][0] = k0 > 0 ? S::load(sums[t][0]) : S::zero();
     a[t][1] = k0 > 0 ? S::load(sums[t][1]) : S::zero();
   }
-  const int64_t end = k0 + n;
-  int64_t kk = k0;
-  if (pf) {
-    for (; kk + kPairW <= end; kk += kPairW) {
-      _mm_prefetch(reinterpret_cast<const char*>(pf + kk), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(pf + ldw + kk), _MM_HINT_T1);
-      dot_step<2, T, false>(a, w, ldw, x, ldx, kk, kPairW);
-    }
-  } else {
-    for (; kk + kPairW <= end; kk += kPairW) dot_step<2, T, false>(a, w, ldw, x, ldx, kk, kPairW);
-  }
-  if (kk < end) dot_step<2, T, true>(a, w, ldw, x, ldx, kk, static_cast<int>(end - kk));
+  dot_columns(a, w, ldw, x, ldx, k0, k0 + n, pf, pf_rows);
 #pragma GCC unroll 16
   for (int t = 0; t < T; ++t) {
     S::store(sums[t][0], a[t][0]);
@@ -197,22 +197,20 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_pair(const uint16_t* w, int64_t ldw
 // accumulators than there are registers; run per block of kMmTokens tokens, its passes read the
 // block's weights from memory in the first and from L1 in the others, while nothing streams in:
 // at 8 tokens the output head's [32000, 1024], cold, read 23-26 GB/s that way and 29-33 this
-// way on 2 threads, 14-15 against 20-22 on one; Zen 4.) Unless pf_rows is 0, each pair
-// prefetches the same columns of the rows 4 further on (the next block's rows at pf), one cache
-// line per row and step, as dot_block does.
+// way on 2 threads, 14-15 against 20-22 on one; Zen 4.) Each pair prefetches its rows of pf
+// that pf_rows names, as dot_block does.
 template <int T>
 DUET_SIMD_TARGET void dot_block_halves(const uint16_t* w, int64_t ldw, const uint16_t* x,
                                        int64_t ldx, int64_t k, float* y, int64_t ldy,
                                        const uint16_t* pf, unsigned pf_rows) {
   static_assert(kMmRows == 4 && T <= kHalvesTokens);
-  if (pf_rows == 0) pf = nullptr;
   // Columns per round of the two pairs: the T tokens' x of a round stays in L1.
   constexpr int64_t kRound = std::max<int64_t>(kPairW, kHalvesXBytes / (2 * T) / kPairW * kPairW);
   alignas(64) float sums[2][T][2][kW];  // [pair][token][row of the pair] accumulators
   for (int64_t k0 = 0; k0 < k; k0 += kRound) {
     const int64_t n = std::min(kRound, k - k0);
-    dot_pair<T>(w, ldw, x, ldx, k0, n, pf, sums[0]);
-    dot_pair<T>(w + 2 * ldw, ldw, x, ldx, k0, n, pf ? pf + 2 * ldw : nullptr, sums[1]);
+    dot_pair<T>(w, ldw, x, ldx, k0, n, pf, pf_rows & 3u, sums[0]);
+    dot_pair<T>(w + 2 * ldw, ldw, x, ldx, k0, n, pf + 2 * ldw, pf_rows >> 2 & 3u, sums[1]);
   }
   V acc[T][kMmRows];
 #pragma GCC unroll 16
