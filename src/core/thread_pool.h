@@ -2,7 +2,10 @@
 // parallel_for; the calling thread takes part, and idle workers block on a condition variable
 // (no thread created per call). Before blocking, a worker polls for the next job for a bounded
 // few tens of microseconds, and the caller polls for the job's end likewise: the jobs of one
-// decode step follow each other that closely, and waking a sleeping vCPU costs more.
+// decode step follow each other that closely, and waking a sleeping vCPU costs more. While a job
+// runs no lock is taken: a thread takes a chunk with one compare-and-swap and counts it done with
+// one atomic add (a decode step posts some 40 jobs; with a mutex handed between the threads at
+// every chunk each cost about 1 us more).
 #pragma once
 
 #include <atomic>
@@ -51,35 +54,54 @@ class ThreadPool {
   void wake_helpers();
 
  private:
+  // word_ packs the current job's generation (bits 32-63), its chunk count (16-31) and the next
+  // chunk to hand out (0-15): one compare-and-swap takes a chunk of exactly the job it saw, so a
+  // thread late for a job never runs a chunk of the next one.
+  static uint64_t gen_of(uint64_t word) { return word >> 32; }
+
   void worker_loop(int worker_index);
-  // Runs chunks of the current job until none is left to start. REQUIRES: lock holds mu_ (it
-  // is released while a chunk runs and held again on return).
-  void run_chunks(std::unique_lock<std::mutex>& lock);
-  // Polls until generation_ differs from `seen` or the spin budget is spent.
+  // Takes and runs chunks of job `gen` until none is left to start.
+  void run_chunks(uint64_t gen);
+  // Takes one chunk of job `gen` and runs it; false once none is left (or the job is over).
+  bool run_one_chunk(uint64_t gen);
+  // Counts `n` chunks of the job (of n_chunks) done, waking the caller if it sleeps on the last.
+  void chunks_finished(int64_t n, int64_t n_chunks);
+  // Blocks until generation differs from `seen`, stop_, parking, or done() (when given).
+  // REQUIRES: lock holds mu_.
+  void sleep_for_job(std::unique_lock<std::mutex>& lock, uint64_t seen, int worker_index,
+                     const std::function<bool()>* done);
+  // Polls until the generation differs from `seen` or the spin budget is spent.
   void spin_for_job(uint64_t seen) const;
   // Polls until every chunk of the current job is done or the spin budget is spent.
-  void spin_for_done() const;
+  void spin_for_done(int64_t n_chunks) const;
 
   int n_threads_;
   std::vector<std::thread> workers_;
-  std::mutex mu_;
+  std::mutex mu_;  // guards sleeping and waking, error_, parking; never held while a chunk runs
   std::condition_variable work_cv_;
   std::condition_variable done_cv_;
   std::condition_variable park_cv_;  // parked workers wait here for set_active_workers
-  // All GUARDED_BY(mu_):
-  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
-  int64_t job_n_ = 0;
-  int64_t job_chunk_ = 0;
-  int64_t next_chunk_ = 0;   // next chunk index to hand out
-  int64_t n_chunks_ = 0;
-  int64_t n_sleeping_ = 0;  // workers and helpers blocked on work_cv_: only then is a notify needed
-  int active_workers_ = 0;  // workers [0, active_workers_) take part; the others are parked
-  std::atomic<int> n_helpers_{0};  // threads inside help_until(); written with mu_ held
-  bool stop_ = false;
-  std::exception_ptr error_;
-  // Written only with mu_ held; atomic so that spinning threads may poll them without it.
-  std::atomic<int64_t> chunks_done_{0};
-  std::atomic<uint64_t> generation_{0};  // bumped per job so workers see new work
+
+  // The current job, written by the posting thread before it publishes word_ (release), read by
+  // a thread only once it holds one of the job's chunks: the job cannot end, nor the next one be
+  // posted, before that chunk is done.
+  std::atomic<const std::function<void(int64_t, int64_t)>*> job_{nullptr};
+  std::atomic<int64_t> job_n_{0};
+  std::atomic<int64_t> job_chunk_{0};
+  std::atomic<uint64_t> word_{0};
+  std::atomic<int64_t> chunks_done_{0};  // of the current job
+  std::atomic<bool> busy_{false};       // a parallel_for is posting or waiting (not reentrant)
+
+  // Sleepers and the threads that wake them meet through these (seq_cst) and mu_: a sleeper
+  // counts itself under mu_ before its last look at the state; a waker changes the state, then
+  // takes mu_ before notifying if it sees a sleeper.
+  std::atomic<int> n_sleeping_{0};       // workers and helpers blocked on work_cv_
+  std::atomic<bool> caller_sleeping_{false};  // the poster blocked on done_cv_
+  std::atomic<int> active_workers_{0};   // workers [0, active_workers_) take part
+  std::atomic<int> n_helpers_{0};        // threads inside help_until()
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> failed_{false};      // error_ holds an exception of the current job
+  std::exception_ptr error_;             // GUARDED_BY(mu_)
 };
 
 // The number of cores this process may run on (sched_getaffinity), at least 1.

@@ -132,6 +132,35 @@ TEST(ThreadPoolTest, ManyRepeatedCallsDoNotDeadlock) {
   EXPECT_EQ(sum.load(), expected);
 }
 
+// Jobs posted back to back, each with its own function, length and chunk count: a thread that saw
+// one job but takes its chunk after that job ended must not run a chunk of the next one with the
+// last one's function or bounds (chunks are taken without a lock). Every job counts its own
+// indices: each exactly once, none out of range.
+TEST(ThreadPoolTest, BackToBackJobsNeverMix) {
+  for (int n_threads : {2, 3}) {
+    ThreadPool pool(n_threads);
+    for (int job = 0; job < 20000; ++job) {
+      const int64_t n = 2 + (job * 7) % 61;
+      std::vector<int> hits(static_cast<size_t>(n), 0);
+      std::atomic<int> out_of_range{0};
+      pool.parallel_for(
+          n,
+          [&hits, &out_of_range, n](int64_t begin, int64_t end) {
+            if (begin < 0 || end > n || begin >= end) {
+              ++out_of_range;
+              return;
+            }
+            for (int64_t i = begin; i < end; ++i) ++hits[static_cast<size_t>(i)];
+          },
+          1 + job % 3);
+      ASSERT_EQ(out_of_range.load(), 0) << "job " << job;
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(hits[static_cast<size_t>(i)], 1) << "job " << job << " index " << i << " of " << n;
+      }
+    }
+  }
+}
+
 TEST(ThreadPoolTest, CreateAndDestroyRepeatedly) {
   for (int i = 0; i < 200; ++i) {
     ThreadPool pool(1 + i % 4);
