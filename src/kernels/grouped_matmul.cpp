@@ -102,9 +102,30 @@ void check_group(const char* op, const Matrix& w, const XRows& x, int64_t n_toke
   DUET_CHECK(w.rows == 0 || w.cols == 0 || w.data, op << ": null weights");
 }
 
-// Each group's x as the kernels of isa read it (matmul_impl::direct_x: rounded to bf16, or
-// copied into aligned rows), made once here rather than by each of the group's tasks. The copies
-// live on the calling thread until its next call.
+// Whether groups a and b multiply the same f32 rows of x by weights that read x made the same
+// way (quantized for int8/int4 weights, or rounded for bf16 pairs, at the same width), so that one
+// direct_x serves both: attention's q, k and v, and at one token a MoE layer's experts.
+bool same_direct_x(simd::Isa isa, const Matrix& wa, const XRows& xa, int64_t na, const Matrix& wb,
+                   const XRows& xb, int64_t nb) {
+  const auto prepared = [&](const Matrix& w) {
+    return is_int_quantized(w.dtype) ||
+           (w.dtype == DType::kBF16 && matmul_impl::rounds_x(isa, w.dtype));
+  };
+  if (na != nb || na == 0 || wa.cols != wb.cols || !prepared(wa) || !prepared(wb) ||
+      is_int_quantized(wa.dtype) != is_int_quantized(wb.dtype) || xa.bf16 || xb.bf16 || xa.q8 ||
+      xb.q8) {
+    return false;
+  }
+  for (int64_t t = 0; t < na; ++t) {
+    if (xa.row(t, wa.cols) != xb.row(t, wb.cols)) return false;
+  }
+  return true;
+}
+
+// Each group's x as the kernels of isa read it (matmul_impl::direct_x: quantized, rounded to
+// bf16, or copied into aligned rows), made once here rather than by each of the group's tasks,
+// and once for groups that share it (same_direct_x). The copies live on the calling thread until
+// its next call.
 template <typename G, typename WeightOf>
 std::vector<XRows> direct_xs(simd::Isa isa, const std::vector<G>& groups, WeightOf weight_of) {
   thread_local std::vector<matmul_impl::XBuffer> bufs;
@@ -113,7 +134,15 @@ std::vector<XRows> direct_xs(simd::Isa isa, const std::vector<G>& groups, Weight
   xs.reserve(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     const Matrix& w = weight_of(groups[g]);
-    xs.push_back(matmul_impl::direct_x(isa, w, groups[g].x, groups[g].n_tokens, bufs[g]));
+    size_t same = g;
+    for (size_t h = 0; h < g && same == g; ++h) {
+      if (same_direct_x(isa, weight_of(groups[h]), groups[h].x, groups[h].n_tokens, w,
+                        groups[g].x, groups[g].n_tokens)) {
+        same = h;
+      }
+    }
+    xs.push_back(same < g ? xs[same]
+                          : matmul_impl::direct_x(isa, w, groups[g].x, groups[g].n_tokens, bufs[g]));
   }
   return xs;
 }
@@ -181,6 +210,49 @@ void gated_matmul_grouped_with(simd::Isa isa, ThreadPool& pool,
   });
 }
 
+namespace {
+
+// Floats of results from which scatter_streamed adds them up on the pool rather than on the
+// calling thread.
+constexpr int64_t kSerialSumFloats = int64_t{1} << 14;
+
+// matmul_grouped_scatter for decode (up to kStreamMaxTokens tokens in every group): each group's
+// product whole, as matmul_grouped runs it (the groups' rows end to end in a few long runs, where
+// blocks of output columns would read each group's matrix as short streams, one per block), into
+// a buffer of results, which are then added to their output rows in group order, then row order,
+// as the blocks of columns add them.
+void scatter_streamed(simd::Isa isa, ThreadPool& pool, const std::vector<ScatterGroup>& groups,
+                      const std::vector<float*>& clear, int64_t n_out, int64_t n_rows) {
+  thread_local std::vector<float> parts;  // [n_rows, n_out] the groups' results, in order
+  thread_local std::vector<MatmulGroup> products;
+  parts.resize(static_cast<size_t>(n_rows * n_out));
+  products.clear();
+  float* part = parts.data();
+  for (const ScatterGroup& g : groups) {
+    if (g.n_tokens == 0) continue;
+    products.push_back(MatmulGroup{g.w, XRows(g.x), g.n_tokens, part});
+    part += g.n_tokens * n_out;
+  }
+  grouped_impl::matmul_grouped_with(isa, pool, products);
+  const float* results = parts.data();  // the caller's buffer (a worker's `parts` is its own)
+  const auto add_up = [&](int64_t c0, int64_t c1) {
+    for (float* o : clear) std::fill(o + c0, o + c1, 0.0f);
+    const float* row = results;
+    for (const ScatterGroup& g : groups) {
+      for (int64_t i = 0; i < g.n_tokens; ++i, row += n_out) {
+        axpy(g.weight[i], row + c0, c1 - c0, g.out[i] + c0);
+      }
+    }
+  };
+  if (n_rows * n_out < kSerialSumFloats) {
+    add_up(0, n_out);
+  } else {
+    pool.parallel_for(n_out, add_up, 16);
+  }
+}
+
+}  // namespace
+
 void matmul_grouped_scatter_with(simd::Isa isa, ThreadPool& pool,
                                  const std::vector<ScatterGroup>& groups,
                                  const std::vector<float*>& clear) {
@@ -194,6 +266,10 @@ void matmul_grouped_scatter_with(simd::Isa isa, ThreadPool& pool,
     n_rows += g.n_tokens;
   }
   if (n_rows == 0 || n_out <= 0) return;
+  if (most_tokens(groups) <= kStreamMaxTokens) {
+    scatter_streamed(isa, pool, groups, clear, n_out, n_rows);
+    return;
+  }
   const int64_t cols = scatter_cols_per_task(n_out, most_tokens(groups), pool.n_threads());
   const std::vector<XRows> xs =
       direct_xs(isa, groups, [](const ScatterGroup& g) -> const Matrix& { return g.w; });

@@ -53,9 +53,12 @@ struct ScatterGroup {
 
 // out row o += Σ weight[i] · (x[i] · wᵀ) over every row i of every group naming o (in group
 // order, then row order), after the rows listed in `clear` (w.rows f32 each) are zeroed. Every
-// group's w has the same rows; no output row may overlap another or any x. Tasks are blocks of
-// output columns, each running all groups, so every weight row is read once and no two tasks
-// write the same floats.
+// group's w has the same rows; no output row may overlap another or any x. Every weight row is
+// read once: with more than a few tokens in a group (prefill), tasks are blocks of output columns,
+// each running all groups, so no two tasks write the same floats; with a few (decode), each
+// group's product runs whole, as matmul_grouped's, into a buffer whose rows are then added up in
+// the same order (long streams of weights instead of one short one per group and block). The same
+// bits either way.
 void matmul_grouped_scatter(ThreadPool& pool, const std::vector<ScatterGroup>& groups,
                             const std::vector<float*>& clear = {});
 

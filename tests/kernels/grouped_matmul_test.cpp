@@ -12,6 +12,7 @@
 #include "kernels/grouped_matmul_impl.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_impl.h"
+#include "kernels/quantize.h"
 #include "kernels/simd_impl.h"
 
 namespace duet {
@@ -190,6 +191,44 @@ TEST(GroupedMatmulTest, DecodeTasksOfLongRunsGiveTheSameBits) {
   }
 }
 
+// Groups that multiply the same rows of x (attention's q, k and v; at one token a MoE layer's
+// experts, whose gathered rows all point at the token's row) share one quantized or rounded copy
+// of x: each group's results are the same bits as that group alone. A group of other weights
+// (another width, or f32) over the same rows gets x made for its own.
+TEST(GroupedMatmulTest, GroupsSharingXGiveEachGroupsBitsAlone) {
+  ThreadPool pool(2);
+  std::mt19937 rng(21);
+  const int64_t n_in = 256, n_out = 72;
+  const std::vector<float> x = random_vector(rng, 3 * n_in);  // [3, n_in]
+  const std::vector<const float*> gathered = {x.data() + 2 * n_in, x.data()};  // rows 2 and 0
+  std::vector<Weights> ws;
+  for (int i = 0; i < 4; ++i) ws.push_back(random_weights(rng, n_out, n_in));
+  const Weights narrow = random_weights(rng, n_out, n_in - 128);
+  const std::vector<float> wide_f32 = random_vector(rng, n_out * n_in);
+  const QuantizedMatrix q8(ws[2].m, DType::kQ8), q4(ws[3].m, DType::kQ4);
+  const Matrix f32{DType::kF32, n_out, n_in, wide_f32.data()};
+  for (Isa isa : isas()) {
+    const std::vector<std::pair<Matrix, XRows>> cases = {
+        {ws[0].m, XRows(x.data())},        {ws[1].m, XRows(x.data())},
+        {q8.view(), XRows(x.data())},      {q4.view(), XRows(x.data())},
+        {narrow.m, XRows(x.data())},       {f32, XRows(x.data())},
+        {q8.view(), XRows(gathered.data())}, {q4.view(), XRows(gathered.data())},
+        {ws[1].m, XRows(gathered.data())}};
+    std::vector<MatmulGroup> together;
+    std::vector<std::vector<float>> ys(cases.size()), alone(cases.size());
+    for (size_t g = 0; g < cases.size(); ++g) {
+      ys[g].assign(2 * n_out, kGuard);
+      alone[g].assign(2 * n_out, kGuard);
+      together.push_back({cases[g].first, cases[g].second, 2, ys[g].data()});
+    }
+    matmul_grouped_with(isa, pool, together);
+    for (size_t g = 0; g < cases.size(); ++g) {
+      matmul_grouped_with(isa, pool, {{cases[g].first, cases[g].second, 2, alone[g].data()}});
+      EXPECT_EQ(ys[g], alone[g]) << simd::isa_name(isa) << " group " << g;
+    }
+  }
+}
+
 // silu(x · gateᵀ) ⊙ (x · upᵀ) from the scalar products, for groups of 0..17 tokens, on every
 // instruction set.
 TEST(GroupedMatmulTest, GatedMatchesScalarSiluMul) {
@@ -284,12 +323,17 @@ TEST(GroupedMatmulTest, GatheredRowsMatchContiguousCopy) {
 // several groups; the even tokens' rows start as garbage and are cleared, the odd ones' hold 1.5
 // and are added to, so each ends as (0 or 1.5) + Σ weight · (x · wᵀ); rows that no group names
 // are left alone. Group sizes from 0 to 17 and one on the tiled path; output widths below, at and
-// above a task's column block.
+// above a task's column block. And decode's groups of at most 4 tokens (each group's product
+// whole, then added up in order: on the calling thread, or at the widest width on the pool).
 TEST(GroupedMatmulTest, ScatterAddsWeightedProductsToOutputRows) {
   ThreadPool pool(3);
   std::mt19937 rng(9);
+  const std::vector<std::vector<int64_t>> size_sets = {{0, 1, 2, 5, 17, 0, 3, 60},
+                                                       {0, 1, 4, 2, 0, 3, 1, 4}};
   for (Isa isa : isas()) {
-    for (int64_t n_out : {5, 64, 200}) {
+    for (const std::vector<int64_t>& sizes : size_sets) {
+    for (int64_t n_out : {5, 64, 200, 2100}) {
+      if (n_out == 2100 && sizes[2] != 4) continue;
       const int64_t n_in = 37, n_tok = 40;
       std::vector<float> out(static_cast<size_t>((n_tok + 1) * n_out), kGuard);  // last: unnamed
       std::vector<Weights> ws;
@@ -297,7 +341,7 @@ TEST(GroupedMatmulTest, ScatterAddsWeightedProductsToOutputRows) {
       std::vector<std::vector<float*>> outs;
       std::vector<int64_t> tokens_of;  // [groups, rows] flattened: the token of each row
       std::vector<ScatterGroup> groups;
-      for (int64_t n : {0, 1, 2, 5, 17, 0, 3, 60}) {
+      for (int64_t n : sizes) {
         ws.push_back(random_weights(rng, n_out, n_in));
         xs.push_back(random_vector(rng, n * n_in));
         wts.push_back(random_vector(rng, n));
@@ -353,6 +397,7 @@ TEST(GroupedMatmulTest, ScatterAddsWeightedProductsToOutputRows) {
           }
         }
       }
+    }
     }
   }
 }
