@@ -13,11 +13,16 @@ namespace duet {
 
 namespace {
 
-// Chunks handed out per thread: more than one so a thread that loses its core for a while
-// (two cores shared with other processes here) does not hold the whole job back.
-constexpr int64_t kChunksPerThread = 4;
+// Chunks per thread. Each thread runs its own share of a job's chunks in order, one stream of
+// weights, and then takes the others' unstarted chunks from their ends, so a thread that loses
+// its core for a while (two cores shared with other processes here), or reads more slowly, holds
+// the job back by at most a small chunk. Alternating step by step against 4 chunks per thread
+// handed out in turn (a thread's next chunk mostly not next to its last, a stream started cold,
+// and the last chunk a quarter of a thread's share): one-sequence decode with int4 weights 0.94-
+// 0.96 of the time per step, int8 0.96-1.00, bf16 0.99-1.01; 32 sequences int4 0.97 (Zen 4 VM).
+constexpr int64_t kChunksPerThread = 16;
 
-// A job's chunk count fits word_'s 16 bits (chunk index and count).
+// A job's chunk count fits the 16 bits of a share's bounds (Range).
 constexpr int64_t kMaxChunks = 0xffff;
 
 // How long a worker polls for the next job, and the caller for the end of its job, before
@@ -42,7 +47,8 @@ void spin_until(Done done) {
 
 }  // namespace
 
-ThreadPool::ThreadPool(int n_threads) : n_threads_(std::max(1, n_threads)) {
+ThreadPool::ThreadPool(int n_threads)
+    : n_threads_(std::max(1, n_threads)), ranges_(static_cast<size_t>(n_threads_)) {
   active_workers_ = n_threads_ - 1;
   workers_.reserve(static_cast<size_t>(n_threads_ - 1));
   for (int i = 0; i < n_threads_ - 1; ++i) {
@@ -93,8 +99,18 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t begin,
   job_n_.store(n, std::memory_order_relaxed);
   job_chunk_.store(chunk, std::memory_order_relaxed);
   chunks_done_.store(0, std::memory_order_relaxed);
+  job_chunks_.store(n_chunks, std::memory_order_relaxed);
   const uint64_t gen = gen_of(word_.load(std::memory_order_relaxed)) + 1;
-  word_.store((gen << 32) | (static_cast<uint64_t>(n_chunks) << 16));  // seq_cst: publishes
+  // Each thread's share of the chunks, in order: [lo, hi) of slot s (the caller's is 0, worker
+  // i's i + 1); a thread takes its own from the front and, when they are gone, the others' from
+  // the back.
+  for (int s = 0; s < n_threads_; ++s) {
+    const uint64_t lo = static_cast<uint64_t>(s * n_chunks / n_threads_);
+    const uint64_t hi = static_cast<uint64_t>((s + 1) * n_chunks / n_threads_);
+    ranges_[static_cast<size_t>(s)].word.store((gen << 32) | (lo << 16) | hi,
+                                               std::memory_order_relaxed);
+  }
+  word_.store(gen << 32);  // seq_cst: publishes the job
   // Spinning workers see the new generation by themselves; wake only as many sleepers as there
   // are chunks besides the caller's first one.
   if (n_sleeping_.load() > 0) {
@@ -110,7 +126,7 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t begin,
     }
   }
 
-  run_chunks(gen);
+  run_chunks(gen, 0);
 
   spin_for_done(n_chunks);
   if (chunks_done_.load(std::memory_order_acquire) != n_chunks) {
@@ -148,7 +164,7 @@ void ThreadPool::worker_loop(int worker_index) {
     }
     if (worker_index >= active_workers_.load()) continue;  // parked while it polled
     seen = gen_of(word_.load(std::memory_order_acquire));
-    run_chunks(seen);
+    run_chunks(seen, worker_index + 1);
   }
 }
 
@@ -162,24 +178,34 @@ void ThreadPool::sleep_for_job(std::unique_lock<std::mutex>& lock, uint64_t seen
   n_sleeping_.fetch_sub(1);
 }
 
-void ThreadPool::run_chunks(uint64_t gen) {
-  while (run_one_chunk(gen)) {
+void ThreadPool::run_chunks(uint64_t gen, int slot) {
+  if (slot >= 0) {
+    while (run_one_chunk(gen, slot, false)) {
+    }
+  }
+  for (int k = 1; k <= n_threads_; ++k) {
+    const int victim = (std::max(slot, 0) + k) % n_threads_;
+    if (victim == slot) continue;
+    while (run_one_chunk(gen, victim, true)) {
+    }
   }
 }
 
-bool ThreadPool::run_one_chunk(uint64_t gen) {
-  uint64_t word = word_.load(std::memory_order_acquire);
+bool ThreadPool::run_one_chunk(uint64_t gen, int slot, bool from_back) {
+  std::atomic<uint64_t>& range = ranges_[static_cast<size_t>(slot)].word;
+  uint64_t word = range.load(std::memory_order_acquire);
   uint64_t c;
   for (;;) {
-    const uint64_t n_chunks = (word >> 16) & 0xffff;
-    c = word & 0xffff;
-    if (gen_of(word) != gen || c >= n_chunks) return false;
-    if (word_.compare_exchange_weak(word, word + 1, std::memory_order_acq_rel)) break;
+    const uint64_t lo = (word >> 16) & 0xffff, hi = word & 0xffff;
+    if (gen_of(word) != gen || lo >= hi) return false;
+    c = from_back ? hi - 1 : lo;
+    const uint64_t taken = from_back ? word - 1 : word + (uint64_t{1} << 16);
+    if (range.compare_exchange_weak(word, taken, std::memory_order_acq_rel)) break;
   }
   // Chunk c is this thread's: the job stays posted until it is done.
   const std::function<void(int64_t, int64_t)>& fn = *job_.load(std::memory_order_relaxed);
   const int64_t chunk = job_chunk_.load(std::memory_order_relaxed);
-  const int64_t n_chunks = static_cast<int64_t>((word >> 16) & 0xffff);
+  const int64_t n_chunks = job_chunks_.load(std::memory_order_relaxed);
   const int64_t begin = static_cast<int64_t>(c) * chunk;
   const int64_t end =
       static_cast<int64_t>(c) == n_chunks - 1 ? job_n_.load(std::memory_order_relaxed)
@@ -193,13 +219,16 @@ bool ThreadPool::run_one_chunk(uint64_t gen) {
       failed_ = true;
     }
     // Skip the chunks nobody has started: the caller rethrows the error anyway.
-    uint64_t w = word_.load(std::memory_order_acquire);
     int64_t skipped = 0;
-    while (gen_of(w) == gen && (w & 0xffff) < static_cast<uint64_t>(n_chunks)) {
-      const uint64_t all_taken = (w & ~uint64_t{0xffff}) | static_cast<uint64_t>(n_chunks);
-      if (word_.compare_exchange_weak(w, all_taken, std::memory_order_acq_rel)) {
-        skipped = n_chunks - static_cast<int64_t>(w & 0xffff);
-        break;
+    for (int s = 0; s < n_threads_; ++s) {
+      std::atomic<uint64_t>& r = ranges_[static_cast<size_t>(s)].word;
+      uint64_t w = r.load(std::memory_order_acquire);
+      while (gen_of(w) == gen && ((w >> 16) & 0xffff) < (w & 0xffff)) {
+        const uint64_t emptied = (w & ~uint64_t{0xffffffff}) | ((w & 0xffff) << 16) | (w & 0xffff);
+        if (r.compare_exchange_weak(w, emptied, std::memory_order_acq_rel)) {
+          skipped += static_cast<int64_t>((w & 0xffff) - ((w >> 16) & 0xffff));
+          break;
+        }
       }
     }
     chunks_finished(1 + skipped, n_chunks);
@@ -238,7 +267,7 @@ void ThreadPool::help_until(const std::function<bool()>& done) {
   n_helpers_.fetch_add(1);  // seq_cst: ordered before the done() checks below
   for (;;) {
     const uint64_t seen = gen_of(word_.load(std::memory_order_acquire));
-    run_chunks(seen);
+    run_chunks(seen, -1);
     if (done()) break;
     spin_until([&] { return gen_of(word_.load(std::memory_order_acquire)) != seen || done(); });
     if (gen_of(word_.load(std::memory_order_acquire)) != seen) continue;
