@@ -168,8 +168,8 @@ void ThreadPool::worker_loop(int worker_index) {
   }
 }
 
-void ThreadPool::sleep_for_job(std::unique_lock<std::mutex>& lock, uint64_t seen,
-                               int worker_index, const std::function<bool()>* done) {
+void ThreadPool::sleep_for_job(std::unique_lock<std::mutex>& lock, uint64_t seen, int worker_index,
+                               const std::function<bool()>* done) {
   n_sleeping_.fetch_add(1);  // seq_cst, before the last look at word_ below
   work_cv_.wait(lock, [&] {
     return stop_ || gen_of(word_.load()) != seen ||
@@ -207,9 +207,9 @@ bool ThreadPool::run_one_chunk(uint64_t gen, int slot, bool from_back) {
   const int64_t chunk = job_chunk_.load(std::memory_order_relaxed);
   const int64_t n_chunks = job_chunks_.load(std::memory_order_relaxed);
   const int64_t begin = static_cast<int64_t>(c) * chunk;
-  const int64_t end =
-      static_cast<int64_t>(c) == n_chunks - 1 ? job_n_.load(std::memory_order_relaxed)
-                                              : begin + chunk;
+  const int64_t end = static_cast<int64_t>(c) == n_chunks - 1
+                          ? job_n_.load(std::memory_order_relaxed)
+                          : begin + chunk;
   try {
     fn(begin, end);
   } catch (...) {

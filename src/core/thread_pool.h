@@ -100,20 +100,20 @@ class ThreadPool {
   struct alignas(64) Range {
     std::atomic<uint64_t> word{0};
   };
-  std::vector<Range> ranges_;  // [n_threads_]
+  std::vector<Range> ranges_;            // [n_threads_]
   std::atomic<int64_t> chunks_done_{0};  // of the current job
-  std::atomic<bool> busy_{false};       // a parallel_for is posting or waiting (not reentrant)
+  std::atomic<bool> busy_{false};        // a parallel_for is posting or waiting (not reentrant)
 
   // Sleepers and the threads that wake them meet through these (seq_cst) and mu_: a sleeper
   // counts itself under mu_ before its last look at the state; a waker changes the state, then
   // takes mu_ before notifying if it sees a sleeper.
-  std::atomic<int> n_sleeping_{0};       // workers and helpers blocked on work_cv_
+  std::atomic<int> n_sleeping_{0};            // workers and helpers blocked on work_cv_
   std::atomic<bool> caller_sleeping_{false};  // the poster blocked on done_cv_
-  std::atomic<int> active_workers_{0};   // workers [0, active_workers_) take part
-  std::atomic<int> n_helpers_{0};        // threads inside help_until()
+  std::atomic<int> active_workers_{0};        // workers [0, active_workers_) take part
+  std::atomic<int> n_helpers_{0};             // threads inside help_until()
   std::atomic<bool> stop_{false};
-  std::atomic<bool> failed_{false};      // error_ holds an exception of the current job
-  std::exception_ptr error_;             // GUARDED_BY(mu_)
+  std::atomic<bool> failed_{false};  // error_ holds an exception of the current job
+  std::exception_ptr error_;         // GUARDED_BY(mu_)
 };
 
 // The number of cores this process may run on (sched_getaffinity), at least 1.

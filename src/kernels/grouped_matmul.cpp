@@ -136,13 +136,14 @@ std::vector<XRows> direct_xs(simd::Isa isa, const std::vector<G>& groups, Weight
     const Matrix& w = weight_of(groups[g]);
     size_t same = g;
     for (size_t h = 0; h < g && same == g; ++h) {
-      if (same_direct_x(isa, weight_of(groups[h]), groups[h].x, groups[h].n_tokens, w,
-                        groups[g].x, groups[g].n_tokens)) {
+      if (same_direct_x(isa, weight_of(groups[h]), groups[h].x, groups[h].n_tokens, w, groups[g].x,
+                        groups[g].n_tokens)) {
         same = h;
       }
     }
-    xs.push_back(same < g ? xs[same]
-                          : matmul_impl::direct_x(isa, w, groups[g].x, groups[g].n_tokens, bufs[g]));
+    xs.push_back(same < g
+                     ? xs[same]
+                     : matmul_impl::direct_x(isa, w, groups[g].x, groups[g].n_tokens, bufs[g]));
   }
   return xs;
 }

@@ -155,7 +155,8 @@ TEST(ThreadPoolTest, BackToBackJobsNeverMix) {
           1 + job % 3);
       ASSERT_EQ(out_of_range.load(), 0) << "job " << job;
       for (int64_t i = 0; i < n; ++i) {
-        ASSERT_EQ(hits[static_cast<size_t>(i)], 1) << "job " << job << " index " << i << " of " << n;
+        ASSERT_EQ(hits[static_cast<size_t>(i)], 1)
+            << "job " << job << " index " << i << " of " << n;
       }
     }
   }

@@ -199,7 +199,7 @@ TEST(GroupedMatmulTest, GroupsSharingXGiveEachGroupsBitsAlone) {
   ThreadPool pool(2);
   std::mt19937 rng(21);
   const int64_t n_in = 256, n_out = 72;
-  const std::vector<float> x = random_vector(rng, 3 * n_in);  // [3, n_in]
+  const std::vector<float> x = random_vector(rng, 3 * n_in);                   // [3, n_in]
   const std::vector<const float*> gathered = {x.data() + 2 * n_in, x.data()};  // rows 2 and 0
   std::vector<Weights> ws;
   for (int i = 0; i < 4; ++i) ws.push_back(random_weights(rng, n_out, n_in));
@@ -209,9 +209,9 @@ TEST(GroupedMatmulTest, GroupsSharingXGiveEachGroupsBitsAlone) {
   const Matrix f32{DType::kF32, n_out, n_in, wide_f32.data()};
   for (Isa isa : isas()) {
     const std::vector<std::pair<Matrix, XRows>> cases = {
-        {ws[0].m, XRows(x.data())},        {ws[1].m, XRows(x.data())},
-        {q8.view(), XRows(x.data())},      {q4.view(), XRows(x.data())},
-        {narrow.m, XRows(x.data())},       {f32, XRows(x.data())},
+        {ws[0].m, XRows(x.data())},          {ws[1].m, XRows(x.data())},
+        {q8.view(), XRows(x.data())},        {q4.view(), XRows(x.data())},
+        {narrow.m, XRows(x.data())},         {f32, XRows(x.data())},
         {q8.view(), XRows(gathered.data())}, {q4.view(), XRows(gathered.data())},
         {ws[1].m, XRows(gathered.data())}};
     std::vector<MatmulGroup> together;
@@ -332,72 +332,73 @@ TEST(GroupedMatmulTest, ScatterAddsWeightedProductsToOutputRows) {
                                                        {0, 1, 4, 2, 0, 3, 1, 4}};
   for (Isa isa : isas()) {
     for (const std::vector<int64_t>& sizes : size_sets) {
-    for (int64_t n_out : {5, 64, 200, 2100}) {
-      if (n_out == 2100 && sizes[2] != 4) continue;
-      const int64_t n_in = 37, n_tok = 40;
-      std::vector<float> out(static_cast<size_t>((n_tok + 1) * n_out), kGuard);  // last: unnamed
-      std::vector<Weights> ws;
-      std::vector<std::vector<float>> xs, wts;
-      std::vector<std::vector<float*>> outs;
-      std::vector<int64_t> tokens_of;  // [groups, rows] flattened: the token of each row
-      std::vector<ScatterGroup> groups;
-      for (int64_t n : sizes) {
-        ws.push_back(random_weights(rng, n_out, n_in));
-        xs.push_back(random_vector(rng, n * n_in));
-        wts.push_back(random_vector(rng, n));
-        outs.emplace_back();
-        for (int64_t i = 0; i < n; ++i) {
-          tokens_of.push_back(static_cast<int64_t>(rng() % n_tok));
-          outs.back().push_back(out.data() + tokens_of.back() * n_out);
+      for (int64_t n_out : {5, 64, 200, 2100}) {
+        if (n_out == 2100 && sizes[2] != 4) continue;
+        const int64_t n_in = 37, n_tok = 40;
+        std::vector<float> out(static_cast<size_t>((n_tok + 1) * n_out), kGuard);  // last: unnamed
+        std::vector<Weights> ws;
+        std::vector<std::vector<float>> xs, wts;
+        std::vector<std::vector<float*>> outs;
+        std::vector<int64_t> tokens_of;  // [groups, rows] flattened: the token of each row
+        std::vector<ScatterGroup> groups;
+        for (int64_t n : sizes) {
+          ws.push_back(random_weights(rng, n_out, n_in));
+          xs.push_back(random_vector(rng, n * n_in));
+          wts.push_back(random_vector(rng, n));
+          outs.emplace_back();
+          for (int64_t i = 0; i < n; ++i) {
+            tokens_of.push_back(static_cast<int64_t>(rng() % n_tok));
+            outs.back().push_back(out.data() + tokens_of.back() * n_out);
+          }
         }
-      }
-      for (size_t g = 0; g < ws.size(); ++g) {
-        const int64_t n = static_cast<int64_t>(wts[g].size());
-        groups.push_back({ws[g].m, xs[g].data(), n, outs[g].data(), wts[g].data()});
-      }
-      std::vector<float*> clear;
-      for (int64_t t = 0; t < n_tok; ++t) {
-        if (t % 2 == 0)
-          clear.push_back(out.data() + t * n_out);
-        else
-          std::fill_n(out.data() + t * n_out, n_out, 1.5f);
-      }
-      if (isa == simd::best_isa()) {
-        matmul_grouped_scatter(pool, groups, clear);  // the public entry
-      } else {
-        matmul_grouped_scatter_with(isa, pool, groups, clear);
-      }
-      std::vector<double> want(static_cast<size_t>(n_tok * n_out), 0.0), scale(want.size(), 0.0);
-      for (int64_t t = 1; t < n_tok; t += 2) std::fill_n(want.begin() + t * n_out, n_out, 1.5);
-      std::vector<bool> named(static_cast<size_t>(n_tok), false);
-      size_t row = 0;
-      for (size_t g = 0; g < ws.size(); ++g) {
-        const int64_t n = static_cast<int64_t>(wts[g].size());
-        const std::vector<float> x = as_multiplied(isa, xs[g]);
-        std::vector<float> y(static_cast<size_t>(n * n_out));
-        matmul_scalar(ws[g].m, x.data(), n, y.data());
-        std::vector<float> ys = abs_product(ws[g].m, x.data(), n);
-        for (int64_t i = 0; i < n; ++i, ++row) {
-          named[tokens_of[row]] = true;
+        for (size_t g = 0; g < ws.size(); ++g) {
+          const int64_t n = static_cast<int64_t>(wts[g].size());
+          groups.push_back({ws[g].m, xs[g].data(), n, outs[g].data(), wts[g].data()});
+        }
+        std::vector<float*> clear;
+        for (int64_t t = 0; t < n_tok; ++t) {
+          if (t % 2 == 0)
+            clear.push_back(out.data() + t * n_out);
+          else
+            std::fill_n(out.data() + t * n_out, n_out, 1.5f);
+        }
+        if (isa == simd::best_isa()) {
+          matmul_grouped_scatter(pool, groups, clear);  // the public entry
+        } else {
+          matmul_grouped_scatter_with(isa, pool, groups, clear);
+        }
+        std::vector<double> want(static_cast<size_t>(n_tok * n_out), 0.0), scale(want.size(), 0.0);
+        for (int64_t t = 1; t < n_tok; t += 2) std::fill_n(want.begin() + t * n_out, n_out, 1.5);
+        std::vector<bool> named(static_cast<size_t>(n_tok), false);
+        size_t row = 0;
+        for (size_t g = 0; g < ws.size(); ++g) {
+          const int64_t n = static_cast<int64_t>(wts[g].size());
+          const std::vector<float> x = as_multiplied(isa, xs[g]);
+          std::vector<float> y(static_cast<size_t>(n * n_out));
+          matmul_scalar(ws[g].m, x.data(), n, y.data());
+          std::vector<float> ys = abs_product(ws[g].m, x.data(), n);
+          for (int64_t i = 0; i < n; ++i, ++row) {
+            named[tokens_of[row]] = true;
+            for (int64_t c = 0; c < n_out; ++c) {
+              want[tokens_of[row] * n_out + c] += double(wts[g][i]) * y[i * n_out + c];
+              scale[tokens_of[row] * n_out + c] += std::fabs(wts[g][i]) * ys[i * n_out + c];
+            }
+          }
+        }
+        for (int64_t t = 0; t <= n_tok; ++t) {
           for (int64_t c = 0; c < n_out; ++c) {
-            want[tokens_of[row] * n_out + c] += double(wts[g][i]) * y[i * n_out + c];
-            scale[tokens_of[row] * n_out + c] += std::fabs(wts[g][i]) * ys[i * n_out + c];
+            const float got = out[t * n_out + c];
+            if (t == n_tok || (!named[t] && t % 2 == 1)) {
+              ASSERT_EQ(got, t == n_tok ? kGuard : 1.5f)
+                  << simd::isa_name(isa) << " n_out " << n_out << ": unnamed row " << t
+                  << " written";
+            } else {
+              ASSERT_NEAR(got, want[t * n_out + c], 2 * kRelTol * scale[t * n_out + c] + 1e-30)
+                  << simd::isa_name(isa) << " n_out " << n_out << " token " << t << " column " << c;
+            }
           }
         }
       }
-      for (int64_t t = 0; t <= n_tok; ++t) {
-        for (int64_t c = 0; c < n_out; ++c) {
-          const float got = out[t * n_out + c];
-          if (t == n_tok || (!named[t] && t % 2 == 1)) {
-            ASSERT_EQ(got, t == n_tok ? kGuard : 1.5f)
-                << simd::isa_name(isa) << " n_out " << n_out << ": unnamed row " << t << " written";
-          } else {
-            ASSERT_NEAR(got, want[t * n_out + c], 2 * kRelTol * scale[t * n_out + c] + 1e-30)
-                << simd::isa_name(isa) << " n_out " << n_out << " token " << t << " column " << c;
-          }
-        }
-      }
-    }
     }
   }
 }
