@@ -100,7 +100,8 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t begin,
   job_chunk_.store(chunk, std::memory_order_relaxed);
   chunks_done_.store(0, std::memory_order_relaxed);
   job_chunks_.store(n_chunks, std::memory_order_relaxed);
-  const uint64_t gen = gen_of(word_.load(std::memory_order_relaxed)) + 1;
+  // 32 bits, as gen_of reads it back (a server posts billions of jobs in a few weeks).
+  const uint64_t gen = (gen_of(word_.load(std::memory_order_relaxed)) + 1) & 0xffffffffu;
   // Each thread's share of the chunks, in order: [lo, hi) of slot s (the caller's is 0, worker
   // i's i + 1); a thread takes its own from the front and, when they are gone, the others' from
   // the back.
