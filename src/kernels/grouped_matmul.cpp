@@ -124,8 +124,8 @@ bool same_direct_x(simd::Isa isa, const Matrix& wa, const XRows& xa, int64_t na,
 
 // Each group's x as the kernels of isa read it (matmul_impl::direct_x: quantized, rounded to
 // bf16, or copied into aligned rows), made once here rather than by each of the group's tasks,
-// and once for groups that share it (same_direct_x). The copies live on the calling thread until
-// its next call.
+// and once for consecutive groups that share it (same_direct_x). The copies live on the calling
+// thread until its next call.
 template <typename G, typename WeightOf>
 std::vector<XRows> direct_xs(simd::Isa isa, const std::vector<G>& groups, WeightOf weight_of) {
   thread_local std::vector<matmul_impl::XBuffer> bufs;
@@ -134,16 +134,13 @@ std::vector<XRows> direct_xs(simd::Isa isa, const std::vector<G>& groups, Weight
   xs.reserve(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     const Matrix& w = weight_of(groups[g]);
-    size_t same = g;
-    for (size_t h = 0; h < g && same == g; ++h) {
-      if (same_direct_x(isa, weight_of(groups[h]), groups[h].x, groups[h].n_tokens, w, groups[g].x,
-                        groups[g].n_tokens)) {
-        same = h;
-      }
-    }
-    xs.push_back(same < g
-                     ? xs[same]
-                     : matmul_impl::direct_x(isa, w, groups[g].x, groups[g].n_tokens, bufs[g]));
+    // Groups sharing x come one after another (q, k, v; a token's experts): only the previous
+    // group is compared, so a layer of many experts makes no comparisons of every pair.
+    const bool shared =
+        g > 0 && same_direct_x(isa, weight_of(groups[g - 1]), groups[g - 1].x,
+                               groups[g - 1].n_tokens, w, groups[g].x, groups[g].n_tokens);
+    xs.push_back(shared ? xs[g - 1]
+                        : matmul_impl::direct_x(isa, w, groups[g].x, groups[g].n_tokens, bufs[g]));
   }
   return xs;
 }
