@@ -44,6 +44,13 @@ constexpr int64_t kMinParallelMacs = int64_t{1} << 17;
 //   VI init_u4(corr)          -8 · Σ q_x per group (corr / 16, exact)
 //   unpack_u4(w, lo, hi)      64 bytes of nibbles: steps k (low) and k + 4 (high), as bytes
 //   VI dot_u(acc, u, x)       acc + the step's products of unsigned weight bytes
+// and, where kHigh16 (the VNNI kernels: vpdpbusd sums its 4 byte products into 32 bits, so 16 · u
+// up to 240 cannot saturate, where vpmaddubsw's pairs would):
+//   unpack_u4_high16(w, lo, hi16)  as unpack_u4, but the high nibbles left in place (16 · u), so
+//                             unpacking takes no shift: the shift runs on one port of Intel's
+//                             cores beside vpdpbusd (and on two of Zen 4's four)
+//   VI zero_i()               0
+//   VI add_high16(acc, hi16)  acc + hi16 / 16 (exact: hi16's sums are 16 · integers)
 
 // v held in a register from here on: GCC would otherwise fold its load into each of its uses,
 // loading it again for each (int4's unpacking: twice), which slowed the one-token blocks by about
@@ -56,6 +63,7 @@ DUET_ALWAYS_INLINE void in_register(V& v) {
 // Without VNNI: |x| · (w with x's signs) by vpmaddubsw, whose pairs reach at most 2 · 127² < 2^15
 // (never saturating), then vpmaddwd by ones.
 struct Avx512 {
+  static constexpr bool kHigh16 = false;
   using VI = __m512i;
   using VF = __m512;
   using W = __m512i;
@@ -110,6 +118,7 @@ struct Avx512 {
 // With VNNI: vpdpbusd takes the weights' bytes unsigned (q + 128) against x's signed bytes,
 // started from -128 · Σ q_x per group; the rest as without.
 struct Avx512Vnni : Avx512 {
+  static constexpr bool kHigh16 = true;
   DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI init(const int32_t* corr) {
     return _mm512_loadu_si512(corr);
   }
@@ -123,10 +132,22 @@ struct Avx512Vnni : Avx512 {
   DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI dot_u(VI acc, W u, const int8_t* x) {
     return dot(acc, u, x);
   }
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static void unpack_u4_high16(const uint8_t* w, W& lo,
+                                                                       W& hi16) {
+    __m512i v = _mm512_loadu_si512(w);
+    in_register(v);
+    lo = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
+    hi16 = _mm512_and_si512(v, _mm512_set1_epi8(char(0xf0)));
+  }
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI zero_i() { return _mm512_setzero_si512(); }
+  DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static VI add_high16(VI acc, VI hi16) {
+    return _mm512_add_epi32(acc, _mm512_srai_epi32(hi16, 4));
+  }
 };
 
 // The same in two 32-byte halves (rows 0-1, rows 2-3).
 struct Avx2 {
+  static constexpr bool kHigh16 = false;
   struct VI {
     __m256i h[2];
   };
@@ -215,6 +236,7 @@ struct Avx2 {
 // Avx2Vnni's (VEX vpdpbusd) or Avx2VnniEvex's (its EVEX encoding, for tests and benchmarks on
 // CPUs without AVX-VNNI); the two compute the same bits.
 struct Avx2VnniBase : Avx2 {
+  static constexpr bool kHigh16 = true;
   DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VI init(const int32_t* corr) {
     const auto* p = reinterpret_cast<const __m256i*>(corr);
     return {{_mm256_loadu_si256(p), _mm256_loadu_si256(p + 1)}};
@@ -225,6 +247,25 @@ struct Avx2VnniBase : Avx2 {
   }
   DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static __m256i broadcast(const int8_t* x) {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static void unpack_u4_high16(const uint8_t* w, W& lo,
+                                                                 W& hi16) {
+    const auto* p = reinterpret_cast<const __m256i*>(w);
+    for (int i = 0; i < 2; ++i) {
+      __m256i v = _mm256_loadu_si256(p + i);
+      in_register(v);
+      lo.h[i] = _mm256_and_si256(v, _mm256_set1_epi8(0x0f));
+      hi16.h[i] = _mm256_and_si256(v, _mm256_set1_epi8(char(0xf0)));
+    }
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VI zero_i() {
+    return {{_mm256_setzero_si256(), _mm256_setzero_si256()}};
+  }
+  DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static VI add_high16(VI acc, const VI& hi16) {
+    for (int i = 0; i < 2; ++i) {
+      acc.h[i] = _mm256_add_epi32(acc.h[i], _mm256_srai_epi32(hi16.h[i], 4));
+    }
+    return acc;
   }
 };
 

@@ -16,6 +16,32 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void store_rows(typename K::VF f, const Bloc
   for (int r = 0; r < b.r_count; ++r) y[r] = out[b.r_first + r];
 }
 
+// acc[t] += the products of one superblock of kQ4 weights at w with token t's x, for kernels
+// with K::kHigh16: the high nibbles' products in sums of their own, 16 times too large, added in
+// at the end. The same int32 sums (none comes near 2^31), two shorter chains, and no shift per
+// vector of weights (int4 at one token, weights in L2, one thread, Sapphire Rapids: the kernel
+// had issued as many vpdpbusd and shifts as their one port could take). KK: K, named so the
+// body is compiled only for the kernels that take this path.
+template <int kT, typename KK = K>
+DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_u4_high16(typename KK::VI (&acc)[kT], const uint8_t* w,
+                                                       const int8_t* x, int64_t ld) {
+  typename KK::VI acc_hi[kT];
+#pragma GCC unroll 8
+  for (int t = 0; t < kT; ++t) acc_hi[t] = KK::zero_i();
+#pragma GCC unroll 4
+  for (int k = 0; k < kSteps / 2; ++k) {
+    typename KK::W lo, hi16;
+    KK::unpack_u4_high16(w + k * 64, lo, hi16);
+#pragma GCC unroll 8
+    for (int t = 0; t < kT; ++t) {
+      acc[t] = KK::dot_u(acc[t], lo, x + t * ld + k * 16);
+      acc_hi[t] = KK::dot_u(acc_hi[t], hi16, x + t * ld + (k + kSteps / 2) * 16);
+    }
+  }
+#pragma GCC unroll 8
+  for (int t = 0; t < kT; ++t) acc[t] = KK::add_high16(acc[t], acc_hi[t]);
+}
+
 // One block of 4 weight rows × kT tokens of kQ8 weights (kBits 8) or kQ4 ones (kBits 4). Per
 // superblock, the int32 sums of its 16 (row, group) pairs build up over 8 steps for each token,
 // each step's weights loaded (kQ4: unpacked, two steps from one vector) once for the kT tokens;
@@ -71,14 +97,18 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void block_once(const Block& b) {
       static_assert(kBits == 4);
 #pragma GCC unroll 8
       for (int t = 0; t < kT; ++t) acc[t] = K::init_u4(corr + t * n_super * kLanes);
+      if constexpr (K::kHigh16) {
+        dot_u4_high16<kT>(acc, w, x, b.ld);
+      } else {
 #pragma GCC unroll 4
-      for (int k = 0; k < kSteps / 2; ++k) {
-        W lo, hi;
-        K::unpack_u4(w + k * 64, lo, hi);
+        for (int k = 0; k < kSteps / 2; ++k) {
+          W lo, hi;
+          K::unpack_u4(w + k * 64, lo, hi);
 #pragma GCC unroll 8
-        for (int t = 0; t < kT; ++t) {
-          acc[t] = K::dot_u(acc[t], lo, x + t * b.ld + k * 16);
-          acc[t] = K::dot_u(acc[t], hi, x + t * b.ld + (k + kSteps / 2) * 16);
+          for (int t = 0; t < kT; ++t) {
+            acc[t] = K::dot_u(acc[t], lo, x + t * b.ld + k * 16);
+            acc[t] = K::dot_u(acc[t], hi, x + t * b.ld + (k + kSteps / 2) * 16);
+          }
         }
       }
     }
