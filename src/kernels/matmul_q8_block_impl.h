@@ -16,18 +16,24 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void store_rows(typename K::VF f, const Bloc
   for (int r = 0; r < b.r_count; ++r) y[r] = out[b.r_first + r];
 }
 
-// acc[t] += the products of one superblock of kQ4 weights at w with token t's x, for kernels
-// with K::kHigh16: the high nibbles' products in sums of their own, 16 times too large, added in
-// at the end. The same int32 sums (none comes near 2^31), two shorter chains, and no shift per
-// vector of weights (int4 at one token, weights in L2, one thread, Sapphire Rapids: the kernel
-// had issued as many vpdpbusd and shifts as their one port could take). KK: K, named so the
-// body is compiled only for the kernels that take this path.
+// acc[t] = token t's int32 sums of one superblock of kQ4 weights at w, for kernels with
+// K::kHigh16: the high nibbles' products in sums of their own, 16 times too large, started from
+// x's corrections as int8's sums are (-128 · Σ q_x: 16 times int4's -8 · Σ q_x), and added to the
+// low nibbles' as a sixteenth at the end. The same int32 sums (every one a multiple of 16 before
+// the shift, none near 2^31), two shorter chains, and 1 shift a superblock instead of 5 (int4 at
+// one token, weights in L2, one thread, Emerald Rapids: the loop had been bound by the one port
+// that takes both vpdpbusd and shifts). KK: K, named so that the body is compiled only for the
+// kernels that take this path.
 template <int kT, typename KK = K>
 DUET_SIMD_TARGET DUET_ALWAYS_INLINE void dot_u4_high16(typename KK::VI (&acc)[kT], const uint8_t* w,
-                                                       const int8_t* x, int64_t ld) {
+                                                       const int8_t* x, int64_t ld,
+                                                       const int32_t* corr, int64_t corr_ld) {
   typename KK::VI acc_hi[kT];
 #pragma GCC unroll 8
-  for (int t = 0; t < kT; ++t) acc_hi[t] = KK::zero_i();
+  for (int t = 0; t < kT; ++t) {
+    acc[t] = KK::zero_i();
+    acc_hi[t] = KK::init(corr + t * corr_ld);
+  }
 #pragma GCC unroll 4
   for (int k = 0; k < kSteps / 2; ++k) {
     typename KK::W lo, hi16;
@@ -95,11 +101,11 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void block_once(const Block& b) {
       }
     } else {
       static_assert(kBits == 4);
-#pragma GCC unroll 8
-      for (int t = 0; t < kT; ++t) acc[t] = K::init_u4(corr + t * n_super * kLanes);
       if constexpr (K::kHigh16) {
-        dot_u4_high16<kT>(acc, w, x, b.ld);
+        dot_u4_high16<kT>(acc, w, x, b.ld, corr, n_super * kLanes);
       } else {
+#pragma GCC unroll 8
+        for (int t = 0; t < kT; ++t) acc[t] = K::init_u4(corr + t * n_super * kLanes);
 #pragma GCC unroll 4
         for (int k = 0; k < kSteps / 2; ++k) {
           W lo, hi;
