@@ -133,7 +133,7 @@ struct Avx512Vnni : Avx512 {
     return dot(acc, u, x);
   }
   DUET_TARGET_AVX512VNNI DUET_ALWAYS_INLINE static void unpack_u4_high16(const uint8_t* w, W& lo,
-                                                                       W& hi16) {
+                                                                         W& hi16) {
     __m512i v = _mm512_loadu_si512(w);
     in_register(v);
     lo = _mm512_and_si512(v, _mm512_set1_epi8(0x0f));
@@ -249,7 +249,7 @@ struct Avx2VnniBase : Avx2 {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x)));
   }
   DUET_TARGET_AVX2 DUET_ALWAYS_INLINE static void unpack_u4_high16(const uint8_t* w, W& lo,
-                                                                 W& hi16) {
+                                                                   W& hi16) {
     const auto* p = reinterpret_cast<const __m256i*>(w);
     for (int i = 0; i < 2; ++i) {
       __m256i v = _mm256_loadu_si256(p + i);
