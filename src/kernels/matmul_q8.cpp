@@ -47,8 +47,8 @@ constexpr int64_t kMinParallelMacs = int64_t{1} << 17;
 // and, where kHigh16 (the VNNI kernels: vpdpbusd sums its 4 byte products into 32 bits, so 16 · u
 // up to 240 cannot saturate, where vpmaddubsw's pairs would):
 //   unpack_u4_high16(w, lo, hi16)  as unpack_u4, but the high nibbles left in place (16 · u), so
-//                             unpacking takes no shift: the shift runs on one port of Intel's
-//                             cores beside vpdpbusd (and on two of Zen 4's four)
+//                             unpacking takes no shift (on Intel's cores shifts of 512 bits share
+//                             the one port that runs vpdpbusd)
 //   VI zero_i()               0
 //   VI add_high16(acc, hi16)  acc + hi16 / 16 (exact: hi16's sums are 16 · integers)
 

@@ -10,7 +10,7 @@
 # Cache: $LLAMACPP_CACHE (default ~/.cache/duet-llamacpp): node_modules/, src/ (the clone),
 # src/build/bin/. Idempotent: skips what is there. About 10 minutes on 2 cores.
 # LLAMACPP_NO_AMX=1 builds into src/build-noamx/ without AMX (-mno-amx-*), for CPUs that report
-# AMX where ggml's AMX kernels die: on the Sapphire Rapids VM of 2026-11-27 the native build's
+# AMX where ggml's AMX kernels die: on the Emerald Rapids VM of 2026-11-27 the native build's
 # Q8_0 and Q4_0 runs stopped with SIGILL at `tilezero` in a worker thread (the kernel granted
 # the tile state); bf16 GGUFs, which take no AMX path, ran.
 set -euo pipefail
