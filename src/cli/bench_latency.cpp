@@ -151,12 +151,13 @@ void run_latency_single(const LatencyOptions& o) {
   gen.generate(reqs, &warm_up);  // pages of the mapped weights, buffers
   gen.profile_ops(o.profile_ops);
   // --bandwidth-each-step: after every decode step, a timed read of as many bytes as the
-  // warm-up's steps read on average; a round's limit is those reads' bandwidth, taken in the
-  // same milliseconds as its steps.
+  // warm-up's steps read on average, or twice the last-level cache where that is more, so that
+  // the next step finds none of its weights there; a round's limit is those reads' bandwidth,
+  // taken in the same milliseconds as its steps.
+  const size_t llc_bytes = last_level_cache_bytes();
   std::optional<StepReads> step_reads;
-  if (o.bandwidth_each_step) {
-    step_reads.emplace(pool, static_cast<size_t>(bytes_per_step_of(warm_up)));
-  }
+  const size_t warm_step_bytes = static_cast<size_t>(bytes_per_step_of(warm_up));
+  if (o.bandwidth_each_step) step_reads.emplace(pool, std::max(warm_step_bytes, 2 * llc_bytes));
   std::vector<double> step_read_bws;  // per round
   std::vector<GenerateStats> runs(static_cast<size_t>(rounds));
   for (GenerateStats& run : runs) {
@@ -244,6 +245,15 @@ void run_latency_single(const LatencyOptions& o) {
               achieved / 1e9, bw / 1e9, achieved / bw);
   std::printf("decode bandwidth limit %.1f tok/s; achieved/limit %.2f\n", limit_tps,
               limit_tps > 0 ? decode_tokens / st.decode_seconds / limit_tps : 0.0);
+  if (llc_bytes > 0 && 4 * static_cast<double>(llc_bytes) >= bytes_per_step) {
+    std::printf(
+        "decode: the last-level cache (%.0f MB) can hold %.0f %% of a step's %.1f MB from one step "
+        "to the next, so decode may read above the limit (--bandwidth-each-step empties it "
+        "between steps)\n",
+        static_cast<double>(llc_bytes) / 1e6,
+        std::min(100.0, 100.0 * static_cast<double>(llc_bytes) / bytes_per_step),
+        bytes_per_step / 1e6);
+  }
   // Each round's decode (bytes per step over seconds per step) against limit(i) GB/s.
   const auto print_round_ratios = [&](const auto& limit) {
     std::vector<double> ratios, limits;
@@ -266,8 +276,9 @@ void run_latency_single(const LatencyOptions& o) {
   if (step_reads && steps > 0) {
     std::printf(
         "decode achieved/limit per round, each step followed by a read of %.1f MB from memory "
-        "(the limit: those reads' bandwidth; the steps start with cold caches):",
-        step_reads->bytes_per_read() / 1e6);
+        "(the limit: those reads' bandwidth; the steps start with cold caches%s):",
+        step_reads->bytes_per_read() / 1e6,
+        2 * llc_bytes > warm_step_bytes ? ", the read twice the last-level cache" : "");
     print_round_ratios([&](size_t i) { return step_read_bws[i]; });
   }
   if (!step_reads) print_step_gap(st);  // (steps separated by reads have no gap to measure)

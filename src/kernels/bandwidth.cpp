@@ -1,7 +1,10 @@
 #include "kernels/bandwidth.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -48,6 +51,41 @@ double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats) {
   }
   volatile float sink = sums[0];
   (void)sink;
+  return best;
+}
+
+size_t parse_cache_size(const std::string& text) {
+  size_t i = 0, n = 0;
+  for (; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); ++i) {
+    n = n * 10 + static_cast<size_t>(text[i] - '0');
+  }
+  if (i == 0) return 0;
+  std::string unit = text.substr(i);
+  while (!unit.empty() && std::isspace(static_cast<unsigned char>(unit.back()))) unit.pop_back();
+  if (unit.empty()) return n;
+  if (unit == "K") return n << 10;
+  if (unit == "M") return n << 20;
+  if (unit == "G") return n << 30;
+  return 0;
+}
+
+size_t last_level_cache_bytes(const std::string& cache_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  int best_level = 0;
+  size_t best = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(cache_dir, ec)) {
+    if (e.path().filename().string().rfind("index", 0) != 0) continue;
+    std::ifstream level_f(e.path() / "level"), type_f(e.path() / "type"), size_f(e.path() / "size");
+    int level = 0;
+    std::string type, size;
+    if (!(level_f >> level) || !(type_f >> type) || !(size_f >> size)) continue;
+    if (type != "Data" && type != "Unified") continue;
+    if (level > best_level) {
+      best_level = level;
+      best = parse_cache_size(size);
+    }
+  }
   return best;
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/huge_pages.h"
@@ -15,6 +16,15 @@ namespace duet {
 // Returns bytes per second. The buffers here are in huge pages, as the weights are
 // (core/huge_pages.h): the limit is the best pace a read reaches.
 double measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t{1} << 30, int repeats = 3);
+
+// The size of this CPU's last-level cache (one instance: the largest `level` among the data and
+// unified caches under cache_dir, Linux's sysfs layout index*/{level,type,size}), in bytes; 0
+// where it cannot be read. Benchmarks that set decode against memory's bandwidth use it: a step
+// whose weights mostly fit in it reads them partly from the cache (a 300 MB L3 holds an int4 step
+// of the small presets), and a read meant to leave the caches cold must be larger than it.
+size_t last_level_cache_bytes(const std::string& cache_dir = "/sys/devices/system/cpu/cpu0/cache");
+// sysfs's size text ("48K", "2048K", "32M") in bytes; 0 for anything else.
+size_t parse_cache_size(const std::string& text);
 
 // Reads of a fixed size from memory, timed, to interleave with a benchmark's steps: each read()
 // sums the next `bytes_per_read` bytes of a buffer at least 8 times larger (and at least 1 GiB),

@@ -2,6 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <string>
+
 #include "core/thread_pool.h"
 
 namespace duet {
@@ -22,6 +26,42 @@ TEST(StepReadsTest, CountsEachReadsBytesAndWrapsAround) {
   EXPECT_EQ(reads.seconds(), 0.0);
   reads.read();
   EXPECT_DOUBLE_EQ(reads.bytes(), static_cast<double>(per_read));
+}
+
+TEST(CacheSizeTest, ParsesSysfsSizes) {
+  EXPECT_EQ(parse_cache_size("48K"), size_t{48} << 10);
+  EXPECT_EQ(parse_cache_size("307200K"), size_t{307200} << 10);
+  EXPECT_EQ(parse_cache_size("32M\n"), size_t{32} << 20);
+  EXPECT_EQ(parse_cache_size("1G"), size_t{1} << 30);
+  EXPECT_EQ(parse_cache_size("512"), size_t{512});
+  EXPECT_EQ(parse_cache_size(""), size_t{0});
+  EXPECT_EQ(parse_cache_size("K"), size_t{0});
+  EXPECT_EQ(parse_cache_size("12Q"), size_t{0});
+}
+
+// The highest level among data and unified caches, whatever the order of the index directories;
+// instruction caches and unreadable entries are skipped; no directory gives 0.
+TEST(CacheSizeTest, LastLevelIsTheHighestDataOrUnifiedCache) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(testing::TempDir()) / "duet_cache_sysfs";
+  fs::remove_all(dir);
+  const auto add = [&](const std::string& name, const std::string& level, const std::string& type,
+                       const std::string& size) {
+    fs::create_directories(dir / name);
+    std::ofstream(dir / name / "level") << level << "\n";
+    std::ofstream(dir / name / "type") << type << "\n";
+    std::ofstream(dir / name / "size") << size << "\n";
+  };
+  add("index0", "1", "Data", "48K");
+  add("index1", "1", "Instruction", "32K");
+  add("index3", "3", "Unified", "307200K");
+  add("index2", "2", "Unified", "2048K");
+  add("index4", "4", "Instruction", "1G");  // not a data cache
+  fs::create_directories(dir / "index5");    // no files: skipped
+  fs::create_directories(dir / "power");     // not an index
+  EXPECT_EQ(last_level_cache_bytes(dir.string()), size_t{307200} << 10);
+  EXPECT_EQ(last_level_cache_bytes((dir / "missing").string()), size_t{0});
+  fs::remove_all(dir);
 }
 
 }  // namespace
