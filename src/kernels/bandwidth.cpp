@@ -74,7 +74,8 @@ size_t last_level_cache_bytes(const std::string& cache_dir) {
   std::error_code ec;
   int best_level = 0;
   size_t best = 0;
-  for (const fs::directory_entry& e : fs::directory_iterator(cache_dir, ec)) {
+  for (fs::directory_iterator it(cache_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::directory_entry& e = *it;
     if (e.path().filename().string().rfind("index", 0) != 0) continue;
     std::ifstream level_f(e.path() / "level"), type_f(e.path() / "type"), size_f(e.path() / "size");
     int level = 0;
@@ -91,7 +92,7 @@ size_t last_level_cache_bytes(const std::string& cache_dir) {
 
 StepReads::StepReads(ThreadPool& pool, size_t bytes_per_read)
     : pool_(pool), per_read_(std::max<int64_t>(1, static_cast<int64_t>(bytes_per_read / 4))) {
-  buf_n_ = std::max<int64_t>(int64_t{1} << 28, 8 * per_read_);
+  buf_n_ = std::max<int64_t>(int64_t{1} << 28, 4 * per_read_);
   buf_ = filled(pool, buf_n_);
   sums_.resize(static_cast<size_t>(n_read_chunks(per_read_)));
 }

@@ -27,8 +27,10 @@ size_t last_level_cache_bytes(const std::string& cache_dir = "/sys/devices/syste
 size_t parse_cache_size(const std::string& text);
 
 // Reads of a fixed size from memory, timed, to interleave with a benchmark's steps: each read()
-// sums the next `bytes_per_read` bytes of a buffer at least 8 times larger (and at least 1 GiB),
-// wrapping around, with every thread of the pool, so that no read finds its bytes in a cache.
+// sums the next `bytes_per_read` bytes of a buffer at least 4 times larger (and at least 1 GiB),
+// wrapping around, with every thread of the pool, so that no read finds its bytes in a cache
+// (reads of twice the last-level cache, as bench latency makes them where steps are smaller,
+// leave at most half a read cached, never the next one).
 // Reads taken between steps see the memory as the steps beside them do, minute by minute.
 class StepReads {
  public:
