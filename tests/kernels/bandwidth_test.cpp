@@ -57,8 +57,8 @@ TEST(CacheSizeTest, LastLevelIsTheHighestDataOrUnifiedCache) {
   add("index3", "3", "Unified", "307200K");
   add("index2", "2", "Unified", "2048K");
   add("index4", "4", "Instruction", "1G");  // not a data cache
-  fs::create_directories(dir / "index5");    // no files: skipped
-  fs::create_directories(dir / "power");     // not an index
+  fs::create_directories(dir / "index5");   // no files: skipped
+  fs::create_directories(dir / "power");    // not an index
   EXPECT_EQ(last_level_cache_bytes(dir.string()), size_t{307200} << 10);
   EXPECT_EQ(last_level_cache_bytes((dir / "missing").string()), size_t{0});
   fs::remove_all(dir);
