@@ -215,6 +215,8 @@ void run_latency_single(const LatencyOptions& o) {
       "model %s (%s), batch %lld, prompt %lld, gen %lld, %d threads, matmul %s, KV cache %s\n",
       o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
       (long long)o.gen_len, pool.n_threads(), matmul_isa(), kv_dtype_name(gen.kv_cache().dtype()));
+  std::printf("weights: one-token products prefetch %lld bytes ahead (DUET_ONE_TOKEN_PREFETCH)\n",
+              (long long)matmul_one_token_prefetch());
   if (model->quantization().quantization != Quantization::kNone) {
     std::printf("weights: quantization %s, kernel %s\n", describe(model->quantization()).c_str(),
                 matmul_int_kernel());

@@ -12,8 +12,8 @@
 
 namespace duet {
 
-// Best of `repeats` passes summing a `bytes`-sized f32 buffer with every thread of the pool.
-// Returns bytes per second. The buffers here are in huge pages, as the weights are
+// Best of `repeats` passes reading a `bytes`-sized buffer (rounded down to whole 256 bytes) with
+// every thread of the pool, nothing but ORs of its words in the way. Returns bytes per second. The buffers here are in huge pages, as the weights are
 // (core/huge_pages.h): the limit is the best pace a read reaches.
 double measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t{1} << 30, int repeats = 3);
 
@@ -27,7 +27,8 @@ size_t last_level_cache_bytes(const std::string& cache_dir = "/sys/devices/syste
 size_t parse_cache_size(const std::string& text);
 
 // Reads of a fixed size from memory, timed, to interleave with a benchmark's steps: each read()
-// sums the next `bytes_per_read` bytes of a buffer at least 4 times larger (and at least 1 GiB),
+// reads (as measure_read_bandwidth does) the next `bytes_per_read` bytes (rounded down to whole
+// 256 bytes) of a buffer at least 4 times larger (and at least 1 GiB),
 // wrapping around, with every thread of the pool, so that no read finds its bytes in a cache
 // (reads of twice the last-level cache, as bench latency makes them where steps are smaller,
 // leave at most half a read cached, never the next one).
@@ -46,7 +47,7 @@ class StepReads {
   ThreadPool& pool_;
   HugePtr buf_;
   int64_t buf_n_;  // floats in buf_
-  std::vector<float> sums_;
+  std::vector<uint32_t> sums_;
   int64_t per_read_;  // floats
   int64_t next_ = 0;  // float offset of the next read
   double bytes_ = 0, seconds_ = 0;

@@ -396,6 +396,10 @@ const char* matmul_isa() {
   return simd::isa_name(simd::best_isa());
 }
 
+int64_t matmul_one_token_prefetch() {
+  return simd::one_token_prefetch_bytes();
+}
+
 const char* matmul_int_kernel() {
   return matmul_q8::kernel_name(matmul_q8::kernel_for(simd::best_isa()));
 }

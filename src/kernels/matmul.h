@@ -88,6 +88,11 @@ bool matmul_batch_invariant();
 // runs, to compare (simd::best_isa).
 const char* matmul_isa();
 
+// Bytes ahead that one-token products prefetch the weights they stream (0: none): by default
+// 4096 on Intel's CPUs and none on the others; the environment variable DUET_ONE_TOKEN_PREFETCH,
+// read once, sets another count (0 to 65536), to compare (simd::one_token_prefetch_bytes).
+int64_t matmul_one_token_prefetch();
+
 // Name of the kernel that products with int8 and int4 weights use on that path ("avx512vnni",
 // "avx512", "avx2vnni", "avx2" or "scalar"), for logs and benchmarks.
 const char* matmul_int_kernel();

@@ -311,6 +311,7 @@ struct Block {
   int64_t ld, ldy;       // of the rows of x (q8_ld(cols)); of y
   int r_first, r_count;  // the block's rows stored: [r_first, r_first + r_count)
   int64_t n_blocks;      // blocks from w on; when above 1, whole ones (r_first 0, r_count 4)
+  int64_t pf_one;        // bytes ahead that one-token blocks prefetch their weights, 0: none
 };
 
 using BlockFn = void (*)(const Block&);
@@ -374,6 +375,9 @@ void simd_rows(Kernel k, const Matrix& w, const Q8Rows& x, int64_t n_tokens, flo
   const int64_t ld = x.ld, n_super = ld / kSuper;
   const int64_t block_bytes = kQ8BlockRows * ld / (w.dtype == DType::kQ4 ? 2 : 1);
   const auto* wq = static_cast<const uint8_t*>(w.data);
+  // A product of one token streams its weights from memory (a few tokens' last block of one
+  // reads them from the cache after the blocks before it: no prefetch there).
+  const int64_t pf_one = n_tokens == 1 ? simd::one_token_prefetch_bytes() : 0;
   for (int64_t rb = r_begin / kQ8BlockRows, n_blocks; rb * kQ8BlockRows < r_end; rb += n_blocks) {
     const int64_t r0 = rb * kQ8BlockRows;
     const int r_first = static_cast<int>(std::max(r0, r_begin) - r0);
@@ -394,7 +398,8 @@ void simd_rows(Kernel k, const Matrix& w, const Q8Rows& x, int64_t n_tokens, flo
                     ldy,
                     r_first,
                     r_count,
-                    n_blocks};
+                    n_blocks,
+                    pf_one};
       block_fn(k, w.dtype, n_tok)(b);
       t += n_tok;
     }

@@ -73,17 +73,23 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void block_once(const Block& b) {
     // another thread's or past the matrix, prefetches never fault), and their scales as far
     // ahead in theirs. Every block of tokens issues them again: with the first alone, decode
     // of 8 and 32 sequences was 1.5-2.7 % slower (alternating step by step, int4, Zen 4).
-    // Not the weights at one token (kT 1: one token, or the last of a few after blocks that
-    // brought the weights in already): there one prefetch per cache line of little arithmetic
-    // costs more than the hardware's own prefetch of the stream leaves to gain (in huge pages,
-    // Zen 4, alternating step by step: decode of one sequence with int8 weights 1.05-1.06x
-    // without, on one thread 1.25x; int4 1.08x on one thread, on two a median 1.015x of eight
-    // runs of 0.92-1.04x; at 8 sequences, whose experts mostly see one token each, level; the
-    // product alone, int8, 1.10x on 2 threads, 1.38x on 1).
+    // At one token (kT 1) only b.pf_one ahead, into L1, and only where it is set
+    // (simd::one_token_prefetch_bytes: on Intel's CPUs). On Zen 4 one prefetch per cache line of
+    // little arithmetic cost more than the hardware's own prefetch of the stream left to gain
+    // (in huge pages, alternating step by step: decode of one sequence with int8 weights
+    // 1.05-1.06x without, on one thread 1.25x; int4 1.08x on one thread, on two a median 1.015x
+    // of eight runs of 0.92-1.04x; at 8 sequences level; the product alone, int8, 1.10x on 2
+    // threads, 1.38x on 1). On Emerald Rapids, 4 KiB ahead, decode of one sequence took 0.89x
+    // (int8) and 0.78-0.88x (int4) of the time without (cold steps, alternating step by step).
     if constexpr (kT > 1) {
 #pragma GCC unroll 8
       for (int64_t l = 0; l < kBytes; l += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + l), _MM_HINT_T1);
+      }
+    } else if (b.pf_one > 0) {
+#pragma GCC unroll 8
+      for (int64_t l = 0; l < kBytes; l += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + b.pf_one + l), _MM_HINT_T0);
       }
     }
     if (s % 2 == 0) {

@@ -1,3 +1,4 @@
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
@@ -22,6 +23,25 @@ Isa choose_isa(const char* requested) {
   DUET_ERROR("DUET_MATMUL_ISA=" << requested
                                 << " is not one of avx512bf16, avx512bf16-emulated, avx512, avx2, "
                                    "scalar");
+}
+
+int64_t choose_one_token_prefetch(const char* requested, bool intel) {
+  if (!requested || !*requested) return intel ? kOneTokenPrefetchIntel : 0;
+  char* end = nullptr;
+  errno = 0;
+  const long long bytes = std::strtoll(requested, &end, 10);
+  const bool digits = *requested >= '0' && *requested <= '9';
+  if (!digits || errno != 0 || *end != '\0' || bytes > 65536) {
+    DUET_ERROR("DUET_ONE_TOKEN_PREFETCH=" << requested
+                                          << " is not a count of bytes from 0 to 65536");
+  }
+  return bytes;
+}
+
+int64_t one_token_prefetch_bytes() {
+  static const int64_t bytes = choose_one_token_prefetch(std::getenv("DUET_ONE_TOKEN_PREFETCH"),
+                                                         __builtin_cpu_is("intel"));
+  return bytes;
 }
 
 Isa best_isa() {

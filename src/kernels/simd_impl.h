@@ -69,6 +69,22 @@ inline bool has_dpbf16(Isa isa) {
 // any other name.
 Isa choose_isa(const char* requested);
 
+// How far ahead, in bytes, the kernels of one-token products (decode of one sequence; a routed
+// expert's single row) prefetch the weights they stream through (0: no prefetch, the hardware's
+// own alone). `requested` is the text of DUET_ONE_TOKEN_PREFETCH (a count of bytes, 0 to 65536),
+// or null or empty for this CPU's default: kOneTokenPrefetchIntel on Intel's CPUs, none on the
+// others. Throws duet::Error on any other text.
+// Why by vendor: a one-token kernel's rows are chains of dependent multiply-adds, and Intel's
+// cores stream such a loop from memory well below a plain read's pace unless told to fetch ahead
+// (Emerald Rapids, bf16, cold, 2 threads: 0.64-0.74 of a read without, 0.9-1.0 with, 4 KiB
+// ahead; decode of one sequence 1.33x as fast). On Zen 4 the same loops read 0.95-1.0 of a read
+// by themselves, and prefetching there cost int8 decode 5-6 %.
+constexpr int64_t kOneTokenPrefetchIntel = 4096;
+int64_t choose_one_token_prefetch(const char* requested, bool intel);
+
+// choose_one_token_prefetch(getenv("DUET_ONE_TOKEN_PREFETCH"), this CPU is Intel's), decided once.
+int64_t one_token_prefetch_bytes();
+
 // choose_isa(getenv("DUET_MATMUL_ISA")), decided once: the widest instruction set this CPU
 // runs, unless the variable names another to compare with.
 Isa best_isa();

@@ -28,6 +28,14 @@ TEST(StepReadsTest, CountsEachReadsBytesAndWrapsAround) {
   EXPECT_DOUBLE_EQ(reads.bytes(), static_cast<double>(per_read));
 }
 
+// A read covers whole 256 bytes (4 cache lines, one step of its loop), at least one step.
+TEST(StepReadsTest, ReadsWholeStepsOfFourCacheLines) {
+  ThreadPool pool(2);
+  EXPECT_DOUBLE_EQ(StepReads(pool, 1000).bytes_per_read(), 768.0);
+  EXPECT_DOUBLE_EQ(StepReads(pool, 10).bytes_per_read(), 256.0);
+  EXPECT_GT(measure_read_bandwidth(pool, 1000, 1), 0.0);
+}
+
 TEST(CacheSizeTest, ParsesSysfsSizes) {
   EXPECT_EQ(parse_cache_size("48K"), size_t{48} << 10);
   EXPECT_EQ(parse_cache_size("307200K"), size_t{307200} << 10);

@@ -139,5 +139,24 @@ TEST(SimdTest, RealDpbf16MatchesPseudocode) {
   }
 }
 
+// The one-token prefetch: Intel's default, none elsewhere, and any count of bytes up to 64 KiB
+// when DUET_ONE_TOKEN_PREFETCH sets one; anything else is refused by name.
+TEST(SimdTest, OneTokenPrefetchByVendorOrAsSet) {
+  EXPECT_EQ(simd::choose_one_token_prefetch(nullptr, true), simd::kOneTokenPrefetchIntel);
+  EXPECT_EQ(simd::choose_one_token_prefetch("", true), simd::kOneTokenPrefetchIntel);
+  EXPECT_EQ(simd::choose_one_token_prefetch(nullptr, false), 0);
+  EXPECT_EQ(simd::choose_one_token_prefetch("0", true), 0);
+  EXPECT_EQ(simd::choose_one_token_prefetch("8192", false), 8192);
+  EXPECT_EQ(simd::choose_one_token_prefetch("65536", false), 65536);
+  for (const char* bad : {"x", "-1", "65537", "4k", " 4096", "99999999999999999999"}) {
+    try {
+      simd::choose_one_token_prefetch(bad, true);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("DUET_ONE_TOKEN_PREFETCH"), std::string::npos) << bad;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace duet
