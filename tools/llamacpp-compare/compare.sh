@@ -69,7 +69,7 @@ run_measured() {
 }
 
 summary() {  # summary LOG: "prefill X tok/s  decode Y tok/s"
-  grep -E '^(prefill|decode):' "$1" | awk '{printf "%s %s tok/s  ", $1, $2}'
+  grep -E '^(prefill|decode): +[0-9.]+ tok/s' "$1" | awk '{printf "%s %s tok/s  ", $1, $2}'
 }
 
 # shape: "batch prompt_len gen_len"; SHAPES="8 128 64;32 128 64" runs only those.
