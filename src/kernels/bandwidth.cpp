@@ -1,13 +1,13 @@
 #include "kernels/bandwidth.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <vector>
-
-#include <immintrin.h>
 
 namespace duet {
 
@@ -48,8 +48,8 @@ __attribute__((target("avx2"))) uint32_t or_words_avx2(const uint32_t* p, int64_
     d = _mm256_or_si256(d, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 24)));
   }
   alignas(32) uint32_t w[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(w), _mm256_or_si256(_mm256_or_si256(a, b),
-                                                                    _mm256_or_si256(c, d)));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(w),
+                     _mm256_or_si256(_mm256_or_si256(a, b), _mm256_or_si256(c, d)));
   uint32_t r = 0;
   for (uint32_t v : w) r |= v;
   return r;
@@ -144,8 +144,8 @@ size_t last_level_cache_bytes(const std::string& cache_dir) {
 
 StepReads::StepReads(ThreadPool& pool, size_t bytes_per_read)
     : pool_(pool),
-      per_read_(std::max<int64_t>(kLineWords, static_cast<int64_t>(bytes_per_read / 4) /
-                                                  kLineWords * kLineWords)) {
+      per_read_(std::max<int64_t>(
+          kLineWords, static_cast<int64_t>(bytes_per_read / 4) / kLineWords * kLineWords)) {
   buf_n_ = std::max<int64_t>(int64_t{1} << 28, 4 * per_read_);
   buf_ = filled(pool, buf_n_);
   sums_.resize(static_cast<size_t>(n_read_chunks(per_read_)));

@@ -13,8 +13,9 @@
 namespace duet {
 
 // Best of `repeats` passes reading a `bytes`-sized buffer (rounded down to whole 256 bytes) with
-// every thread of the pool, nothing but ORs of its words in the way. Returns bytes per second. The buffers here are in huge pages, as the weights are
-// (core/huge_pages.h): the limit is the best pace a read reaches.
+// every thread of the pool, nothing but ORs of its words in the way. Returns bytes per second. The
+// buffers here are in huge pages, as the weights are (core/huge_pages.h): the limit is the best
+// pace a read reaches.
 double measure_read_bandwidth(ThreadPool& pool, size_t bytes = size_t{1} << 30, int repeats = 3);
 
 // The size of this CPU's last-level cache (one instance: the largest `level` among the data and

@@ -39,8 +39,8 @@ int64_t choose_one_token_prefetch(const char* requested, bool intel) {
 }
 
 int64_t one_token_prefetch_bytes() {
-  static const int64_t bytes = choose_one_token_prefetch(std::getenv("DUET_ONE_TOKEN_PREFETCH"),
-                                                         __builtin_cpu_is("intel"));
+  static const int64_t bytes =
+      choose_one_token_prefetch(std::getenv("DUET_ONE_TOKEN_PREFETCH"), __builtin_cpu_is("intel"));
   return bytes;
 }
 
