@@ -76,7 +76,7 @@ Isa choose_isa(const char* requested);
 // others. Throws duet::Error on any other text.
 // Why by vendor: a one-token kernel's rows are chains of dependent multiply-adds, and Intel's
 // cores stream such a loop from memory well below a plain read's pace unless told to fetch ahead
-// (Emerald Rapids, bf16, cold, 2 threads: 0.64-0.74 of a read without, 0.9-1.0 with, 4 KiB
+// (Emerald Rapids, bf16, cold, 2 threads: 0.58-0.74 of a read without, 0.84-1.08 with, 4 KiB
 // ahead; decode of one sequence 1.33x as fast). On Zen 4 the same loops read 0.95-1.0 of a read
 // by themselves, and prefetching there cost int8 decode 5-6 %.
 constexpr int64_t kOneTokenPrefetchIntel = 4096;
