@@ -9,10 +9,11 @@
 set(_duet_numerics_filter
     "AllArchs/GeneratorTest.*:Arch/PagedForwardTest.*:Archs/*:LlmEngineTest.*:LlmEngineDp.*:Ranks/LlmEngineDpTest.*:MatmulPanelsTest.*:GroupedMatmulTest.*")
 # The one-token kernels' prefetch (kernels/simd_impl.h, on by default on Intel's CPUs only) is
-# forced on in these runs but the native AVX-512 BF16 one, where it is off, so that every CPU runs
-# the kernels both ways (the suite's other tests run this CPU's default).
+# forced off in the native AVX-512 BF16 and the AVX2 runs and on in the others, so that every CPU
+# runs the int8/int4 kernels both ways, and the bf16 rows both ways wherever a run off and one on
+# reach them (the suite's other tests run this CPU's default).
 foreach(_duet_isa ${DUET_ISAS})
-  if(_duet_isa STREQUAL "avx512bf16")
+  if(_duet_isa STREQUAL "avx512bf16" OR _duet_isa STREQUAL "avx2")
     set(_duet_prefetch 0)
   else()
     set(_duet_prefetch 4096)
