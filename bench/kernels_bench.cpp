@@ -6,8 +6,9 @@
 // weights (≥ 256 MiB) that every call reads them from memory, as a decode step does; cold = 0
 // reuses one matrix, which then sits in cache.
 //
-// BM_ReadBandwidth sums 256 MiB with the same pool: the ceiling for decode, to quote matmul's
-// weight_GB/s against side by side (timings on shared machines drift between runs).
+// BM_ReadBandwidth reads 256 MiB (kernels/bandwidth.h's or_words) with the same pool: the ceiling
+// for decode, to quote matmul's weight_GB/s against side by side (timings on shared machines drift
+// between runs).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -22,6 +23,7 @@
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "kernels/attend.h"
+#include "kernels/bandwidth.h"
 #include "kernels/matmul.h"
 #include "kernels/matmul_impl.h"
 #include "kernels/matmul_q8_impl.h"
@@ -33,41 +35,16 @@ namespace {
 
 constexpr size_t kColdBytes = size_t{256} << 20;
 
-DUET_TARGET_AVX2 uint64_t sum_avx2(const uint64_t* p, size_t n) {
-  __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                    _mm256_setzero_si256()};
-  for (size_t i = 0; i + 16 <= n; i += 16) {
-    for (int j = 0; j < 4; ++j) {
-      __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + i + 4 * j));
-      acc[j] = _mm256_add_epi64(acc[j], v);
-    }
-  }
-  __m256i s = _mm256_add_epi64(_mm256_add_epi64(acc[0], acc[1]), _mm256_add_epi64(acc[2], acc[3]));
-  uint64_t out[4];
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), s);
-  return out[0] + out[1] + out[2] + out[3];
-}
-
-uint64_t sum_scalar(const uint64_t* p, size_t n) {
-  uint64_t s = 0;
-  for (size_t i = 0; i < n; ++i) s += p[i];
-  return s;
-}
-
 void BM_ReadBandwidth(benchmark::State& state) {
   const int n_threads = static_cast<int>(state.range(0));
-  const size_t n = kColdBytes / sizeof(uint64_t);
-  std::vector<uint64_t> data(n, 1);  // [n] u64, 256 MiB
-  const bool avx2 = simd::isa_supported(simd::Isa::kAvx2);
+  const size_t n = kColdBytes / sizeof(uint32_t);
+  std::vector<uint32_t> data(n, 1);  // [n] u32, 256 MiB
   ThreadPool pool(n_threads);
-  std::vector<uint64_t> sums(static_cast<size_t>(n_threads) * 8);
   for (auto _ : state) {
     // 1 MiB blocks, so no chunk has a ragged edge.
-    const int64_t kBlock = 1 << 17;
+    const int64_t kBlock = 1 << 18;
     pool.parallel_for(static_cast<int64_t>(n) / kBlock, [&](int64_t begin, int64_t end) {
-      const uint64_t* p = data.data() + begin * kBlock;
-      size_t len = static_cast<size_t>((end - begin) * kBlock);
-      uint64_t s = avx2 ? sum_avx2(p, len) : sum_scalar(p, len);
+      uint32_t s = or_words(data.data() + begin * kBlock, (end - begin) * kBlock);
       benchmark::DoNotOptimize(s);
     });
   }
@@ -216,7 +193,7 @@ void BM_MatmulQuant(benchmark::State& state) {
   std::vector<uint16_t> scales(n_copies * n_scales);  // [n_copies, n_scales] f16
   for (uint16_t& v : scales) v = f32_to_f16(20000.0f * (1.0f + 0.1f * normal(rng)));
   std::vector<float> row_scales(n_copies * padded_rows, 0x1p-24f);  // [n_copies, padded_rows]
-  std::vector<float> x(static_cast<size_t>(n_tokens * cols));  // [n_tokens, cols] f32
+  std::vector<float> x(static_cast<size_t>(n_tokens * cols));       // [n_tokens, cols] f32
   for (float& v : x) v = normal(rng);
   std::vector<float> y(static_cast<size_t>(n_tokens * rows));  // [n_tokens, rows] f32
   ThreadPool pool(n_threads);

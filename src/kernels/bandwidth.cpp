@@ -16,17 +16,18 @@ namespace {
 constexpr int64_t kReadChunk = 1 << 16;  // floats per task: 256 KiB
 constexpr int64_t kLineWords = 64;       // reads cover whole multiples of 4 cache lines
 
-int64_t n_read_chunks(int64_t n) { return (n + kReadChunk - 1) / kReadChunk; }
+int64_t n_read_chunks(int64_t n) {
+  return (n + kReadChunk - 1) / kReadChunk;
+}
 
 // GCC 12's AVX-512 intrinsics trip -Wuninitialized where inlined (see simd_impl.h).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// The OR of the 32-bit words p[0, n), n a multiple of 64: a read with nothing else in its way,
-// 4 independent chains of 1-cycle ORs over whole cache lines. A sum of products (ops.h's dot,
-// 4 chains of FMAs) read 0.78-0.84 as fast from memory (2 threads, Emerald Rapids), and the
-// limit is the best pace a read reaches.
+// or_words (bandwidth.h): 4 independent chains of 1-cycle ORs over whole cache lines. A sum of
+// products (ops.h's dot, 4 chains of FMAs) read 0.78-0.84 as fast from memory (2 threads, Emerald
+// Rapids), and the limit is the best pace a read reaches.
 __attribute__((target("avx512f"))) uint32_t or_words_avx512(const uint32_t* p, int64_t n) {
   __m512i a = _mm512_setzero_si512(), b = a, c = a, d = a;
   for (int64_t i = 0; i < n; i += 64) {
@@ -57,16 +58,6 @@ __attribute__((target("avx2"))) uint32_t or_words_avx2(const uint32_t* p, int64_
 
 #pragma GCC diagnostic pop
 
-uint32_t or_words(const uint32_t* p, int64_t n) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx512) return or_words_avx512(p, n);
-  if (avx2) return or_words_avx2(p, n);
-  uint32_t r = 0;
-  for (int64_t i = 0; i < n; ++i) r |= p[i];
-  return r;
-}
-
 // Reads buf[0, n) (n a multiple of 64) with every thread of the pool, a chunk's OR into
 // sums[chunk]; its seconds.
 double read_chunks(ThreadPool& pool, const float* buf, int64_t n, std::vector<uint32_t>& sums) {
@@ -90,6 +81,16 @@ HugePtr filled(ThreadPool& pool, int64_t n) {
 }
 
 }  // namespace
+
+uint32_t or_words(const uint32_t* p, int64_t n) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx512) return or_words_avx512(p, n);
+  if (avx2) return or_words_avx2(p, n);
+  uint32_t r = 0;
+  for (int64_t i = 0; i < n; ++i) r |= p[i];
+  return r;
+}
 
 double measure_read_bandwidth(ThreadPool& pool, size_t bytes, int repeats) {
   const int64_t n = std::max<int64_t>(

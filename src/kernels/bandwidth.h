@@ -12,6 +12,11 @@
 
 namespace duet {
 
+// The OR of the 32-bit words p[0, n), n a multiple of 64: a read of memory with nothing else in
+// its way, on AVX-512, AVX2 or plain words, whichever the CPU has. The reads below and the
+// kernels benchmark's ceiling (BM_ReadBandwidth) are made of it.
+uint32_t or_words(const uint32_t* p, int64_t n);
+
 // Best of `repeats` passes reading a `bytes`-sized buffer (rounded down to whole 256 bytes) with
 // every thread of the pool, nothing but ORs of its words in the way. Returns bytes per second. The
 // buffers here are in huge pages, as the weights are (core/huge_pages.h): the limit is the best
