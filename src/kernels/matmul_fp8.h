@@ -66,12 +66,13 @@ RowsFn pairs_rows_fn(simd::Isa isa);
 using XwColsFn = void (*)(const Matrix&, const float*, int64_t, float*, int64_t, int64_t);
 XwColsFn xw_cols_fn(simd::Isa isa);
 
-// Few-token products by byte look-ups (matmul_fp8_lut.cpp): on CPUs with AVX-512 BF16 and VBMI
-// (lut_supported), for w whose blocks are whole multiples of 64 columns (lut_applies),
+// Few-token products (matmul_fp8_lut.cpp): on CPUs with AVX-512 BF16 and VBMI (lut_supported),
+// for w whose blocks are whole multiples of 64 columns (lut_applies),
 // y[t * ldy + r - r_begin] = x[t] · w[r] for r in [r_begin, r_end), t < n_tokens, x's rows
-// rounded to bf16 (round_x) ldx apart, each code looked up as bf16(value × 2^-8) once per block
-// of up to 3 tokens and multiplied in pairs (vdpbf16ps): the same weights and x as the pairs
-// kernels, summed in another order.
+// rounded to bf16 (round_x) ldx apart, each code widened to bf16(value × 2^-8) once per block of
+// up to 3 tokens (normal codes by shifts, 64-code steps holding a zero or subnormal by byte
+// look-ups) and multiplied in pairs (vdpbf16ps): the same weights and x as the pairs kernels,
+// summed in another order. NaN codes read as 480 or NaN.
 bool lut_supported();
 bool lut_applies(const Matrix& w);
 // Whether a product on isa of n_tokens tokens with w runs the look-ups: on kAvx512Bf16 where

@@ -1,16 +1,19 @@
 // Few-token products (decode's, below the pairs kernels' 8 tokens) with fp8 weights on CPUs with
-// AVX-512 BF16 and VBMI (Zen 4, Sapphire Rapids): each 64 codes become 64 exact bf16 values by two
-// 128-entry byte look-ups (vpermi2b: the high and the low bytes of code → bf16(value × 2^-8), the
-// sign OR-ed into the high byte) and two byte interleavings, and are multiplied with vdpbf16ps,
-// 32 products an instruction: 7 instructions for 64 weights where widening to f32 takes 16
-// (matmul_fp8.cpp's shift path). The interleaving works within 128-bit lanes, so the two vectors
-// hold codes {0-7, 16-23, 32-39, 48-55} and {8-15, 24-31, 40-47, 56-63} of the 64; x's bf16
-// pairs are permuted alike (two vpermt2w per 64 columns and token, shared by a tile's rows).
+// AVX-512 BF16 and VBMI (Zen 4, Sapphire Rapids): each 64 codes become 64 exact bf16 values in two
+// vectors of words, the even-numbered codes' and the odd-numbered ones', and are multiplied with
+// vdpbf16ps, 32 products an instruction, against x's even and odd columns (split once per call).
+// A normal code's bf16(value × 2^-8) is its bits shifted and OR-ed with a constant (3 shifts and
+// 4 bitwise instructions for the 64, no shuffle); the codes of exponent 0 (zeros and subnormals,
+// where that formula is wrong) send their 64 codes to two 128-entry byte look-ups (vpermi2b: the
+// high and the low bytes of the value), which give every code exactly. On Emerald Rapids the
+// look-ups for all codes ran at 11 GB/s a core from L2 (vpermi2b is slow on Intel), as fast as
+// the memory's share of a core: one-token fp8 products were compute-bound there.
 #include <immintrin.h>
 
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "kernels/fp8_simd_impl.h"
@@ -66,7 +69,9 @@ const Tables& tables() {
 struct Regs {
   __m512i hi_a, hi_b, lo_a, lo_b;  // the tables, 64 bytes a register
   __m512i sign;                    // 0x80 in every byte
-  __m512i first, second;           // x's permutations (words of two registers of x)
+  __m512i exponent;                // 0x78 in every byte: a code's exponent bits
+  __m512i bits, bias, word_sign;   // 0x07f0, 0x3800, 0x8000 in every word
+  __m512i low_byte, high_byte;     // 0x00ff, 0xff00 in every word
 };
 
 DUET_TARGET_FP8_LUT Regs regs() {
@@ -77,25 +82,50 @@ DUET_TARGET_FP8_LUT Regs regs() {
   r.lo_a = _mm512_load_si512(t.lo.data());
   r.lo_b = _mm512_load_si512(t.lo.data() + 64);
   r.sign = _mm512_set1_epi8(static_cast<char>(0x80));
-  // Word j of the first vector: x element 16 · (j / 8) + j % 8; of the second, 8 more.
-  alignas(64) uint16_t first[32], second[32];
-  for (int j = 0; j < 32; ++j) {
-    first[j] = static_cast<uint16_t>(16 * (j / 8) + j % 8);
-    second[j] = static_cast<uint16_t>(first[j] + 8);
-  }
-  r.first = _mm512_load_si512(first);
-  r.second = _mm512_load_si512(second);
+  r.exponent = _mm512_set1_epi8(0x78);
+  r.bits = _mm512_set1_epi16(0x07f0);
+  r.bias = _mm512_set1_epi16(0x3800);
+  r.word_sign = _mm512_set1_epi16(static_cast<int16_t>(0x8000));
+  r.low_byte = _mm512_set1_epi16(0x00ff);
+  r.high_byte = _mm512_set1_epi16(static_cast<int16_t>(0xff00));
   return r;
+}
+
+// ev word j = bf16(value of code 2j × 2^-8), od word j = that of code 2j + 1, for the 64 codes
+// a (bytes past the step's k: not read). A normal code, exponent E (1-15) and mantissa M, is
+// 2^(E-7) (1 + M/8), times 2^-8 a bf16 of exponent E + 112: its bits are the code's 7 low bits
+// shifted left by 4, OR 0x3800 (112 << 7, no bit in common), and the sign at bit 15. Codes of
+// exponent 0 (zeros, subnormals) are not of that form: a step with any takes the look-ups, exact
+// for every code but the NaNs 0x7f and 0xff (which no checkpoint holds: read as 480 by the
+// shifts, NaN by the look-ups).
+DUET_TARGET_FP8_LUT DUET_ALWAYS_INLINE void widen_step(const Regs& g, __m512i a, __mmask64 k,
+                                                       __m512i& ev, __m512i& od) {
+  // (s & bits) | bias, then | (t & word_sign): 0xea and 0xf8 as ternary logic.
+  od = _mm512_ternarylogic_epi32(
+      _mm512_ternarylogic_epi32(_mm512_srli_epi16(a, 4), g.bits, g.bias, 0xea), a, g.word_sign,
+      0xf8);
+  ev = _mm512_ternarylogic_epi32(
+      _mm512_ternarylogic_epi32(_mm512_slli_epi16(a, 4), g.bits, g.bias, 0xea),
+      _mm512_slli_epi16(a, 8), g.word_sign, 0xf8);
+  if (__builtin_expect(_mm512_mask_testn_epi8_mask(k, a, g.exponent) != 0, 0)) {
+    // hi | (a & sign): the code's sign into bf16's sign bit
+    const __m512i hi =
+        _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(g.hi_a, a, g.hi_b), a, g.sign, 0xf8);
+    const __m512i lo = _mm512_permutex2var_epi8(g.lo_a, a, g.lo_b);
+    ev = _mm512_ternarylogic_epi32(lo, g.low_byte, _mm512_slli_epi16(hi, 8), 0xea);
+    od = _mm512_ternarylogic_epi32(hi, g.high_byte, _mm512_srli_epi16(lo, 8), 0xea);
+  }
 }
 
 DUET_TARGET_FP8_LUT DUET_ALWAYS_INLINE __mmask64 first_bytes(int64_t n) {
   return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
 }
 
-// y[j * ldy + i] = x[j] · w[r + i] for i < R, j < T (x's rounded rows ldx apart): per block of
-// bc columns, R × T vector sums of pairs, multiplied by the block's scale into R × T totals; each
-// row's 64 codes are looked up once for all T tokens. Unless pf is null, R rows of codes at pf
-// (cols apart: a later tile's) are prefetched a cache line a step, as the other fp8 kernels do.
+// y[j * ldy + i] = x[j] · w[r + i] for i < R, j < T (x's columns split, rows ldx apart: see
+// split_x): per block of bc columns, R × T vector sums of pairs, multiplied by the block's scale
+// into R × T totals; each row's 64 codes are widened once for all T tokens. Unless pf is null, R
+// rows of codes at pf (cols apart: a later tile's) are prefetched a cache line a step, as the
+// other fp8 kernels do.
 template <int R, int T>
 DUET_TARGET_FP8_LUT void lut_tile(const Regs& g, const uint8_t* const* wr, const float* const* sr,
                                   int64_t cols, int64_t bc, const uint16_t* x, int64_t ldx,
@@ -107,16 +137,13 @@ DUET_TARGET_FP8_LUT void lut_tile(const Regs& g, const uint8_t* const* wr, const
     __m512 blk[R][T];
     fp8_simd::zero_sums(blk);
     for (int64_t c = c0; c < c1; c += kChunk) {
-      const int64_t n = c1 - c;  // past the block's (or the row's) end: zero codes and x
+      const int64_t n = c1 - c;  // past the block's (or the row's) end: x zero, codes not read
       const __mmask64 k = first_bytes(n);
       __m512bh xa[T], xb[T];
 #pragma GCC unroll 8
       for (int j = 0; j < T; ++j) {
-        const uint16_t* xj = x + j * ldx + c;
-        const __m512i x0 = _mm512_maskz_loadu_epi16(static_cast<__mmask32>(k), xj);
-        const __m512i x1 = _mm512_maskz_loadu_epi16(static_cast<__mmask32>(k >> 32), xj + 32);
-        xa[j] = (__m512bh)_mm512_permutex2var_epi16(x0, g.first, x1);
-        xb[j] = (__m512bh)_mm512_permutex2var_epi16(x0, g.second, x1);
+        xa[j] = (__m512bh)_mm512_loadu_si512(x + j * ldx + c);
+        xb[j] = (__m512bh)_mm512_loadu_si512(x + j * ldx + c + kChunk / 2);
       }
       if (pf) {
 #pragma GCC unroll 8
@@ -127,16 +154,12 @@ DUET_TARGET_FP8_LUT void lut_tile(const Regs& g, const uint8_t* const* wr, const
       for (int i = 0; i < R; ++i) {
         const __m512i a =
             n >= kChunk ? _mm512_loadu_si512(wr[i] + c) : _mm512_maskz_loadu_epi8(k, wr[i] + c);
-        // hi | (a & sign): the code's sign into bf16's sign bit
-        const __m512i hi =
-            _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(g.hi_a, a, g.hi_b), a, g.sign, 0xf8);
-        const __m512i lo = _mm512_permutex2var_epi8(g.lo_a, a, g.lo_b);
-        const __m512bh wa = (__m512bh)_mm512_unpacklo_epi8(lo, hi);
-        const __m512bh wb = (__m512bh)_mm512_unpackhi_epi8(lo, hi);
+        __m512i ev, od;
+        widen_step(g, a, k, ev, od);
 #pragma GCC unroll 8
         for (int j = 0; j < T; ++j) {
-          blk[i][j] = _mm512_dpbf16_ps(blk[i][j], wa, xa[j]);
-          blk[i][j] = _mm512_dpbf16_ps(blk[i][j], wb, xb[j]);
+          blk[i][j] = _mm512_dpbf16_ps(blk[i][j], (__m512bh)ev, xa[j]);
+          blk[i][j] = _mm512_dpbf16_ps(blk[i][j], (__m512bh)od, xb[j]);
         }
       }
     }
@@ -151,6 +174,33 @@ DUET_TARGET_FP8_LUT void lut_tile(const Regs& g, const uint8_t* const* wr, const
   for (int i = 0; i < R; ++i)
 #pragma GCC unroll 8
     for (int j = 0; j < T; ++j) y[j * ldy + i] = _mm512_reduce_add_ps(tot[i][j]) * 256.0f;
+}
+
+// x's n_tokens rows (bf16, ldx apart, cols each) with each 64 columns' even-numbered ones first
+// and then the odd-numbered ones, as lut_tile pairs them with the codes, into buf: rows of cols
+// rounded up to 64 (zero past cols), that many apart. Returns buf's data.
+DUET_TARGET_FP8_LUT const uint16_t* split_x(const uint16_t* x, int64_t ldx, int64_t n_tokens,
+                                            int64_t cols, std::vector<uint16_t>& buf) {
+  const int64_t ld = (cols + kChunk - 1) / kChunk * kChunk;
+  if (buf.size() < static_cast<size_t>(n_tokens * ld)) buf.resize(n_tokens * ld);
+  alignas(64) uint16_t even[32], odd[32];
+  for (int j = 0; j < 32; ++j) {
+    even[j] = static_cast<uint16_t>(2 * j);
+    odd[j] = static_cast<uint16_t>(2 * j + 1);
+  }
+  const __m512i ie = _mm512_load_si512(even), io = _mm512_load_si512(odd);
+  for (int64_t t = 0; t < n_tokens; ++t) {
+    for (int64_t c = 0; c < cols; c += kChunk) {
+      const __mmask64 k = first_bytes(cols - c);  // a bit a column: 32 for x0, 32 for x1
+      const __m512i x0 = _mm512_maskz_loadu_epi16(static_cast<__mmask32>(k), x + t * ldx + c);
+      const __m512i x1 =
+          _mm512_maskz_loadu_epi16(static_cast<__mmask32>(k >> 32), x + t * ldx + c + 32);
+      uint16_t* out = buf.data() + t * ld + c;
+      _mm512_storeu_si512(out, _mm512_permutex2var_epi16(x0, ie, x1));
+      _mm512_storeu_si512(out + 32, _mm512_permutex2var_epi16(x0, io, x1));
+    }
+  }
+  return buf.data();
 }
 
 using TileFn = void (*)(const Regs&, const uint8_t* const*, const float* const*, int64_t, int64_t,
@@ -199,6 +249,9 @@ DUET_TARGET_FP8_LUT void matmul_rows_lut(const Matrix& w, const uint16_t* x, int
              "fp8 lut: block_cols " << w.f8.block_cols << ", " << n_tokens << " tokens");
   const Regs g = regs();
   const int64_t cols = w.cols, bc = w.f8.block_cols;
+  thread_local std::vector<uint16_t> x_buf;
+  x = split_x(x, ldx, n_tokens, cols, x_buf);
+  ldx = (cols + kChunk - 1) / kChunk * kChunk;
   const auto* codes = static_cast<const uint8_t*>(w.data);
   const matmul_impl::EvenBlocks tb(n_tokens, kTokens);
   const int rows = tile_rows(tb.size(0));  // the largest block's

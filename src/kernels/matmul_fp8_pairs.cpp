@@ -1,9 +1,9 @@
 // Products with fp8 weights on instruction sets that multiply bf16 pairs (AVX-512 BF16 and its
 // emulation). x is rounded to bf16 as for bf16 weights (matmul_impl::round_x), for every token
 // count; from kFp8PairsMinTokens tokens on the codes are widened to bf16 exactly and multiplied
-// with vdpbf16ps (matmul_fp8_pairs_impl.h); fewer, where the CPU has AVX-512 VBMI, by byte
-// look-ups (matmul_fp8_lut.cpp); otherwise fewer, and batch-invariant products, run the f32
-// kernels of matmul_fp8.cpp on the rounded x.
+// with vdpbf16ps (matmul_fp8_pairs_impl.h); fewer, where the CPU has AVX-512 VBMI, widened in
+// registers (matmul_fp8_lut.cpp: shifts, and byte look-ups for zeros and subnormals); otherwise
+// fewer, and batch-invariant products, run the f32 kernels of matmul_fp8.cpp on the rounded x.
 
 #include <algorithm>
 #include <array>
@@ -39,8 +39,8 @@ void matmul_rows_dpbf16(const Matrix& w, XRows x, int64_t n_tokens, float* y, in
   DUET_CHECK(w.f8.block_cols % 16 == 0, "fp8 matmul: block_cols " << w.f8.block_cols);
   thread_local std::vector<uint16_t> x_buf;
   if (!x.bf16) x = matmul_impl::round_x(x, w.cols, n_tokens, x_buf);
-  // Fewer tokens than the pairs take (decode's experts and projections): codes looked up as bf16
-  // where the CPU can.
+  // Fewer tokens than the pairs take (decode's experts and projections): codes widened to bf16 in
+  // registers where the CPU can.
   if (lut_serves(kIsa, w, n_tokens)) {
     return matmul_rows_lut(w, x.bf16, x.ld, n_tokens, y, ldy, r_begin, r_end);
   }

@@ -289,12 +289,15 @@ TEST(MatmulFp8Test, DirectXWidensOncePerProductBelowThePairs) {
   set_matmul_batch_invariant(false);
 }
 
-// Below the pairs' token count on a CPU with AVX-512 BF16 and VBMI: the look-up kernel takes
-// every code (each row holds all 254 non-NaN codes, shifted per row), ragged row ends (masked
-// 64-code steps), rows not a multiple of its tiles, row ranges, 1 to 7 tokens (blocks of up to
-// 3), 64-column blocks and scales from 1e-30 to 1e30, as the dequantized product on the rounded
-// x; matmul() below 8 tokens gives its bits (the dispatch), and blocks not whole multiples of 64
-// columns are not its.
+// Below the pairs' token count on a CPU with AVX-512 BF16 and VBMI: the few-token kernel takes
+// every code, ragged row ends (masked 64-code steps), rows not a multiple of its tiles, row
+// ranges, 1 to 7 tokens (blocks of up to 3), 64-column blocks and scales from 1e-30 to 1e30, as
+// the dequantized product on the rounded x; matmul() below 8 tokens gives its bits (the
+// dispatch), and blocks not whole multiples of 64 columns are not its. Rows of three kinds, so
+// that each way of widening a step is taken and would be seen wrong: all 254 non-NaN codes
+// (every step has codes of exponent 0: the look-ups), the normal codes alone (the shifts), and
+// steps of exponent-0 codes (zeros, subnormals) alternating with steps of exponent-1 codes, of
+// like magnitudes (so that a subnormal read as a normal value moves the sum past the bound).
 TEST(MatmulFp8Test, LookUpKernelTakesFewTokensForEveryCode) {
   if (!fp8_impl::lut_supported()) GTEST_SKIP() << "no AVX-512 BF16 and VBMI";
   std::mt19937 rng(19);
@@ -305,8 +308,19 @@ TEST(MatmulFp8Test, LookUpKernelTakesFewTokensForEveryCode) {
     Fp8Weights w = random_fp8(rng, s, 30.0);
     for (int64_t r = 0; r < s.rows; ++r)
       for (int64_t c = 0; c < s.cols; ++c) {
-        const int64_t k = (c + 17 * r) % 254;  // codes 0..126 and 128..254
-        w.codes[r * s.cols + c] = static_cast<uint8_t>(k < 127 ? k : k + 1);
+        uint8_t code = 0;
+        if (r % 3 == 0) {
+          const int64_t k = (c + 17 * r) % 254;  // codes 0..126 and 128..254
+          code = static_cast<uint8_t>(k < 127 ? k : k + 1);
+        } else if (r % 3 == 1) {
+          const int64_t k = (c + 17 * r) % 238;  // exponents 1..15: codes 8..126 and 136..254
+          code = static_cast<uint8_t>(k < 119 ? 8 + k : 136 + k - 119);
+        } else {
+          const int64_t k = (c + 5 * r) % 16;  // a sign bit and 3 mantissa bits
+          const int64_t e = (c / 64) % 2;      // exponent 0 or 1 for the whole step
+          code = static_cast<uint8_t>((k / 8) * 0x80 + e * 8 + k % 8);
+        }
+        w.codes[r * s.cols + c] = code;
       }
     ASSERT_TRUE(fp8_impl::lut_applies(w.m));
     const std::vector<float> wd = dequantized(w.m);
