@@ -55,6 +55,30 @@ Fp8Weights random_fp8(std::mt19937& rng, const Shape& s, double scale_decades = 
   return w;
 }
 
+// Rows of three kinds, for the kernels that widen a group of 32 or 64 codes one way when all are
+// normal and another when one has exponent 0: all 254 non-NaN codes (every group has codes of
+// exponent 0), the normal codes alone, and 64-column steps of exponent-0 codes (zeros,
+// subnormals) alternating with steps of exponent-1 codes, of like magnitudes (so that a
+// subnormal read as a normal value moves the sum past expect_close's bound).
+void fill_code_kinds(Fp8Weights& w, const Shape& s) {
+  for (int64_t r = 0; r < s.rows; ++r)
+    for (int64_t c = 0; c < s.cols; ++c) {
+      uint8_t code = 0;
+      if (r % 3 == 0) {
+        const int64_t k = (c + 17 * r) % 254;  // codes 0..126 and 128..254
+        code = static_cast<uint8_t>(k < 127 ? k : k + 1);
+      } else if (r % 3 == 1) {
+        const int64_t k = (c + 17 * r) % 238;  // exponents 1..15: codes 8..126 and 136..254
+        code = static_cast<uint8_t>(k < 119 ? 8 + k : 136 + k - 119);
+      } else {
+        const int64_t k = (c + 5 * r) % 16;  // a sign bit and 3 mantissa bits
+        const int64_t e = (c / 64) % 2;      // exponent 0 or 1 for the whole step
+        code = static_cast<uint8_t>((k / 8) * 0x80 + e * 8 + k % 8);
+      }
+      w.codes[r * s.cols + c] = code;
+    }
+}
+
 std::vector<float> random_x(std::mt19937& rng, int64_t n) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<float> v(static_cast<size_t>(n));
@@ -249,6 +273,34 @@ TEST(MatmulFp8Test, PairKernelsEqualTheirEmulation) {
   }
 }
 
+// From 8 tokens on, on AVX-512 (emulating the bf16 pairs) and, where the CPU has it, AVX-512
+// BF16: rows widened by shifts (groups of 32 normal codes) and through f32 (groups holding a
+// zero or subnormal, and rows' last partial groups) give the dequantized product on the rounded
+// x, for rows of fill_code_kinds' three kinds.
+TEST(MatmulFp8Test, PairKernelsWidenEveryCode) {
+  std::mt19937 rng(23);
+  ThreadPool pool(2);
+  for (const Shape& s : {Shape{7, 1000, 128, 128}, Shape{9, 200, 16, 64}}) {
+    Fp8Weights w = random_fp8(rng, s, 30.0);
+    fill_code_kinds(w, s);
+    for (int64_t n : {8, 33}) {
+      const std::vector<float> x = random_x(rng, n * s.cols);
+      for (Isa isa : {Isa::kAvx512Bf16Emulated, Isa::kAvx512Bf16}) {
+        if (!simd::isa_supported(isa)) continue;
+        const std::vector<float> xm = as_multiplied(isa, x, n);
+        const std::vector<float> wd = dequantized(w.m);
+        std::vector<float> want(static_cast<size_t>(n * s.rows)), got(want.size(), -1.0f);
+        matmul_scalar(Matrix{DType::kF32, s.rows, s.cols, wd.data()}, xm.data(), n, want.data());
+        matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), n,
+                                 got.data());
+        expect_close(got, want, abs_product(w.m, xm, n),
+                     std::string(simd::isa_name(isa)) + " " + std::to_string(s.cols) + " cols, " +
+                         std::to_string(n) + " tokens");
+      }
+    }
+  }
+}
+
 // Below the pairs' token count where the look-ups do not serve (and while batch-invariant),
 // direct_x widens the rounded x once per product (x.widened = each rounded value × 2^64, at the
 // rounded rows' stride), and the row kernels give the same bits from it as from x itself, which
@@ -293,11 +345,9 @@ TEST(MatmulFp8Test, DirectXWidensOncePerProductBelowThePairs) {
 // every code, ragged row ends (masked 64-code steps), rows not a multiple of its tiles, row
 // ranges, 1 to 7 tokens (blocks of up to 3), 64-column blocks and scales from 1e-30 to 1e30, as
 // the dequantized product on the rounded x; matmul() below 8 tokens gives its bits (the
-// dispatch), and blocks not whole multiples of 64 columns are not its. Rows of three kinds, so
-// that each way of widening a step is taken and would be seen wrong: all 254 non-NaN codes
-// (every step has codes of exponent 0: the look-ups), the normal codes alone (the shifts), and
-// steps of exponent-0 codes (zeros, subnormals) alternating with steps of exponent-1 codes, of
-// like magnitudes (so that a subnormal read as a normal value moves the sum past the bound).
+// dispatch), and blocks not whole multiples of 64 columns are not its. Rows of fill_code_kinds'
+// three kinds, so that each way of widening a step (the look-ups, the shifts) is taken and would
+// be seen wrong.
 TEST(MatmulFp8Test, LookUpKernelTakesFewTokensForEveryCode) {
   if (!fp8_impl::lut_supported()) GTEST_SKIP() << "no AVX-512 BF16 and VBMI";
   std::mt19937 rng(19);
@@ -306,22 +356,7 @@ TEST(MatmulFp8Test, LookUpKernelTakesFewTokensForEveryCode) {
       {7, 1000, 128, 128}, {13, 320, 64, 64}, {4, 64, 128, 128}, {9, 37, 128, 128}};
   for (const Shape& s : shapes) {
     Fp8Weights w = random_fp8(rng, s, 30.0);
-    for (int64_t r = 0; r < s.rows; ++r)
-      for (int64_t c = 0; c < s.cols; ++c) {
-        uint8_t code = 0;
-        if (r % 3 == 0) {
-          const int64_t k = (c + 17 * r) % 254;  // codes 0..126 and 128..254
-          code = static_cast<uint8_t>(k < 127 ? k : k + 1);
-        } else if (r % 3 == 1) {
-          const int64_t k = (c + 17 * r) % 238;  // exponents 1..15: codes 8..126 and 136..254
-          code = static_cast<uint8_t>(k < 119 ? 8 + k : 136 + k - 119);
-        } else {
-          const int64_t k = (c + 5 * r) % 16;  // a sign bit and 3 mantissa bits
-          const int64_t e = (c / 64) % 2;      // exponent 0 or 1 for the whole step
-          code = static_cast<uint8_t>((k / 8) * 0x80 + e * 8 + k % 8);
-        }
-        w.codes[r * s.cols + c] = code;
-      }
+    fill_code_kinds(w, s);
     ASSERT_TRUE(fp8_impl::lut_applies(w.m));
     const std::vector<float> wd = dequantized(w.m);
     const Matrix wf{DType::kF32, s.rows, s.cols, wd.data()};
