@@ -291,8 +291,7 @@ TEST(MatmulFp8Test, PairKernelsWidenEveryCode) {
         const std::vector<float> wd = dequantized(w.m);
         std::vector<float> want(static_cast<size_t>(n * s.rows)), got(want.size(), -1.0f);
         matmul_scalar(Matrix{DType::kF32, s.rows, s.cols, wd.data()}, xm.data(), n, want.data());
-        matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), n,
-                                 got.data());
+        matmul_impl::matmul_with(isa, matmul_impl::Path::kAuto, pool, w.m, x.data(), n, got.data());
         expect_close(got, want, abs_product(w.m, xm, n),
                      std::string(simd::isa_name(isa)) + " " + std::to_string(s.cols) + " cols, " +
                          std::to_string(n) + " tokens");
