@@ -3,11 +3,11 @@
 // vectors of words, the even-numbered codes' and the odd-numbered ones', and are multiplied with
 // vdpbf16ps, 32 products an instruction, against x's even and odd columns (split once per call).
 // A normal code's bf16(value × 2^-8) is its bits shifted and OR-ed with a constant (3 shifts and
-// 4 bitwise instructions for the 64, no shuffle); the codes of exponent 0 (zeros and subnormals,
-// where that formula is wrong) send their 64 codes to two 128-entry byte look-ups (vpermi2b: the
-// high and the low bytes of the value), which give every code exactly. On Emerald Rapids the
-// look-ups for all codes ran at 11 GB/s a core from L2 (vpermi2b is slow on Intel), as fast as
-// the memory's share of a core: one-token fp8 products were compute-bound there.
+// 4 bitwise instructions for the 64, no shuffle: fp8_simd::bf16_of_normal); the codes of exponent 0
+// (zeros and subnormals, where that formula is wrong) send their 64 codes to two 128-entry byte
+// look-ups (vpermi2b: the high and the low bytes of the value), which give every code exactly. On
+// Emerald Rapids the look-ups for all codes ran at 11 GB/s a core from L2 (vpermi2b is slow on
+// Intel), as fast as the memory's share of a core: one-token fp8 products were compute-bound there.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -69,8 +69,6 @@ const Tables& tables() {
 struct Regs {
   __m512i hi_a, hi_b, lo_a, lo_b;  // the tables, 64 bytes a register
   __m512i sign;                    // 0x80 in every byte
-  __m512i exponent;                // 0x78 in every byte: a code's exponent bits
-  __m512i bits, bias, word_sign;   // 0x07f0, 0x3800, 0x8000 in every word
   __m512i low_byte, high_byte;     // 0x00ff, 0xff00 in every word
 };
 
@@ -82,32 +80,20 @@ DUET_TARGET_FP8_LUT Regs regs() {
   r.lo_a = _mm512_load_si512(t.lo.data());
   r.lo_b = _mm512_load_si512(t.lo.data() + 64);
   r.sign = _mm512_set1_epi8(static_cast<char>(0x80));
-  r.exponent = _mm512_set1_epi8(0x78);
-  r.bits = _mm512_set1_epi16(0x07f0);
-  r.bias = _mm512_set1_epi16(0x3800);
-  r.word_sign = _mm512_set1_epi16(static_cast<int16_t>(0x8000));
   r.low_byte = _mm512_set1_epi16(0x00ff);
   r.high_byte = _mm512_set1_epi16(static_cast<int16_t>(0xff00));
   return r;
 }
 
 // ev word j = bf16(value of code 2j × 2^-8), od word j = that of code 2j + 1, for the 64 codes
-// a (bytes past the step's k: not read). A normal code, exponent E (1-15) and mantissa M, is
-// 2^(E-7) (1 + M/8), times 2^-8 a bf16 of exponent E + 112: its bits are the code's 7 low bits
-// shifted left by 4, OR 0x3800 (112 << 7, no bit in common), and the sign at bit 15. Codes of
-// exponent 0 (zeros, subnormals) are not of that form: a step with any takes the look-ups, exact
-// for every code but the NaNs 0x7f and 0xff (which no checkpoint holds: read as 480 by the
-// shifts, NaN by the look-ups).
+// a (bytes past the step's k: not read): by shifts (fp8_simd::bf16_of_normal; a word of a holds
+// code 2j in its low byte and 2j + 1 in its high one), or, where a code of the step has exponent
+// 0, by the look-ups, exact for every code but the NaNs (read as ±480 by the shifts, NaN here).
 DUET_TARGET_FP8_LUT DUET_ALWAYS_INLINE void widen_step(const Regs& g, __m512i a, __mmask64 k,
                                                        __m512i& ev, __m512i& od) {
-  // (s & bits) | bias, then | (t & word_sign): 0xea and 0xf8 as ternary logic.
-  od = _mm512_ternarylogic_epi32(
-      _mm512_ternarylogic_epi32(_mm512_srli_epi16(a, 4), g.bits, g.bias, 0xea), a, g.word_sign,
-      0xf8);
-  ev = _mm512_ternarylogic_epi32(
-      _mm512_ternarylogic_epi32(_mm512_slli_epi16(a, 4), g.bits, g.bias, 0xea),
-      _mm512_slli_epi16(a, 8), g.word_sign, 0xf8);
-  if (__builtin_expect(_mm512_mask_testn_epi8_mask(k, a, g.exponent) != 0, 0)) {
+  ev = fp8_simd::bf16_of_normal(_mm512_slli_epi16(a, 4), _mm512_slli_epi16(a, 8));
+  od = fp8_simd::bf16_of_normal(_mm512_srli_epi16(a, 4), a);
+  if (__builtin_expect(fp8_simd::has_exponent_0(a, k), 0)) {
     // hi | (a & sign): the code's sign into bf16's sign bit
     const __m512i hi =
         _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(g.hi_a, a, g.hi_b), a, g.sign, 0xf8);

@@ -23,21 +23,16 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE V load_first(const uint16_t* p, int64_t n) {
 
 // out[i * ldb + c] = bf16(e4m3(code(r + i, c)) × 2^-8) for i < nr, c < w.cols, and zero from
 // w.cols to the next multiple of kPairW. A group of 32 normal codes (exponent 1 to 15) widens by
-// shifts: bf16(value × 2^-8) has exponent E + 112, so its bits are the code's 7 low bits shifted
-// left by 4, OR 0x3800, with the sign at bit 15 (5 instructions; as matmul_fp8_lut.cpp widens).
-// A group holding a zero or a subnormal (or a row's last, partial group) widens through f32
-// (fp8_simd::widen, exact for every code) and keeps the high halves, which hold the whole value:
-// the same bits for every normal code. On Emerald Rapids the shifts widen 1.35-1.48x as fast
-// as the f32 path (rows in L1); decode of 8-32 sequences of the fp8 checkpoint did not move
-// measurably (step by step, 0.93-1.07).
+// shifts (fp8_simd::bf16_of_normal, 5 instructions with the zero extension). A group holding a zero
+// or a subnormal (or a row's last, partial group) widens through f32 (fp8_simd::widen, exact for
+// every code) and keeps the high halves, which hold the whole value: the same bits for every normal
+// code. On Emerald Rapids the shifts widen 1.35-1.48x as fast as the f32 path (rows in L1); decode
+// of 8-32 sequences of the fp8 checkpoint did not move measurably (step by step, 0.93-1.07).
 DUET_SIMD_TARGET void widen_rows(const Matrix& w, int64_t r, int64_t nr, uint16_t* out,
                                  int64_t ldb) {
   const __m512i high_halves =
       _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33, 31, 29, 27,
                        25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
-  const __m256i exponent = _mm256_set1_epi8(0x78);
-  const __m512i bits = _mm512_set1_epi16(0x07f0), bias = _mm512_set1_epi16(0x3800),
-                sign = _mm512_set1_epi16(static_cast<int16_t>(0x8000));
   const int64_t cols = w.cols;
   for (int64_t i = 0; i < nr; ++i) {
     const uint8_t* codes = static_cast<const uint8_t*>(w.data) + (r + i) * cols;
@@ -48,13 +43,10 @@ DUET_SIMD_TARGET void widen_rows(const Matrix& w, int64_t r, int64_t nr, uint16_
           n == kPairW
               ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + c))
               : _mm256_maskz_loadu_epi8(static_cast<__mmask32>((uint64_t{1} << n) - 1u), codes + c);
-      if (n == kPairW && _mm256_testn_epi8_mask(v, exponent) == 0) {
+      if (n == kPairW && !fp8_simd::has_exponent_0(v)) {
         const __m512i c16 = _mm512_cvtepu8_epi16(v);
-        // (c << 4 & bits) | bias, then | (c << 8 & sign): 0xea and 0xf8 as ternary logic
         _mm512_storeu_si512(
-            o + c, _mm512_ternarylogic_epi32(
-                       _mm512_ternarylogic_epi32(_mm512_slli_epi16(c16, 4), bits, bias, 0xea),
-                       _mm512_slli_epi16(c16, 8), sign, 0xf8));
+            o + c, fp8_simd::bf16_of_normal(_mm512_slli_epi16(c16, 4), _mm512_slli_epi16(c16, 8)));
         continue;
       }
       const __m512i lo = _mm512_castps_si512(fp8_simd::widen(_mm256_castsi256_si128(v)));
