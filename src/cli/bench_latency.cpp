@@ -3,6 +3,7 @@
 // peak measured in the same run.
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <random>
@@ -217,6 +218,12 @@ void run_latency_single(const LatencyOptions& o) {
       (long long)o.gen_len, pool.n_threads(), matmul_isa(), kv_dtype_name(gen.kv_cache().dtype()));
   std::printf("weights: one-token products prefetch %lld bytes ahead (DUET_ONE_TOKEN_PREFETCH)\n",
               (long long)matmul_one_token_prefetch());
+  if (std::strcmp(matmul_bf16_isa(), matmul_isa()) != 0) {
+    std::printf(
+        "kernels: bf16 weights and attention on %s (f32 FMAs, faster than %s's bf16 pairs "
+        "on this CPU; DUET_MATMUL_ISA=%s puts them on the pairs)\n",
+        matmul_bf16_isa(), matmul_isa(), matmul_isa());
+  }
   if (model->quantization().quantization != Quantization::kNone) {
     std::printf("weights: quantization %s, kernel %s\n", describe(model->quantization()).c_str(),
                 matmul_int_kernel());

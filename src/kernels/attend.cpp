@@ -362,7 +362,7 @@ void attend_with(simd::Isa isa, const AttendShape& shape, const float* q,
 
 void attend(const AttendShape& shape, const float* q, const std::vector<KvSpan>& spans, float* out,
             std::vector<float>& scores) {
-  attend_with(simd::best_isa(), shape, q, spans, out, scores);
+  attend_with(simd::bf16_isa(), shape, q, spans, out, scores);
 }
 
 }  // namespace duet

@@ -46,8 +46,8 @@ struct AttendShape {
 // scratch ([n_t * n_q, n_ctx] f32), reused across calls to avoid allocating. A position's output
 // is the same, bit for bit, whether computed alone or in a block of n_t.
 //
-// On the instruction set the matmuls use (simd::best_isa). Where it multiplies bf16 pairs
-// (AVX-512 BF16) and every span's rows are bf16, with FlashAttention's numerics: q and the
+// On the instruction set products with bf16 weights use (simd::bf16_isa). Where it multiplies bf16
+// pairs (AVX-512 BF16) and every span's rows are bf16, with FlashAttention's numerics: q and the
 // probabilities rounded to bf16 (to nearest even), exact products summed in f32 (half the
 // multiply instructions of f32 products, and the rows never widened). Otherwise f32 products of
 // the rows' exact values (AVX-512 when the CPU has it, else the scalar version): bf16 rows then

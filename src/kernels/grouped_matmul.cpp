@@ -291,17 +291,38 @@ void matmul_grouped_scatter_with(simd::Isa isa, ThreadPool& pool,
 
 }  // namespace grouped_impl
 
+namespace {
+
+// matmul_impl::isa_for the groups' weights: bf16's where every group's weights are bf16 (a MoE
+// layer's experts share one dtype), else the one of every other dtype.
+template <typename Group>
+simd::Isa isa_for_groups(const std::vector<Group>& groups) {
+  for (const Group& g : groups) {
+    if (g.w.dtype != DType::kBF16) return simd::best_isa();
+  }
+  return matmul_impl::isa_for(DType::kBF16);
+}
+
+simd::Isa isa_for_groups(const std::vector<GatedGroup>& groups) {
+  for (const GatedGroup& g : groups) {
+    if (g.gate.dtype != DType::kBF16 || g.up.dtype != DType::kBF16) return simd::best_isa();
+  }
+  return matmul_impl::isa_for(DType::kBF16);
+}
+
+}  // namespace
+
 void matmul_grouped(ThreadPool& pool, const std::vector<MatmulGroup>& groups) {
-  grouped_impl::matmul_grouped_with(simd::best_isa(), pool, groups);
+  grouped_impl::matmul_grouped_with(isa_for_groups(groups), pool, groups);
 }
 
 void gated_matmul_grouped(ThreadPool& pool, const std::vector<GatedGroup>& groups) {
-  grouped_impl::gated_matmul_grouped_with(simd::best_isa(), pool, groups);
+  grouped_impl::gated_matmul_grouped_with(isa_for_groups(groups), pool, groups);
 }
 
 void matmul_grouped_scatter(ThreadPool& pool, const std::vector<ScatterGroup>& groups,
                             const std::vector<float*>& clear) {
-  grouped_impl::matmul_grouped_scatter_with(simd::best_isa(), pool, groups, clear);
+  grouped_impl::matmul_grouped_scatter_with(isa_for_groups(groups), pool, groups, clear);
 }
 
 }  // namespace duet

@@ -355,11 +355,12 @@ bool matmul_reads_panels(DType dtype) {
   Matrix probe;
   probe.dtype = dtype;
   probe.panels = &probe;
-  return reads_panels(simd::best_isa(), probe, matmul_impl::kPanelMinTokens);
+  return reads_panels(matmul_impl::isa_for(dtype), probe, matmul_impl::kPanelMinTokens);
 }
 
 void matmul(ThreadPool& pool, const Matrix& w, const float* x, int64_t n_tokens, float* y) {
-  matmul_impl::matmul_with(simd::best_isa(), matmul_impl::Path::kAuto, pool, w, x, n_tokens, y);
+  matmul_impl::matmul_with(matmul_impl::isa_for(w.dtype), matmul_impl::Path::kAuto, pool, w, x,
+                           n_tokens, y);
 }
 
 void matmul_xw(ThreadPool& pool, const Matrix& w, const float* x, int64_t n_tokens, float* y) {
@@ -394,6 +395,10 @@ bool matmul_batch_invariant() {
 
 const char* matmul_isa() {
   return simd::isa_name(simd::best_isa());
+}
+
+const char* matmul_bf16_isa() {
+  return simd::isa_name(simd::bf16_isa());
 }
 
 int64_t matmul_one_token_prefetch() {

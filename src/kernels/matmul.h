@@ -87,6 +87,10 @@ bool matmul_batch_invariant();
 // benchmarks. The environment variable DUET_MATMUL_ISA, read once, picks another that the CPU
 // runs, to compare (simd::best_isa).
 const char* matmul_isa();
+// Name of the one products with bf16 weights and attention run on: matmul_isa()'s, except
+// "avx512" where that is "avx512bf16" by default on an Intel CPU (simd::bf16_isa: there f32 FMAs
+// multiply faster than bf16 pairs).
+const char* matmul_bf16_isa();
 
 // Bytes ahead that one-token products prefetch the weights they stream (0: none): by default
 // 4096 on Intel's CPUs and none on the others; the environment variable DUET_ONE_TOKEN_PREFETCH,

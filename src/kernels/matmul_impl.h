@@ -97,6 +97,12 @@ inline uint16_t* aligned_bf16(std::vector<uint16_t>& v, int64_t n) {
   return reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(v.data()) + 63) & ~uintptr_t{63});
 }
 
+// The instruction set the public products (matmul(), the grouped ones) run products with dtype
+// weights on: simd::bf16_isa() for bf16 weights, simd::best_isa() for the others.
+inline simd::Isa isa_for(DType dtype) {
+  return dtype == DType::kBF16 ? simd::bf16_isa() : simd::best_isa();
+}
+
 // Whether products with dtype weights on isa read x rounded to bf16 (to nearest even, as round_x
 // makes it): bf16 and fp8 weights on an instruction set that multiplies bf16 pairs, for every
 // token count (so a row's result does not depend on how many tokens it runs with beyond f32

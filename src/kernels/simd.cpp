@@ -49,4 +49,16 @@ Isa best_isa() {
   return isa;
 }
 
+Isa choose_bf16_isa(Isa best, bool requested, bool intel) {
+  return best == Isa::kAvx512Bf16 && !requested && intel ? Isa::kAvx512 : best;
+}
+
+Isa bf16_isa() {
+  static const Isa isa = [] {
+    const char* requested = std::getenv("DUET_MATMUL_ISA");
+    return choose_bf16_isa(best_isa(), requested && *requested, __builtin_cpu_is("intel"));
+  }();
+  return isa;
+}
+
 }  // namespace duet::simd

@@ -89,6 +89,22 @@ int64_t one_token_prefetch_bytes();
 // runs, unless the variable names another to compare with.
 Isa best_isa();
 
+// The instruction set of products with bf16 weights and of attention, given `best` (best_isa's
+// choice), whether DUET_MATMUL_ISA `requested` it, and whether the CPU is Intel's: `best`, except
+// kAvx512 in place of a kAvx512Bf16 chosen by default on Intel's CPUs. Products with fp8 weights
+// keep `best` (the pair kernels, and the byte look-ups at few tokens).
+// Why by vendor: there vdpbf16ps issues once every 2-2.6 cycles where vfmadd231ps issues twice a
+// cycle (Emerald Rapids, 20 independent chains: 0.73-0.96 ns against 0.19 ns an instruction), so
+// pairs of bf16 make 12-16 multiply-adds a cycle and f32 FMAs on widened weights 32: prefill of
+// bf16 weights ran 1.2-1.5x as fast on the f32 kernels, 32-sequence decode 1.1-1.2x, one and 8
+// sequences level (alternating runs, qwen3_moe small). fp8's look-ups at one sequence, bound by
+// memory, read 1.3-1.5x faster than its f32 path there, so fp8 keeps them. On Zen 4 vdpbf16ps
+// multiplies as many pairs a cycle as FMAs multiply floats, and the pair kernels are the faster.
+Isa choose_bf16_isa(Isa best, bool requested, bool intel);
+
+// choose_bf16_isa(best_isa(), DUET_MATMUL_ISA set, this CPU is Intel's), decided once.
+Isa bf16_isa();
+
 }  // namespace duet::simd
 
 #define DUET_TARGET_AVX512BF16 \

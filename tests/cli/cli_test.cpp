@@ -556,8 +556,14 @@ TEST_F(CliTest, SingleBatchOverlapGenerateEqualsOneRank) {
 }
 
 // --dump-logits on 2 and 4 ranks (the request is rank 0's; the others run dummy batches beside
-// it) writes the single-rank dump byte for byte.
+// it) writes the single-rank dump byte for byte where the products with the model's (bf16) weights
+// multiply bf16 pairs, whose sums do not depend on how many rows an expert gets (the other ranks'
+// dummy tokens add some). The f32 kernels' token blocks do change a row's summation order with
+// the count (Ice Lake, and bf16 weights on Intel's CPUs by default: simd::bf16_isa): there the
+// tokens are the same and every logit within 1e-5 of its row's largest.
 TEST_F(CliTest, DumpLogitsOnSeveralRanksEqualsOneRank) {
+  const bool exact = std::string(matmul_bf16_isa()) == "avx512bf16" ||
+                     std::string(matmul_bf16_isa()) == "avx512bf16-emulated";
   const std::string args = "generate " + dir_ + " --prompt-ids 5,6,7,8,9,10,11,12,13 --max-tokens 3 ";
   const std::string one = dir_ + "/dump1.json";
   ASSERT_EQ(run_duet(args + "--dump-logits " + one).exit_code, 0);
@@ -569,7 +575,25 @@ TEST_F(CliTest, DumpLogitsOnSeveralRanksEqualsOneRank) {
       RunResult r = run_duet(args + "--dump-logits " + dump + " --data-parallel-size " +
                              std::to_string(n) + " --enable-expert-parallel --distributed-backend " + b);
       ASSERT_EQ(r.exit_code, 0) << b << " " << n << ": " << r.out;
-      EXPECT_EQ(test::read_file(dump), test::read_file(one)) << b << " on " << n << " ranks";
+      if (exact) {
+        EXPECT_EQ(test::read_file(dump), test::read_file(one)) << b << " on " << n << " ranks";
+        continue;
+      }
+      const nlohmann::json got = nlohmann::json::parse(test::read_file(dump));
+      const nlohmann::json want = nlohmann::json::parse(test::read_file(one));
+      EXPECT_EQ(got["tokens"], want["tokens"]) << b << " on " << n << " ranks";
+      EXPECT_EQ(got["generated"], want["generated"]) << b << " on " << n << " ranks";
+      ASSERT_EQ(got["logits"].size(), want["logits"].size());
+      for (size_t i = 0; i < want["logits"].size(); ++i) {
+        const std::vector<float> g = got["logits"][i].get<std::vector<float>>();
+        const std::vector<float> w = want["logits"][i].get<std::vector<float>>();
+        ASSERT_EQ(g.size(), w.size());
+        float largest = 0;
+        for (float v : w) largest = std::max(largest, std::fabs(v));
+        for (size_t k = 0; k < w.size(); ++k) {
+          ASSERT_NEAR(g[k], w[k], 1e-5f * largest) << b << " on " << n << " ranks, row " << i;
+        }
+      }
     }
   }
 }

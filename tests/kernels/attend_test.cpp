@@ -475,13 +475,13 @@ TEST(AttendTest, WhereTheSpansCutChangesNothing) {
   }
 }
 
-// attend runs what the matmuls' instruction set runs: the pair kernel on bf16 rows where it
-// multiplies bf16 pairs, the f32 one elsewhere.
-TEST(AttendTest, AttendRunsTheKernelOfTheMatmulsInstructionSet) {
+// attend runs what the instruction set of products with bf16 weights runs (simd::bf16_isa): the
+// pair kernel on bf16 rows where it multiplies bf16 pairs, the f32 one elsewhere.
+TEST(AttendTest, AttendRunsTheKernelOfTheBf16ProductsInstructionSet) {
   for (const PairCase& p : pair_cases()) {
     std::vector<float> got(static_cast<size_t>(p.n_out), kGuard), scores;
     attend(p.a, p.q.data(), p.c.spans, got.data(), scores);
-    const Isa isa = simd::best_isa();
+    const Isa isa = simd::bf16_isa();
     const std::vector<float> want = run_attend(isa, p.a, p.q.data(), p.c.spans, p.n_out);
     EXPECT_EQ(got, want) << simd::isa_name(isa);
   }

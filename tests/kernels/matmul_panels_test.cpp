@@ -138,8 +138,8 @@ TEST(MatmulPanelsTest, PanelsAreReadFromKPanelMinTokensOnWhereTheIsaReadsThem) {
       }
     }
   }
-  EXPECT_EQ(matmul_reads_panels(DType::kBF16),
-            simd::best_isa() != Isa::kScalar && !simd::has_dpbf16(simd::best_isa()));
+  const Isa bf16 = matmul_impl::isa_for(DType::kBF16);
+  EXPECT_EQ(matmul_reads_panels(DType::kBF16), bf16 != Isa::kScalar && !simd::has_dpbf16(bf16));
   EXPECT_EQ(matmul_reads_panels(DType::kF32), simd::best_isa() != Isa::kScalar);
 }
 
@@ -200,8 +200,8 @@ TEST(MatmulPanelsTest, RowSliceKeepsPanelsOnlyFromAPanelStart) {
   TestMatrix slice{DType::kBF16, 100, 16, {}, {}};
   slice.bf16.assign(pm.w.bf16.begin() + 64 * 16, pm.w.bf16.begin() + 164 * 16);
   const Expectations want(slice, x.data(), kPanelMinTokens);
-  expect_close(got, want(simd::best_isa()).y, want(simd::best_isa()).scale, kPanelMinTokens * 100,
-               "slice");
+  expect_close(got, want(matmul_impl::isa_for(DType::kBF16)).y,
+               want(matmul_impl::isa_for(DType::kBF16)).scale, kPanelMinTokens * 100, "slice");
 }
 
 // The grouped products read panels too: q/k/v-like groups, a gated pair, and the down projection
@@ -219,20 +219,22 @@ TEST(MatmulPanelsTest, GroupedProductsReadPanels) {
   std::vector<float> g(static_cast<size_t>(n_tokens * n_ff) + kPad, kGuard);
   matmul_grouped(pool, {MatmulGroup{gate.view(), x.data(), n_tokens, g.data()}});
   const Expectations want_g(gate.w, x.data(), n_tokens);
-  expect_close(g, want_g(simd::best_isa()).y, want_g(simd::best_isa()).scale, n_tokens * n_ff,
-               "matmul_grouped");
+  expect_close(g, want_g(matmul_impl::isa_for(DType::kBF16)).y,
+               want_g(matmul_impl::isa_for(DType::kBF16)).scale, n_tokens * n_ff, "matmul_grouped");
 
   std::vector<float> h(static_cast<size_t>(n_tokens * n_ff) + kPad, kGuard);
   gated_matmul_grouped(pool, {GatedGroup{gate.view(), up.view(), x.data(), n_tokens, h.data()}});
   // Both products read x as this ISA does (rounded to bf16 where it multiplies bf16 pairs).
   const Expectations want_u(up.w, x.data(), n_tokens);
   for (int64_t i = 0; i < n_tokens * n_ff; ++i) {
-    const float gv = want_g(simd::best_isa()).y[static_cast<size_t>(i)];
-    const float uv = want_u(simd::best_isa()).y[static_cast<size_t>(i)];
+    const float gv = want_g(matmul_impl::isa_for(DType::kBF16)).y[static_cast<size_t>(i)];
+    const float uv = want_u(matmul_impl::isa_for(DType::kBF16)).y[static_cast<size_t>(i)];
     const float want = gv / (1.0f + std::exp(-gv)) * uv;
     // Each product is within kRelTol of its scale (Σ|w||x|); silu's slope is below 1.1.
-    const float tol_g = kRelTol * want_g(simd::best_isa()).scale[static_cast<size_t>(i)];
-    const float tol_u = kRelTol * want_u(simd::best_isa()).scale[static_cast<size_t>(i)];
+    const float tol_g =
+        kRelTol * want_g(matmul_impl::isa_for(DType::kBF16)).scale[static_cast<size_t>(i)];
+    const float tol_u =
+        kRelTol * want_u(matmul_impl::isa_for(DType::kBF16)).scale[static_cast<size_t>(i)];
     const float tol = std::fabs(gv) * tol_u + 1.1f * std::fabs(uv) * tol_g + 2 * tol_g * tol_u;
     ASSERT_NEAR(h[static_cast<size_t>(i)], want, tol + 1e-6f * std::fabs(want)) << i;
   }
@@ -245,7 +247,8 @@ TEST(MatmulPanelsTest, GroupedProductsReadPanels) {
       pool, {ScatterGroup{down.view(), h.data(), n_tokens, out_rows.data(), weights.data()}});
   const Expectations want_d(down.w, h.data(), n_tokens);
   out.resize(out.size() + kPad, kGuard);
-  expect_close(out, want_d(simd::best_isa()).y, want_d(simd::best_isa()).scale, n_tokens * n_in,
+  expect_close(out, want_d(matmul_impl::isa_for(DType::kBF16)).y,
+               want_d(matmul_impl::isa_for(DType::kBF16)).scale, n_tokens * n_in,
                "matmul_grouped_scatter");
 }
 

@@ -124,7 +124,7 @@ TEST(MatmulTest, ManyRowsAllPathsAndPublicEntry) {
       }
       std::vector<float> got(static_cast<size_t>(n_out + kPad), kGuard);
       matmul(pool, w.view(), x.data(), n_tokens, got.data());
-      const Expected& best = want(simd::best_isa());
+      const Expected& best = want(matmul_impl::isa_for(dtype));
       expect_close(got, best.y, best.scale, n_out, "matmul()");
     }
   }

@@ -9,6 +9,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "kernels/matmul.h"
 #include "kernels/simd_impl.h"
 
 namespace duet {
@@ -156,6 +157,25 @@ TEST(SimdTest, OneTokenPrefetchByVendorOrAsSet) {
       EXPECT_NE(std::string(e.what()).find("DUET_ONE_TOKEN_PREFETCH"), std::string::npos) << bad;
     }
   }
+}
+
+// Products with bf16 weights (and attention) leave the bf16 pairs for f32 FMAs only where the
+// pairs were chosen by default on an Intel CPU; a requested set, another vendor's CPU and every
+// other set keep what best_isa chose.
+TEST(SimdTest, Bf16ProductsLeaveThePairsOnlyByDefaultOnIntel) {
+  using simd::Isa;
+  EXPECT_EQ(simd::choose_bf16_isa(Isa::kAvx512Bf16, false, true), Isa::kAvx512);
+  EXPECT_EQ(simd::choose_bf16_isa(Isa::kAvx512Bf16, true, true), Isa::kAvx512Bf16);
+  EXPECT_EQ(simd::choose_bf16_isa(Isa::kAvx512Bf16, false, false), Isa::kAvx512Bf16);
+  for (Isa other : {Isa::kAvx512Bf16Emulated, Isa::kAvx512, Isa::kAvx2, Isa::kScalar}) {
+    for (bool requested : {false, true}) {
+      EXPECT_EQ(simd::choose_bf16_isa(other, requested, true), other) << simd::isa_name(other);
+    }
+  }
+  const char* requested = std::getenv("DUET_MATMUL_ISA");
+  EXPECT_EQ(simd::bf16_isa(), simd::choose_bf16_isa(simd::best_isa(), requested && *requested,
+                                                    __builtin_cpu_is("intel")));
+  EXPECT_STREQ(matmul_bf16_isa(), simd::isa_name(simd::bf16_isa()));
 }
 
 }  // namespace

@@ -390,11 +390,19 @@ std::vector<GenerateResult> greedy(const std::string& dir) {
 // within 1e-5 of the largest (the products differ only in f32 summation order), on every
 // instruction set. Where the fp8 products round x to bf16 (AVX-512 BF16 and its emulation, as
 // the bf16 ones do there), the dequantized weights are bf16, so that their products round it
-// too: the checkpoint's scales are made powers of two for that. Elsewhere they are f32.
+// too: the checkpoint's scales are made powers of two for that. Elsewhere they are f32. By default
+// on Intel's CPUs with AVX-512 BF16 bf16 weights multiply by f32 FMAs while fp8 ones keep the
+// pairs (simd::bf16_isa): there the two models' numerics differ by x's rounding, and the runs on
+// one named instruction set (numerics_avx512bf16, its emulation, numerics_avx512) compare them.
 class Fp8GenerateTest : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(Fp8GenerateTest, SameGreedyTokensAsTheDequantizedModel) {
   const bool rounds = matmul_impl::rounds_x(simd::best_isa(), DType::kF8E4M3);
+  if (rounds && !matmul_impl::rounds_x(matmul_impl::isa_for(DType::kBF16), DType::kBF16)) {
+    GTEST_SKIP() << "fp8 weights on " << simd::isa_name(simd::best_isa()) << ", bf16 ones on "
+                 << simd::isa_name(matmul_impl::isa_for(DType::kBF16))
+                 << ": compared in the numerics_* runs";
+  }
   std::string fp8 = fresh_model(GetParam(), DType::kF8E4M3);
   if (rounds) fp8 = pow2_scales_copy(fp8);
   const std::string deq = dequantized_copy(fp8, rounds ? DType::kBF16 : DType::kF32);
