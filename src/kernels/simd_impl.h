@@ -96,8 +96,8 @@ Isa best_isa();
 // Why by vendor: there vdpbf16ps issues once every 2-2.6 cycles where vfmadd231ps issues twice a
 // cycle (Emerald Rapids, 20 independent chains: 0.73-0.96 ns against 0.19 ns an instruction), so
 // pairs of bf16 make 12-16 multiply-adds a cycle and f32 FMAs on widened weights 32: prefill of
-// bf16 weights ran 1.2-1.5x as fast on the f32 kernels, 32-sequence decode 1.1-1.2x, one and 8
-// sequences level (alternating runs, qwen3_moe small). fp8's look-ups at one sequence, bound by
+// bf16 weights ran a median 1.22x as fast on the f32 kernels (13 alternating pairs, 0.96-1.82),
+// 32-sequence decode up to 1.2x, one and 8 sequences level (qwen3_moe small). fp8's look-ups at one sequence, bound by
 // memory, read 1.3-1.5x faster than its f32 path there, so fp8 keeps them. On Zen 4 vdpbf16ps
 // multiplies as many pairs a cycle as FMAs multiply floats, and the pair kernels are the faster.
 Isa choose_bf16_isa(Isa best, bool requested, bool intel);
