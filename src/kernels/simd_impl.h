@@ -97,9 +97,10 @@ Isa best_isa();
 // cycle (Emerald Rapids, 20 independent chains: 0.73-0.96 ns against 0.19 ns an instruction), so
 // pairs of bf16 make 12-16 multiply-adds a cycle and f32 FMAs on widened weights 32: prefill of
 // bf16 weights ran a median 1.22x as fast on the f32 kernels (13 alternating pairs, 0.96-1.82),
-// 32-sequence decode up to 1.2x, one and 8 sequences level (qwen3_moe small). fp8's look-ups at one sequence, bound by
-// memory, read 1.3-1.5x faster than its f32 path there, so fp8 keeps them. On Zen 4 vdpbf16ps
-// multiplies as many pairs a cycle as FMAs multiply floats, and the pair kernels are the faster.
+// 32-sequence decode up to 1.2x, one and 8 sequences level (qwen3_moe small). fp8's look-ups at
+// one sequence, bound by memory, read 1.3-1.5x faster than its f32 path there, so fp8 keeps them.
+// On Zen 4 the pair kernels measured the faster when they were written; its vdpbf16ps was not
+// timed this way.
 Isa choose_bf16_isa(Isa best, bool requested, bool intel);
 
 // choose_bf16_isa(best_isa(), DUET_MATMUL_ISA set, this CPU is Intel's), decided once.
