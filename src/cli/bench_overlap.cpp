@@ -52,6 +52,7 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
     std::string part;
     int overlaps = 0;
     bool serial = false;
+    std::string own = "auto";  // +own / +noown: the own experts last on / off
     while (std::getline(parts, part, '+')) {
       if (part == "off" || part == "tbo" || part == "dbo") {
         ++overlaps;
@@ -74,6 +75,8 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
         m.dist.dbo_split = part;
       } else if (part == "serial") {
         serial = true;
+      } else if (part == "own" || part == "noown") {
+        own = part == "own" ? "on" : "off";
       } else {
         overlaps = 2;
       }
@@ -81,13 +84,15 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
     if (overlaps > 1) {
       DUET_ERROR("--modes: '" << name << "' is not off, tbo or dbo (default off) with +sbo (or "
                               << "+sboN: N chunks), +bf16, +fp8 or +D/C (e.g. +fp8/bf16), "
-                              << "+auto or +thresholds, and/or +serial");
+                              << "+auto or +thresholds, +own or +noown, and/or +serial");
     }
     if (!m.dist.enable_single_batch_overlap) {  // the SBO flags apply to +sbo modes only
       m.dist.sbo_combine_chunks = 0;
       m.dist.sbo_shared_experts = "auto";
+      m.dist.sbo_own_experts_last = "auto";
     }
     if (serial) m.dist.sbo_shared_experts = "serial";
+    if (own != "auto") m.dist.sbo_own_experts_last = own;
     modes.push_back(std::move(m));
   }
   if (modes.empty()) DUET_ERROR("--modes: no mode given");
@@ -180,8 +185,9 @@ void add_bench_overlap(CLI::App& bench) {
       "--modes", o->modes,
       "Comma-separated modes, the first the baseline of 'vs': off | tbo | dbo, each optionally "
       "+sbo (+sboN: N chunks, forced), +bf16, +fp8 or +D/C (dispatch/combine rows, e.g. "
-      "+fp8/bf16), +auto or +thresholds (--dbo-split), and +serial (the shared experts before "
-      "the dispatch: 'serial' overlaps nothing) (default off,tbo,dbo,sbo)");
+      "+fp8/bf16), +auto or +thresholds (--dbo-split), +own or +noown "
+      "(--sbo-own-experts-last on / off) and +serial (the shared experts before the dispatch: "
+      "'serial' overlaps nothing) (default off,tbo,dbo,sbo)");
   cmd->add_option("--threads", o->threads, "Compute threads per rank");
   add_dist_options(cmd, o->dist);
   cmd->callback([o] {

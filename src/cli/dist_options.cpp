@@ -43,6 +43,10 @@ std::string describe_sbo(const DistOptions& o) {
     if (s.min_chunk_bytes > 0) d += " of " + std::to_string(s.min_chunk_bytes >> 10) + "+ KiB";
     if (!s.chunk_micro_batches) d += " in whole steps";
   }
+  if (s.own_experts_last) {
+    if (!d.empty()) d += ", ";
+    d += "own experts last in whole transfers";
+  }
   if (s.shared_experts_at) {
     if (!d.empty()) d += ", ";
     d += *s.shared_experts_at == SharedExpertsAt::kSerial
@@ -62,8 +66,8 @@ void check_overlap(const DistOptions& o) {
                << " overlaps the experts' all-to-all and needs --enable-expert-parallel");
   }
   const bool sbo = o.enable_single_batch_overlap || o.sbo_combine_chunks > 1 ||
-                   o.sbo_shared_experts != "auto" || o.all2all_dtype != "f32" ||
-                   !o.all2all_combine_dtype.empty();
+                   o.sbo_shared_experts != "auto" || o.sbo_own_experts_last != "auto" ||
+                   o.all2all_dtype != "f32" || !o.all2all_combine_dtype.empty();
   parse_all2all_dtype(o.all2all_dtype);
   if (!o.all2all_combine_dtype.empty()) parse_all2all_dtype(o.all2all_combine_dtype);
   if (o.sbo_shared_experts != "auto" && o.sbo_shared_experts != "dispatch" &&
@@ -71,9 +75,14 @@ void check_overlap(const DistOptions& o) {
     DUET_ERROR("--sbo-shared-experts: '" << o.sbo_shared_experts
                                          << "' is not auto, dispatch, combine or serial");
   }
+  if (o.sbo_own_experts_last != "auto" && o.sbo_own_experts_last != "on" &&
+      o.sbo_own_experts_last != "off") {
+    DUET_ERROR("--sbo-own-experts-last: '" << o.sbo_own_experts_last << "' is not auto, on or off");
+  }
   if (sbo && !o.enable_expert_parallel) {
     DUET_ERROR(
         "--enable-single-batch-overlap, --sbo-combine-chunks, --sbo-shared-experts, "
+        "--sbo-own-experts-last, "
         "--all2all-dtype and --all2all-combine-dtype shape the experts' all-to-all and "
         "need --enable-expert-parallel");
   }
@@ -168,6 +177,11 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
                   "Where the shared experts run: while the dispatch or the combine travels, "
                   "or serial (before the dispatch, beside neither: no overlap at all, the "
                   "baseline for measuring); auto: the dispatch, with DBO the combine");
+  cmd->add_option("--sbo-own-experts-last", o.sbo_own_experts_last,
+                  "low_latency steps whose transfers go whole: run the experts with rows from "
+                  "other ranks first, send the combine as soon as they ran, and run the experts "
+                  "whose rows are all this rank's while it travels: on | off | auto (on with "
+                  "--enable-single-batch-overlap)");
   cmd->add_option("--all2all-dtype", o.all2all_dtype,
                   "Element type of the rows dispatch and combine carry: f32 (default) | bf16 "
                   "(half the bytes; rows rounded to bf16) | fp8 (E4M3 with a scale per 128 "
@@ -251,6 +265,8 @@ SboSettings resolve_sbo(const DistOptions& o) {
     s.min_chunk_bytes = kSboMinChunkBytes;
     s.chunk_micro_batches = false;
   }
+  s.own_experts_last = o.sbo_own_experts_last == "on" ||
+                       (o.sbo_own_experts_last == "auto" && o.enable_single_batch_overlap);
   if (o.sbo_shared_experts == "dispatch") {
     s.shared_experts_at = SharedExpertsAt::kDispatch;
   } else if (o.sbo_shared_experts == "combine") {
@@ -276,6 +292,7 @@ EpDispatcherOptions ep_dispatcher_options(const DistOptions& o) {
   eo.combine_chunks = sbo.combine_chunks;
   eo.min_chunk_bytes = sbo.min_chunk_bytes;
   eo.chunk_micro_batches = sbo.chunk_micro_batches;
+  eo.own_experts_last = sbo.own_experts_last;
   return eo;
 }
 

@@ -54,6 +54,8 @@ struct DistOptions {
   int sbo_combine_chunks = 0;            // --sbo-combine-chunks: 0 = SBO's choice (1 without SBO)
   // --sbo-shared-experts: auto | dispatch | combine | serial
   std::string sbo_shared_experts = "auto";
+  // --sbo-own-experts-last: auto (on with --enable-single-batch-overlap) | on | off
+  std::string sbo_own_experts_last = "auto";
   std::string all2all_dtype = "f32";        // --all2all-dtype: f32 | bf16 | fp8
   std::string all2all_combine_dtype;        // --all2all-combine-dtype: empty = all2all_dtype
   int comm_cores = 0;  // --comm-cores: cores of each rank kept for its communication thread
@@ -69,12 +71,14 @@ std::chrono::milliseconds dist_watchdog(const DistOptions& o);
 // and where the shared experts run (unset: the executor's order). Without
 // --enable-single-batch-overlap only what is forced; with it, chunked transfers (up to
 // kSboCombineChunks, one per kSboMinChunkBytes of the step's returning rows, in steps not split
-// into micro-batches, unless --sbo-combine-chunks forces a number) and the shared experts beside
-// the dispatch (with DBO: the executor's order, beside the combine).
+// into micro-batches, unless --sbo-combine-chunks forces a number), the experts whose rows are
+// all the rank's own last in steps that travel whole, and the shared experts beside the dispatch
+// (with DBO: the executor's order, beside the combine).
 struct SboSettings {
   int combine_chunks = 1;
   int64_t min_chunk_bytes = 0;  // EpDispatcherOptions::min_chunk_bytes: SBO's choice only
   bool chunk_micro_batches = true;  // EpDispatcherOptions::chunk_micro_batches: false by choice
+  bool own_experts_last = false;    // EpDispatcherOptions::own_experts_last
   std::optional<SharedExpertsAt> shared_experts_at;
 };
 constexpr int kSboCombineChunks = 8;

@@ -52,6 +52,11 @@ struct ExpertBatch {
   // When chunk_ready is set too, the inputs also arrive in these chunks: the runner calls
   // chunk_ready(c), in order, before it reads any input row of chunk c (it returns once they are
   // there), so the first chunks compute while the later ones travel. A runner must honour it.
+  // The order in which the runner takes the local experts: empty for 0, 1, ..., n_local_expert
+  // − 1; else a permutation of them, and chunk c is then the experts order[chunk_ends[c − 1]],
+  // ..., order[chunk_ends[c] − 1] (a dispatcher runs the experts whose rows leave the rank
+  // first, so that the combine leaves while the others compute).
+  std::vector<int32_t> order;
   std::vector<int64_t> chunk_ends;
   std::function<void(int c)> chunk_done;
   std::function<void(int c)> chunk_ready;

@@ -72,6 +72,11 @@ struct EpDispatcherOptions {
   // false: a step split in two micro-batches travels unchunked, the other micro-batch hiding
   // its transfers (there the chunks' extra messages cost more than they hide, measured).
   bool chunk_micro_batches = true;
+  // low_latency, steps whose dispatch and combine travel in one transfer each: the experts
+  // with rows from other ranks run first, the combine leaves as soon as they have, and the
+  // experts whose rows are all this rank's own run while it travels (their outputs never leave
+  // the rank). Changes no result: each row's output is its own, whatever the order.
+  bool own_experts_last = false;
   // The combine's, when it differs from the dispatch's (DeepEP's fp8 dispatch with a bf16
   // combine); unset: row_dtype both ways.
   std::optional<RowDtype> combine_dtype = std::nullopt;
@@ -130,6 +135,17 @@ class EpDispatcher final : public Dispatcher {
   CommHandle ll_dispatch_chunk(int c, int64_t BW);
   // ExpertBatch::chunk_ready: waits for chunk c of the dispatch and widens its rows (bf16, fp8).
   void ll_dispatch_chunk_ready(int c);
+  // EpDispatcherOptions::own_experts_last: orders batch_ (the experts with rows from other
+  // ranks, then those with only this rank's) when both kinds have rows, as two chunks.
+  // REQUIRES: remote_rows_ counted, the batch built.
+  void ll_order_own_last();
+  // ExpertBatch::chunk_done of that order: after chunk 0 the combine leaves (every row another
+  // rank waits for is final); the own rows of chunk 1 are packed for the combine's type.
+  void ll_own_last_done(int c);
+  // Packs the outputs of batch rows [r0, r1) into their slots in the combine's type.
+  void ll_pack_rows(int64_t r0, int64_t r1);
+  // low_latency's one combine transfer: each source gets as many rows back as it sent.
+  void ll_post_combine();
   // Posts the output rows of chunk c of the local experts to their tokens' ranks, and receives
   // chunk c of the other ranks' experts. REQUIRES: chunks before c posted, c's rows final.
   void ll_combine_chunk(int c);
@@ -214,6 +230,8 @@ class EpDispatcher final : public Dispatcher {
   // (dispatch_chunks_[c], waited for by ll_dispatch_chunk_ready).
   std::vector<int64_t> ll_chunks_;
   std::vector<CommHandle> dispatch_chunks_;
+  std::vector<int64_t> remote_rows_;  // [n_local] rows from the other ranks for each expert
+  bool own_last_ = false;             // this layer's batch runs in ll_order_own_last's order
   std::vector<const float*> row_in_;  // bf16, fp8: [batch rows] each row's input on the wire
   // bf16 rows: the experts read f32 and write f32, so both sides are staged. xin_ [batch rows
   // (ll) or records (ht), n_embd] the widened inputs; xout_ [batch rows, n_embd] (ll) the

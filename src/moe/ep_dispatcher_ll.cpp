@@ -259,6 +259,7 @@ void EpDispatcher::ll_dispatch_recv() {
   };
   blk_row_.resize(static_cast<size_t>(n_rank_ * L));
   rows_from_.assign(static_cast<size_t>(n_rank_), 0);
+  remote_rows_.assign(static_cast<size_t>(L), 0);
   batch_.offsets.assign(static_cast<size_t>(L + 1), 0);
   for (int s = 0; s < n_rank_; ++s) {
     // A message from another rank is the counts, then the rows they count: check both against
@@ -278,6 +279,7 @@ void EpDispatcher::ll_dispatch_recv() {
       blk_row_[s * L + l] = rows;
       rows += c;
       batch_.offsets[l + 1] += c;
+      if (s != rank_) remote_rows_[l] += c;
     }
     rows_from_[s] = rows;
     // A chunked dispatch's first message carries the first chunk's rows (the own buffer is all
@@ -333,11 +335,55 @@ void EpDispatcher::ll_dispatch_recv() {
   batch_.chunk_ends = ll_chunks_;
   batch_.chunk_done = nullptr;
   batch_.chunk_ready = nullptr;
+  batch_.order.clear();
+  own_last_ = false;
   if (!ll_chunks_.empty()) {
     batch_.chunk_done = [this](int c) { ll_combine_chunk(c); };
     batch_.chunk_ready = [this](int c) { ll_dispatch_chunk_ready(c); };
-  } else if (wire.converted()) {
+    return;
+  }
+  if (wire.converted())
     for (int64_t r = 0; r < batch_.n_rows(); ++r) wire.get(row_in_[r], xin_.data() + r * D);
+  if (opt_.own_experts_last) ll_order_own_last();
+}
+
+void EpDispatcher::ll_order_own_last() {
+  const int64_t L = placement_.n_local();
+  // 0: rows from other ranks; 1: only this rank's rows; 2: no rows.
+  auto kind = [&](int64_t l) {
+    const int64_t rows = batch_.offsets[l + 1] - batch_.offsets[l];
+    return remote_rows_[l] > 0 ? 0 : rows > 0 ? 1 : 2;
+  };
+  int64_t n_kind[3] = {0, 0, 0};
+  for (int64_t l = 0; l < L; ++l) ++n_kind[kind(l)];
+  if (n_kind[0] == 0 || n_kind[1] == 0) return;  // one kind only: nothing to gain
+  for (int k = 0; k < 3; ++k)
+    for (int64_t l = 0; l < L; ++l)
+      if (kind(l) == k) batch_.order.push_back(static_cast<int32_t>(l));
+  batch_.chunk_ends = {n_kind[0], L};
+  batch_.chunk_done = [this](int c) { ll_own_last_done(c); };
+  own_last_ = true;
+}
+
+void EpDispatcher::ll_own_last_done(int c) {
+  DUET_CHECK(c == posted_chunks_ && c < 2,
+             "own-last chunk " << c << " done out of turn (" << posted_chunks_ << " done)");
+  const int64_t p0 = c == 0 ? 0 : batch_.chunk_ends[0], p1 = batch_.chunk_ends[c];
+  for (int64_t p = p0; p < p1; ++p)
+    ll_pack_rows(batch_.offsets[batch_.order[p]], batch_.offsets[batch_.order[p] + 1]);
+  if (c == 0) ll_post_combine();
+  ++posted_chunks_;
+}
+
+void EpDispatcher::ll_pack_rows(int64_t r0, int64_t r1) {
+  const WireRows wire(opt_.combine_rows(), tokens_.n_embd);
+  if (!wire.converted()) return;  // the experts wrote f32 rows in place
+  const int64_t BW =
+      ll_layout(placement_.n_local(), tokens_.n_expert_used, wire.words(), step_tokens_).BW;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t at = row_wire_[r];
+    wire.put((at >= (n_rank_ - 1) * BW ? ret_.data() : back_.data()) + at,
+             xout_.data() + r * tokens_.n_embd);
   }
 }
 
@@ -354,13 +400,7 @@ void EpDispatcher::ll_combine_chunk(int c) {
       ll_layout(placement_.n_local(), tokens_.n_expert_used, wire.words(), step_tokens_);
   const int64_t L = lay.L, RW = lay.RW;
   const int64_t l0 = c == 0 ? 0 : batch_.chunk_ends[c - 1], l1 = batch_.chunk_ends[c];
-  if (wire.converted()) {  // pack the chunk's outputs into their slots
-    for (int64_t r = batch_.offsets[l0]; r < batch_.offsets[l1]; ++r) {
-      const int64_t at = row_wire_[r];
-      float* dst = (at >= (n_rank_ - 1) * lay.BW ? ret_.data() : back_.data()) + at;
-      wire.put(dst, xout_.data() + r * D);
-    }
-  }
+  ll_pack_rows(batch_.offsets[l0], batch_.offsets[l1]);  // the chunk's outputs into their slots
   // Word offsets of the runs, by rank (the own rank's run stays in place: 0 bytes).
   const size_t n = static_cast<size_t>(n_rank_);
   std::vector<int64_t> send_at(n), send_bytes(n, 0), recv_at(n), recv_bytes(n, 0);
@@ -390,21 +430,23 @@ void EpDispatcher::ll_combine_chunk(int c) {
 // The experts wrote the outputs in the layout their inputs came in: they go back as they are,
 // as much of each buffer as came from its rank (or the chunks the experts did not post yet).
 void EpDispatcher::ll_combine_send() {
+  if (own_last_) {  // posted after the first chunk (a runner that ignored chunks: here)
+    while (posted_chunks_ < 2) ll_own_last_done(posted_chunks_);
+    return;
+  }
   if (!batch_.chunk_ends.empty()) {
     while (posted_chunks_ < static_cast<int>(batch_.chunk_ends.size()))
       ll_combine_chunk(posted_chunks_);
     return;
   }
+  ll_pack_rows(0, batch_.n_rows());
+  ll_post_combine();
+}
+
+void EpDispatcher::ll_post_combine() {
   const WireRows wire(opt_.combine_rows(), tokens_.n_embd);
   const LlLayout lay =
       ll_layout(placement_.n_local(), tokens_.n_expert_used, wire.words(), step_tokens_);
-  if (wire.converted()) {
-    for (int64_t r = 0; r < batch_.n_rows(); ++r) {
-      const int64_t at = row_wire_[r];
-      wire.put((at >= (n_rank_ - 1) * lay.BW ? ret_.data() : back_.data()) + at,
-               xout_.data() + r * tokens_.n_embd);
-    }
-  }
   // Each source gets as many rows back as it sent (its counts, then the rows: the counts' words
   // travel unread, as the layout's).
   const int64_t L = lay.L;

@@ -69,24 +69,35 @@ uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, E
                  batch.chunk_ends.back() == batch.n_local_expert,
              "chunked expert batch: " << batch.clear.size() << " clear rows of " << batch.n_rows()
                                       << ", chunks end at " << batch.chunk_ends.back());
-  // scratch.gated and scratch.scatter hold the experts with rows, in expert order: a chunk's
-  // experts are the groups whose rows fall in the chunk's rows.
+  // A chunk's experts are positions [chunk_ends[c - 1], chunk_ends[c]) of batch.order (or of
+  // the experts in index order); group_of maps an expert to its groups in scratch.gated and
+  // scratch.scatter, which hold the experts with rows in index order.
+  DUET_CHECK(
+      batch.order.empty() || static_cast<int64_t>(batch.order.size()) == batch.n_local_expert,
+      "expert order of " << batch.order.size() << " for " << batch.n_local_expert << " experts");
+  std::vector<int32_t>& group_of = scratch.group_of;
+  group_of.assign(static_cast<size_t>(batch.n_local_expert), -1);
+  for (int64_t e = 0, g = 0; e < batch.n_local_expert; ++e)
+    if (batch.offsets[e + 1] > batch.offsets[e]) group_of[e] = static_cast<int32_t>(g++);
   std::vector<GatedGroup>& gated_part = scratch.gated_part;
   std::vector<ScatterGroup>& part = scratch.scatter_part;
-  size_t g = 0;
   for (size_t c = 0; c < batch.chunk_ends.size(); ++c) {
-    const int64_t l0 = c == 0 ? 0 : batch.chunk_ends[c - 1], l1 = batch.chunk_ends[c];
-    const int64_t r0 = batch.offsets[l0], r1 = batch.offsets[l1];
+    const int64_t p0 = c == 0 ? 0 : batch.chunk_ends[c - 1], p1 = batch.chunk_ends[c];
     if (batch.chunk_ready) batch.chunk_ready(static_cast<int>(c));
     part.clear();
     gated_part.clear();
-    for (; g < scratch.scatter.size() && scratch.scatter[g].out < batch.out.data() + r1; ++g) {
-      gated_part.push_back(scratch.gated[g]);
-      part.push_back(scratch.scatter[g]);
+    scratch.clear_part.clear();
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t e = batch.order.empty() ? p : batch.order[p];
+      DUET_CHECK(e >= 0 && e < batch.n_local_expert, "expert " << e << " in the order");
+      if (group_of[e] < 0) continue;
+      gated_part.push_back(scratch.gated[group_of[e]]);
+      part.push_back(scratch.scatter[group_of[e]]);
+      scratch.clear_part.insert(scratch.clear_part.end(), batch.clear.begin() + batch.offsets[e],
+                                batch.clear.begin() + batch.offsets[e + 1]);
     }
-    if (r1 > r0) {
+    if (!part.empty()) {
       gated_matmul_grouped(pool, gated_part);
-      scratch.clear_part.assign(batch.clear.begin() + r0, batch.clear.begin() + r1);
       matmul_grouped_scatter(pool, part, scratch.clear_part);
     }
     batch.chunk_done(static_cast<int>(c));

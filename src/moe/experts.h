@@ -27,6 +27,7 @@ struct MlpScratch {
   std::vector<GatedGroup> gated_part;  // chunked combine: one chunk's groups
   std::vector<ScatterGroup> scatter_part;
   std::vector<float*> clear_part;          // and their output rows to zero
+  std::vector<int32_t> group_of;           // [n_local_expert] an expert's group, -1 without rows
 };
 
 // y[n_tokens, n_embd] = mlp(x[n_tokens, n_embd]).
@@ -39,8 +40,8 @@ void mlp_forward(ThreadPool& pool, const MlpWeights& w, const float* x, int64_t 
 // the expert's rows, so its weights are read once; all experts' gate/up products share one pool job
 // and all down products another. experts[e] is local expert e. Returns the bytes of expert weights
 // it read (the experts that had rows). With chunks (ExpertBatch::chunk_ends), the experts run chunk
-// by chunk (gate/up, then down), calling batch.chunk_ready before each (if set) and
-// batch.chunk_done after.
+// by chunk (gate/up, then down) in batch.order, calling batch.chunk_ready before each (if set)
+// and batch.chunk_done after.
 uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, ExpertBatch& batch,
                      MlpScratch& scratch);
 

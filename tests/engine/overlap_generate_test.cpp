@@ -1,5 +1,6 @@
 // Two-micro-batch overlap (TBO on one thread, DBO on two) and single-batch overlap (the chunked
-// combine, the shared experts beside the dispatch or the combine), alone and together, give the
+// combine, the shared experts beside the dispatch or the combine, the experts whose rows are all
+// the rank's own run while the combine travels), alone and together, give the
 // plain path's greedy tokens and its logits to 1e-5 on f32 models: every architecture, on one
 // rank with micro-batching forced (thresholds of 2 tokens) and on 2 and 4 in-process ranks with
 // experts split, both all-to-all algorithms; prefill (the two-chunk split of single prompts),
@@ -65,6 +66,7 @@ struct OverlapCase {
   // Single-batch overlap: the combine's chunks (low_latency) and where the shared experts run.
   int combine_chunks = 1;
   std::optional<SharedExpertsAt> shared_at;
+  bool own_last = false;  // EpDispatcherOptions::own_experts_last
 };
 
 std::string case_name(const OverlapCase& c) {
@@ -75,6 +77,7 @@ std::string case_name(const OverlapCase& c) {
             : *c.shared_at == SharedExpertsAt::kSerial ? "_shared_serial"
                                                        : "_shared_dispatch";
   }
+  if (c.own_last) name += "_own_last";
   return name;
 }
 
@@ -128,6 +131,7 @@ TEST_P(OverlapGenerateTest, ExpertParallelRanksEqualPlain) {
         Communicator* comm = &ctx.comm();
         EpDispatcherOptions opt{backend, 64};
         opt.combine_chunks = GetParam().combine_chunks;
+        opt.own_experts_last = GetParam().own_last;
         g.dispatchers = [comm, place, opt](int) {
           return std::make_unique<EpDispatcher>(*comm, place, opt);
         };
@@ -177,7 +181,12 @@ INSTANTIATE_TEST_SUITE_P(
                       OverlapCase{"qwen3_moe", OverlapMode::kNone, 2, std::nullopt},
                       OverlapCase{"qwen3_moe", OverlapMode::kDbo, 4, std::nullopt},
                       OverlapCase{"mixtral", OverlapMode::kNone, 4, std::nullopt},
-                      OverlapCase{"mixtral", OverlapMode::kTbo, 2, std::nullopt}),
+                      OverlapCase{"mixtral", OverlapMode::kTbo, 2, std::nullopt},
+                      // The own experts last (low_latency steps that travel whole).
+                      OverlapCase{"qwen3_moe", OverlapMode::kNone, 1, std::nullopt, true},
+                      OverlapCase{"deepseek_v2", OverlapMode::kTbo, 1, SharedExpertsAt::kDispatch,
+                                  true},
+                      OverlapCase{"mixtral", OverlapMode::kDbo, 1, std::nullopt, true}),
     [](const ::testing::TestParamInfo<OverlapCase>& info) { return case_name(info.param); });
 
 // bf16 and fp8 rows on 2 and 4 ranks, both algorithms, alone and under TBO: the decisive

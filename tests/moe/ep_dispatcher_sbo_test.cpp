@@ -118,6 +118,7 @@ struct SboCase {
   RowDtype rows;
   All2AllBackend backend;
   std::optional<RowDtype> back_rows = std::nullopt;  // the combine's, if not `rows`
+  bool own_last = false;                             // EpDispatcherOptions::own_experts_last
 };
 
 class EpDispatcherSboTest : public ::testing::TestWithParam<SboCase> {};
@@ -136,6 +137,7 @@ TEST_P(EpDispatcherSboTest, SameAsOneRank) {
       opt.row_dtype = c.rows;
       opt.combine_dtype = c.back_rows;
       opt.combine_chunks = c.chunks;
+      opt.own_experts_last = c.own_last;
       const RowDtype back_rows = c.back_rows.value_or(c.rows);
       EpDispatcher ep(ctx.comm(), p, opt);
       LocalDispatcher local(n_expert);
@@ -146,8 +148,10 @@ TEST_P(EpDispatcherSboTest, SameAsOneRank) {
         const std::vector<float> got = run_step(ep, t, [&](ExpertBatch& b) {
           rows = b.n_rows();
           const bool chunked = c.backend == All2AllBackend::kLowLatency && c.chunks > 1;
-          EXPECT_EQ(b.chunk_ends.size(),
-                    chunked ? static_cast<size_t>(std::min<int64_t>(c.chunks, p.n_local())) : 0u);
+          if (!c.own_last) {
+            EXPECT_EQ(b.chunk_ends.size(),
+                      chunked ? static_cast<size_t>(std::min<int64_t>(c.chunks, p.n_local())) : 0u);
+          }
         });
         const std::string what = "shape " + std::to_string(static_cast<int>(shape)) + " rank " +
                                  std::to_string(r) + " step " + std::to_string(step);
@@ -188,13 +192,93 @@ INSTANTIATE_TEST_SUITE_P(
         SboCase{3, 1, RowDtype::kFp8, All2AllBackend::kHighThroughput, RowDtype::kBF16},
         SboCase{2, 2, RowDtype::kBF16, All2AllBackend::kLowLatency, RowDtype::kF32},
         SboCase{3, 1, RowDtype::kF32, All2AllBackend::kLowLatency, RowDtype::kBF16},
-        SboCase{2, 1, RowDtype::kF32, All2AllBackend::kHighThroughput, RowDtype::kFp8}),
+        SboCase{2, 1, RowDtype::kF32, All2AllBackend::kHighThroughput, RowDtype::kFp8},
+        // The own experts last (one transfer each way; chunked steps keep their chunks).
+        SboCase{2, 1, RowDtype::kF32, All2AllBackend::kLowLatency, std::nullopt, true},
+        SboCase{4, 1, RowDtype::kF32, All2AllBackend::kLowLatency, std::nullopt, true},
+        SboCase{3, 1, RowDtype::kBF16, All2AllBackend::kLowLatency, std::nullopt, true},
+        SboCase{2, 1, RowDtype::kFp8, All2AllBackend::kLowLatency, RowDtype::kBF16, true},
+        SboCase{4, 3, RowDtype::kF32, All2AllBackend::kLowLatency, std::nullopt, true},
+        SboCase{1, 1, RowDtype::kF32, All2AllBackend::kLowLatency, std::nullopt, true},
+        SboCase{2, 1, RowDtype::kF32, All2AllBackend::kHighThroughput, std::nullopt, true}),
     [](const ::testing::TestParamInfo<SboCase>& info) {
       const SboCase& c = info.param;
       return std::string(all2all_backend_name(c.backend)) + "_ep" + std::to_string(c.world) +
              "_chunks" + std::to_string(c.chunks) + "_" + all2all_dtype_name(c.rows) +
-             (c.back_rows ? std::string("_back_") + all2all_dtype_name(*c.back_rows) : "");
+             (c.back_rows ? std::string("_back_") + all2all_dtype_name(*c.back_rows) : "") +
+             (c.own_last ? "_own_last" : "");
     });
+
+// With own_experts_last, a step whose transfers go whole runs its experts in two chunks: first
+// every expert with a row from another rank (the row's first value names its token's rank),
+// then those whose rows are all this rank's; the combine has left when the first chunk is done
+// (its bytes are counted then), and every rank's tokens come back as one rank gives them. A
+// step where every expert with rows has remote rows runs in index order, unchunked.
+TEST(EpDispatcherOwnLast, ExpertsWithRemoteRowsFirstAndTheCombineLeavesAfterThem) {
+  for (RowDtype rows : {RowDtype::kF32, RowDtype::kBF16}) {
+    SCOPED_TRACE(all2all_dtype_name(rows));
+    run_ranks(2, [&](DistContext& ctx) {
+      const int r = ctx.rank();
+      const int64_t n_expert = 16, D = 6, K = 2;
+      EpDispatcherOptions opt{All2AllBackend::kLowLatency, 16};
+      opt.row_dtype = rows;
+      opt.own_experts_last = true;
+      const ExpertPlacement p = place_experts(n_expert, 2);
+      EpDispatcher ep(ctx.comm(), p, opt);
+      int ordered = 0;
+      for (int step = 0; step < 6; ++step) {
+        const Tokens t = make_tokens(r, step, n_expert, 3, D, K, Shape::kRandom);
+        std::vector<float> out(static_cast<size_t>(t.n * t.D), 0.5f);
+        ep.dispatch_send({t.x.data(), t.ids.data(), t.w.data(), t.n, t.D, t.K, out.data()});
+        ExpertBatch& b = ep.dispatch_recv();
+        auto remote = [&](int64_t l) {  // rows of expert l from the other rank
+          int64_t n = 0;
+          for (int64_t i = b.offsets[l]; i < b.offsets[l + 1]; ++i)
+            n += static_cast<int>(b.x[i][0]) / 64 != r;
+          return n;
+        };
+        if (!b.chunk_ends.empty()) {
+          ++ordered;
+          ASSERT_EQ(b.chunk_ends.size(), 2u);
+          ASSERT_EQ(b.order.size(), static_cast<size_t>(p.n_local()));
+          std::vector<int32_t> sorted = b.order;
+          std::sort(sorted.begin(), sorted.end());
+          for (int64_t l = 0; l < p.n_local(); ++l) ASSERT_EQ(sorted[l], l);
+          for (int64_t i = 0; i < p.n_local(); ++i) {
+            const int64_t l = b.order[i];
+            if (i < b.chunk_ends[0]) {
+              EXPECT_GT(remote(l), 0) << "expert " << l;
+            } else {
+              EXPECT_EQ(remote(l), 0) << "expert " << l;
+            }
+          }
+          EXPECT_GT(b.offsets[b.order[b.chunk_ends[0]] + 1], b.offsets[b.order[b.chunk_ends[0]]])
+              << "the second chunk starts with an expert of own rows";
+          const std::function<void(int)> done = b.chunk_done;
+          b.chunk_done = [&](int c) {
+            done(c);
+            if (c == 0) {
+              EXPECT_GT(ep.last_combine_bytes(), 0) << "the combine left";
+            }
+          };
+        } else {
+          int64_t with_remote = 0, own_only = 0;
+          for (int64_t l = 0; l < p.n_local(); ++l) {
+            with_remote += remote(l) > 0;
+            own_only += remote(l) == 0 && b.offsets[l + 1] > b.offsets[l];
+          }
+          EXPECT_TRUE(with_remote == 0 || own_only == 0) << with_remote << " " << own_only;
+        }
+        run_fake_experts(b, expert_fn);
+        ep.combine_send();
+        ep.combine_recv();
+        expect_near(out, rounded_reference(t, p, r, All2AllBackend::kLowLatency, rows, rows),
+                    "step " + std::to_string(step));
+      }
+      EXPECT_GT(ordered, 0) << "no step had both kinds of experts";
+    });
+  }
+}
 
 // With min_chunk_bytes, the chunks follow the step's size, alike on every rank: a step planned
 // for 16 tokens (16 · K = 32 rows of 24 bytes back, 768 bytes) leaves in 768 / 256 = 3 chunks,

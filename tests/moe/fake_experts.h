@@ -1,7 +1,8 @@
 // A stand-in for run_experts in dispatcher tests: local expert l maps an input value v to
 // f(global id of l, v), elementwise; the batch's stale output rows are zeroed, then every output
 // row grows by the weighted sum of its rows' results, as run_experts does — chunk by chunk, with
-// chunk_ready before and chunk_done after each, when the batch has chunks (a chunked combine).
+// chunk_ready before and chunk_done after each, in b.order, when the batch has chunks (a chunked
+// combine, or the own experts last).
 #pragma once
 
 #include <algorithm>
@@ -26,10 +27,14 @@ inline void run_fake_experts(ExpertBatch& b, const std::function<float(int64_t e
     return;
   }
   for (size_t c = 0; c < b.chunk_ends.size(); ++c) {
-    const int64_t l0 = c == 0 ? 0 : b.chunk_ends[c - 1], l1 = b.chunk_ends[c];
+    const int64_t p0 = c == 0 ? 0 : b.chunk_ends[c - 1], p1 = b.chunk_ends[c];
     if (b.chunk_ready) b.chunk_ready(static_cast<int>(c));
-    for (int64_t r = b.offsets[l0]; r < b.offsets[l1]; ++r) std::fill(b.clear[r], b.clear[r] + D, 0.0f);
-    run(l0, l1);
+    for (int64_t p = p0; p < p1; ++p) {  // chunk c: positions [p0, p1) of b.order
+      const int64_t l = b.order.empty() ? p : b.order[p];
+      for (int64_t r = b.offsets[l]; r < b.offsets[l + 1]; ++r)
+        std::fill(b.clear[r], b.clear[r] + D, 0.0f);
+      run(l, l + 1);
+    }
     b.chunk_done(static_cast<int>(c));
   }
 }
