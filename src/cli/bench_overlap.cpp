@@ -52,7 +52,7 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
     std::string part;
     int overlaps = 0;
     bool serial = false;
-    std::string own = "auto";  // +own / +noown: the own experts last on / off
+    std::string own = "auto";  // +own / +own2 / +noown: --sbo-own-experts-last combine / both / off
     while (std::getline(parts, part, '+')) {
       if (part == "off" || part == "tbo" || part == "dbo") {
         ++overlaps;
@@ -75,8 +75,8 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
         m.dist.dbo_split = part;
       } else if (part == "serial") {
         serial = true;
-      } else if (part == "own" || part == "noown") {
-        own = part == "own" ? "on" : "off";
+      } else if (part == "own" || part == "own2" || part == "noown") {
+        own = part == "own" ? "combine" : part == "own2" ? "both" : "off";
       } else {
         overlaps = 2;
       }
@@ -84,7 +84,7 @@ std::vector<BenchMode> parse_modes(const OverlapBenchOptions& o) {
     if (overlaps > 1) {
       DUET_ERROR("--modes: '" << name << "' is not off, tbo or dbo (default off) with +sbo (or "
                               << "+sboN: N chunks), +bf16, +fp8 or +D/C (e.g. +fp8/bf16), "
-                              << "+auto or +thresholds, +own or +noown, and/or +serial");
+                              << "+auto or +thresholds, +own, +own2 or +noown, and/or +serial");
     }
     if (!m.dist.enable_single_batch_overlap) {  // the SBO flags apply to +sbo modes only
       m.dist.sbo_combine_chunks = 0;
@@ -185,8 +185,8 @@ void add_bench_overlap(CLI::App& bench) {
       "--modes", o->modes,
       "Comma-separated modes, the first the baseline of 'vs': off | tbo | dbo, each optionally "
       "+sbo (+sboN: N chunks, forced), +bf16, +fp8 or +D/C (dispatch/combine rows, e.g. "
-      "+fp8/bf16), +auto or +thresholds (--dbo-split), +own or +noown "
-      "(--sbo-own-experts-last on / off) and +serial (the shared experts before the dispatch: "
+      "+fp8/bf16), +auto or +thresholds (--dbo-split), +own, +own2 or +noown "
+      "(--sbo-own-experts-last combine / both / off) and +serial (the shared experts before the dispatch: "
       "'serial' overlaps nothing) (default off,tbo,dbo,sbo)");
   cmd->add_option("--threads", o->threads, "Compute threads per rank");
   add_dist_options(cmd, o->dist);

@@ -45,7 +45,9 @@ std::string describe_sbo(const DistOptions& o) {
   }
   if (s.own_experts_last) {
     if (!d.empty()) d += ", ";
-    d += "own experts last in whole transfers";
+    d += s.own_rows_beside_dispatch
+             ? "own experts beside the dispatch and the combine in whole transfers"
+             : "own experts last in whole transfers";
   }
   if (s.shared_experts_at) {
     if (!d.empty()) d += ", ";
@@ -75,9 +77,10 @@ void check_overlap(const DistOptions& o) {
     DUET_ERROR("--sbo-shared-experts: '" << o.sbo_shared_experts
                                          << "' is not auto, dispatch, combine or serial");
   }
-  if (o.sbo_own_experts_last != "auto" && o.sbo_own_experts_last != "on" &&
-      o.sbo_own_experts_last != "off") {
-    DUET_ERROR("--sbo-own-experts-last: '" << o.sbo_own_experts_last << "' is not auto, on or off");
+  if (o.sbo_own_experts_last != "auto" && o.sbo_own_experts_last != "combine" &&
+      o.sbo_own_experts_last != "both" && o.sbo_own_experts_last != "off") {
+    DUET_ERROR("--sbo-own-experts-last: '" << o.sbo_own_experts_last
+                                           << "' is not auto, combine, both or off");
   }
   if (sbo && !o.enable_expert_parallel) {
     DUET_ERROR(
@@ -178,10 +181,11 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
                   "or serial (before the dispatch, beside neither: no overlap at all, the "
                   "baseline for measuring); auto: the dispatch, with DBO the combine");
   cmd->add_option("--sbo-own-experts-last", o.sbo_own_experts_last,
-                  "low_latency steps whose transfers go whole: run the experts with rows from "
-                  "other ranks first, send the combine as soon as they ran, and run the experts "
-                  "whose rows are all this rank's while it travels: on | off | auto (on with "
-                  "--enable-single-batch-overlap)");
+                  "low_latency steps whose transfers go whole: combine (run the experts with rows "
+                  "from other ranks first, send the combine as soon as they ran, and the experts "
+                  "whose rows are all this rank's while it travels) | both (the row counts sent "
+                  "ahead, and half of those experts also while the other ranks' rows travel) | "
+                  "off | auto (combine with --enable-single-batch-overlap)");
   cmd->add_option("--all2all-dtype", o.all2all_dtype,
                   "Element type of the rows dispatch and combine carry: f32 (default) | bf16 "
                   "(half the bytes; rows rounded to bf16) | fp8 (E4M3 with a scale per 128 "
@@ -265,8 +269,9 @@ SboSettings resolve_sbo(const DistOptions& o) {
     s.min_chunk_bytes = kSboMinChunkBytes;
     s.chunk_micro_batches = false;
   }
-  s.own_experts_last = o.sbo_own_experts_last == "on" ||
+  s.own_experts_last = o.sbo_own_experts_last == "combine" || o.sbo_own_experts_last == "both" ||
                        (o.sbo_own_experts_last == "auto" && o.enable_single_batch_overlap);
+  s.own_rows_beside_dispatch = o.sbo_own_experts_last == "both";
   if (o.sbo_shared_experts == "dispatch") {
     s.shared_experts_at = SharedExpertsAt::kDispatch;
   } else if (o.sbo_shared_experts == "combine") {
@@ -293,6 +298,7 @@ EpDispatcherOptions ep_dispatcher_options(const DistOptions& o) {
   eo.min_chunk_bytes = sbo.min_chunk_bytes;
   eo.chunk_micro_batches = sbo.chunk_micro_batches;
   eo.own_experts_last = sbo.own_experts_last;
+  eo.own_rows_beside_dispatch = sbo.own_rows_beside_dispatch;
   return eo;
 }
 

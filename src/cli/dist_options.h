@@ -54,7 +54,8 @@ struct DistOptions {
   int sbo_combine_chunks = 0;            // --sbo-combine-chunks: 0 = SBO's choice (1 without SBO)
   // --sbo-shared-experts: auto | dispatch | combine | serial
   std::string sbo_shared_experts = "auto";
-  // --sbo-own-experts-last: auto (on with --enable-single-batch-overlap) | on | off
+  // --sbo-own-experts-last: auto (combine with --enable-single-batch-overlap) | combine | both |
+  // off
   std::string sbo_own_experts_last = "auto";
   std::string all2all_dtype = "f32";        // --all2all-dtype: f32 | bf16 | fp8
   std::string all2all_combine_dtype;        // --all2all-combine-dtype: empty = all2all_dtype
@@ -79,6 +80,7 @@ struct SboSettings {
   int64_t min_chunk_bytes = 0;  // EpDispatcherOptions::min_chunk_bytes: SBO's choice only
   bool chunk_micro_batches = true;  // EpDispatcherOptions::chunk_micro_batches: false by choice
   bool own_experts_last = false;    // EpDispatcherOptions::own_experts_last
+  bool own_rows_beside_dispatch = false;  // EpDispatcherOptions::own_rows_beside_dispatch
   std::optional<SharedExpertsAt> shared_experts_at;
 };
 constexpr int kSboCombineChunks = 8;

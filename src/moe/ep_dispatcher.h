@@ -77,6 +77,11 @@ struct EpDispatcherOptions {
   // experts whose rows are all this rank's own run while it travels (their outputs never leave
   // the rank). Changes no result: each row's output is its own, whatever the order.
   bool own_experts_last = false;
+  // With own_experts_last: such steps send the row counts ahead of the rows, so that a rank
+  // knows which of its experts have only its own rows before the other ranks' rows arrive, and
+  // runs half of those while the rows travel (the other half while the combine does). One more
+  // message each way per layer. Every rank must use the same value.
+  bool own_rows_beside_dispatch = false;
   // The combine's, when it differs from the dispatch's (DeepEP's fp8 dispatch with a bf16
   // combine); unset: row_dtype both ways.
   std::optional<RowDtype> combine_dtype = std::nullopt;
@@ -136,11 +141,15 @@ class EpDispatcher final : public Dispatcher {
   // ExpertBatch::chunk_ready: waits for chunk c of the dispatch and widens its rows (bf16, fp8).
   void ll_dispatch_chunk_ready(int c);
   // EpDispatcherOptions::own_experts_last: orders batch_ (the experts with rows from other
-  // ranks, then those with only this rank's) when both kinds have rows, as two chunks.
-  // REQUIRES: remote_rows_ counted, the batch built.
+  // ranks, then those with only this rank's) when both kinds have rows, as two chunks; with the
+  // counts ahead (counts_first_), as three: half of the own-only experts, the ones with other
+  // ranks' rows (waiting for those rows first), the rest. REQUIRES: remote_rows_ counted, the
+  // batch built.
   void ll_order_own_last();
-  // ExpertBatch::chunk_done of that order: after chunk 0 the combine leaves (every row another
-  // rank waits for is final); the own rows of chunk 1 are packed for the combine's type.
+  // ExpertBatch::chunk_ready / chunk_done of that order: the other ranks' rows are waited for
+  // before chunk own_wait_chunk_, and the combine leaves after chunk own_post_chunk_ (every row
+  // another rank waits for is final then); each chunk's rows are packed for the combine's type.
+  void ll_own_last_ready(int c);
   void ll_own_last_done(int c);
   // Packs the outputs of batch rows [r0, r1) into their slots in the combine's type.
   void ll_pack_rows(int64_t r0, int64_t r1);
@@ -232,6 +241,9 @@ class EpDispatcher final : public Dispatcher {
   std::vector<CommHandle> dispatch_chunks_;
   std::vector<int64_t> remote_rows_;  // [n_local] rows from the other ranks for each expert
   bool own_last_ = false;             // this layer's batch runs in ll_order_own_last's order
+  bool counts_first_ = false;  // this layer's dispatch: the counts, then every row (ll_chunks_
+                               // is {0, L}), for own_rows_beside_dispatch
+  int own_wait_chunk_ = -1, own_post_chunk_ = 0;  // ll_own_last_ready / _done
   std::vector<const float*> row_in_;  // bf16, fp8: [batch rows] each row's input on the wire
   // bf16 rows: the experts read f32 and write f32, so both sides are staged. xin_ [batch rows
   // (ll) or records (ht), n_embd] the widened inputs; xout_ [batch rows, n_embd] (ll) the

@@ -191,6 +191,10 @@ void EpDispatcher::ll_plan_chunks(int64_t L, int64_t row_words) {
   }
   if (n_chunks > 1)
     for (int64_t c = 1; c <= n_chunks; ++c) ll_chunks_.push_back(c * L / n_chunks);
+  // The counts ahead of the rows: chunk 0 carries no expert's rows, chunk 1 all of them.
+  counts_first_ = ll_chunks_.empty() && opt_.own_experts_last && opt_.own_rows_beside_dispatch &&
+                  n_rank_ > 1;
+  if (counts_first_) ll_chunks_ = {0, L};
 }
 
 // The sender knows its runs; the receiver's come from the counts that arrived with chunk 0,
@@ -285,9 +289,9 @@ void EpDispatcher::ll_dispatch_recv() {
     // A chunked dispatch's first message carries the first chunk's rows (the own buffer is all
     // there).
     const int64_t arrived =
-        ll_chunks_.empty() || s == rank_
-            ? rows
-            : blk_row_[s * L + ll_chunks_[0] - 1] + get_count(block(s) + ll_chunks_[0] - 1);
+        ll_chunks_.empty() || s == rank_ ? rows
+        : ll_chunks_[0] == 0             ? 0
+                             : blk_row_[s * L + ll_chunks_[0] - 1] + get_count(block(s) + ll_chunks_[0] - 1);
     if (got != (L + arrived * RW) * 4) {
       DUET_ERROR("low_latency dispatch: rank " << s << " sent " << got << " bytes for " << arrived
                                                << " rows, expected " << (L + arrived * RW) * 4);
@@ -316,6 +320,7 @@ void EpDispatcher::ll_dispatch_recv() {
         if (wire.converted()) {  // widened when it has arrived (ll_dispatch_chunk_ready)
           row_in_[row] = in + j * RW;
           batch_.x[row] = xin_.data() + row * D;
+          if (counts_first_ && s == rank_) wire.get(row_in_[row], xin_.data() + row * D);
         } else {
           batch_.x[row] = in + j * D;
         }
@@ -337,6 +342,10 @@ void EpDispatcher::ll_dispatch_recv() {
   batch_.chunk_ready = nullptr;
   batch_.order.clear();
   own_last_ = false;
+  if (counts_first_) {  // the own rows are here (widened above); the others come in chunk 1
+    ll_order_own_last();
+    return;
+  }
   if (!ll_chunks_.empty()) {
     batch_.chunk_done = [this](int c) { ll_combine_chunk(c); };
     batch_.chunk_ready = [this](int c) { ll_dispatch_chunk_ready(c); };
@@ -356,22 +365,51 @@ void EpDispatcher::ll_order_own_last() {
   };
   int64_t n_kind[3] = {0, 0, 0};
   for (int64_t l = 0; l < L; ++l) ++n_kind[kind(l)];
-  if (n_kind[0] == 0 || n_kind[1] == 0) return;  // one kind only: nothing to gain
-  for (int k = 0; k < 3; ++k)
+  batch_.order.clear();
+  batch_.chunk_ends.clear();
+  if (n_kind[0] == 0 || n_kind[1] == 0) {  // one kind only: nothing to reorder
+    if (!counts_first_) return;
+    batch_.chunk_ends = {L};  // still: the rows arrive in chunk 1 of the dispatch
+    own_wait_chunk_ = 0, own_post_chunk_ = 0;
+  } else if (counts_first_) {  // half of the own-only experts, the others', the rest
+    const int64_t first = (n_kind[1] + 1) / 2;
+    int64_t seen = 0;
     for (int64_t l = 0; l < L; ++l)
-      if (kind(l) == k) batch_.order.push_back(static_cast<int32_t>(l));
-  batch_.chunk_ends = {n_kind[0], L};
+      if (kind(l) == 1 && seen++ < first) batch_.order.push_back(static_cast<int32_t>(l));
+    for (int64_t l = 0; l < L; ++l)
+      if (kind(l) == 0) batch_.order.push_back(static_cast<int32_t>(l));
+    seen = 0;
+    for (int64_t l = 0; l < L; ++l)
+      if ((kind(l) == 1 && seen++ >= first) || kind(l) == 2)
+        batch_.order.push_back(static_cast<int32_t>(l));
+    batch_.chunk_ends = {first, first + n_kind[0], L};
+    own_wait_chunk_ = 1, own_post_chunk_ = 1;
+  } else {  // the others', then the own-only experts
+    for (int k = 0; k < 3; ++k)
+      for (int64_t l = 0; l < L; ++l)
+        if (kind(l) == k) batch_.order.push_back(static_cast<int32_t>(l));
+    batch_.chunk_ends = {n_kind[0], L};
+    own_wait_chunk_ = -1, own_post_chunk_ = 0;
+  }
+  batch_.chunk_ready = [this](int c) { ll_own_last_ready(c); };
   batch_.chunk_done = [this](int c) { ll_own_last_done(c); };
   own_last_ = true;
 }
 
+void EpDispatcher::ll_own_last_ready(int c) {
+  if (c == own_wait_chunk_) ll_dispatch_chunk_ready(1);  // the other ranks' rows (widened)
+}
+
 void EpDispatcher::ll_own_last_done(int c) {
-  DUET_CHECK(c == posted_chunks_ && c < 2,
-             "own-last chunk " << c << " done out of turn (" << posted_chunks_ << " done)");
-  const int64_t p0 = c == 0 ? 0 : batch_.chunk_ends[0], p1 = batch_.chunk_ends[c];
-  for (int64_t p = p0; p < p1; ++p)
-    ll_pack_rows(batch_.offsets[batch_.order[p]], batch_.offsets[batch_.order[p] + 1]);
-  if (c == 0) ll_post_combine();
+  const int n_chunks = static_cast<int>(batch_.chunk_ends.size());
+  DUET_CHECK(c == posted_chunks_ && c < n_chunks, "own-last chunk " << c << " done out of turn ("
+                                                                    << posted_chunks_ << " done)");
+  const int64_t p0 = c == 0 ? 0 : batch_.chunk_ends[c - 1], p1 = batch_.chunk_ends[c];
+  for (int64_t p = p0; p < p1; ++p) {
+    const int64_t l = batch_.order.empty() ? p : batch_.order[p];
+    ll_pack_rows(batch_.offsets[l], batch_.offsets[l + 1]);
+  }
+  if (c == own_post_chunk_) ll_post_combine();
   ++posted_chunks_;
 }
 
@@ -430,8 +468,11 @@ void EpDispatcher::ll_combine_chunk(int c) {
 // The experts wrote the outputs in the layout their inputs came in: they go back as they are,
 // as much of each buffer as came from its rank (or the chunks the experts did not post yet).
 void EpDispatcher::ll_combine_send() {
-  if (own_last_) {  // posted after the first chunk (a runner that ignored chunks: here)
-    while (posted_chunks_ < 2) ll_own_last_done(posted_chunks_);
+  if (own_last_) {  // posted after its chunk (a runner that ignored chunks: here)
+    while (posted_chunks_ < static_cast<int>(batch_.chunk_ends.size())) {
+      if (posted_chunks_ == own_wait_chunk_) ll_own_last_ready(posted_chunks_);
+      ll_own_last_done(posted_chunks_);
+    }
     return;
   }
   if (!batch_.chunk_ends.empty()) {

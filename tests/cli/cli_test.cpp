@@ -516,9 +516,9 @@ TEST_F(CliTest, OverlapFlagsAreChecked) {
   expect_error(run_duet(args + "--all2all-combine-dtype bf16"), "need --enable-expert-parallel");
   expect_error(run_duet(args + "--all2all-combine-dtype fp4 --enable-expert-parallel"), "fp4");
   expect_error(run_duet(args + "--sbo-shared-experts never --enable-expert-parallel"), "never");
-  expect_error(run_duet(args + "--sbo-own-experts-last on"), "need --enable-expert-parallel");
+  expect_error(run_duet(args + "--sbo-own-experts-last both"), "need --enable-expert-parallel");
   expect_error(run_duet(args + "--sbo-own-experts-last maybe --enable-expert-parallel"),
-               "'maybe' is not auto, on or off");
+               "'maybe' is not auto, combine, both or off");
   // More cores for communication than a rank has (2 ranks as threads share this machine's).
   const int cores = available_cores();
   expect_error(run_duet(args + "--comm-cores " + std::to_string(cores) +
@@ -541,7 +541,9 @@ TEST_F(CliTest, SingleBatchOverlapGenerateEqualsOneRank) {
   for (const std::string flags :
        {"--enable-single-batch-overlap --all2all-backend low_latency",
         "--enable-single-batch-overlap --sbo-shared-experts dispatch",
-        "--sbo-shared-experts serial", "--sbo-own-experts-last on --all2all-backend low_latency",
+        "--sbo-shared-experts serial",
+        "--sbo-own-experts-last combine --all2all-backend low_latency",
+        "--sbo-own-experts-last both --all2all-backend low_latency",
         "--enable-single-batch-overlap --sbo-own-experts-last off --all2all-backend low_latency",
         "--sbo-combine-chunks 3 --all2all-backend low_latency --enable-two-batch-overlap",
         "--all2all-dtype bf16"}) {

@@ -67,6 +67,7 @@ struct OverlapCase {
   int combine_chunks = 1;
   std::optional<SharedExpertsAt> shared_at;
   bool own_last = false;  // EpDispatcherOptions::own_experts_last
+  bool counts_first = false;  // EpDispatcherOptions::own_rows_beside_dispatch
 };
 
 std::string case_name(const OverlapCase& c) {
@@ -78,6 +79,7 @@ std::string case_name(const OverlapCase& c) {
                                                        : "_shared_dispatch";
   }
   if (c.own_last) name += "_own_last";
+  if (c.counts_first) name += "_counts_first";
   return name;
 }
 
@@ -132,6 +134,7 @@ TEST_P(OverlapGenerateTest, ExpertParallelRanksEqualPlain) {
         EpDispatcherOptions opt{backend, 64};
         opt.combine_chunks = GetParam().combine_chunks;
         opt.own_experts_last = GetParam().own_last;
+        opt.own_rows_beside_dispatch = GetParam().counts_first;
         g.dispatchers = [comm, place, opt](int) {
           return std::make_unique<EpDispatcher>(*comm, place, opt);
         };
@@ -186,7 +189,10 @@ INSTANTIATE_TEST_SUITE_P(
                       OverlapCase{"qwen3_moe", OverlapMode::kNone, 1, std::nullopt, true},
                       OverlapCase{"deepseek_v2", OverlapMode::kTbo, 1, SharedExpertsAt::kDispatch,
                                   true},
-                      OverlapCase{"mixtral", OverlapMode::kDbo, 1, std::nullopt, true}),
+                      OverlapCase{"mixtral", OverlapMode::kDbo, 1, std::nullopt, true},
+                      OverlapCase{"qwen3_moe", OverlapMode::kTbo, 1, std::nullopt, true, true},
+                      OverlapCase{"deepseek_v2", OverlapMode::kNone, 1, SharedExpertsAt::kDispatch,
+                                  true, true}),
     [](const ::testing::TestParamInfo<OverlapCase>& info) { return case_name(info.param); });
 
 // bf16 and fp8 rows on 2 and 4 ranks, both algorithms, alone and under TBO: the decisive

@@ -119,6 +119,7 @@ struct SboCase {
   All2AllBackend backend;
   std::optional<RowDtype> back_rows = std::nullopt;  // the combine's, if not `rows`
   bool own_last = false;                             // EpDispatcherOptions::own_experts_last
+  bool counts_first = false;  // and EpDispatcherOptions::own_rows_beside_dispatch
 };
 
 class EpDispatcherSboTest : public ::testing::TestWithParam<SboCase> {};
@@ -138,6 +139,7 @@ TEST_P(EpDispatcherSboTest, SameAsOneRank) {
       opt.combine_dtype = c.back_rows;
       opt.combine_chunks = c.chunks;
       opt.own_experts_last = c.own_last;
+      opt.own_rows_beside_dispatch = c.counts_first;
       const RowDtype back_rows = c.back_rows.value_or(c.rows);
       EpDispatcher ep(ctx.comm(), p, opt);
       LocalDispatcher local(n_expert);
@@ -200,13 +202,20 @@ INSTANTIATE_TEST_SUITE_P(
         SboCase{2, 1, RowDtype::kFp8, All2AllBackend::kLowLatency, RowDtype::kBF16, true},
         SboCase{4, 3, RowDtype::kF32, All2AllBackend::kLowLatency, std::nullopt, true},
         SboCase{1, 1, RowDtype::kF32, All2AllBackend::kLowLatency, std::nullopt, true},
-        SboCase{2, 1, RowDtype::kF32, All2AllBackend::kHighThroughput, std::nullopt, true}),
+        SboCase{2, 1, RowDtype::kF32, All2AllBackend::kHighThroughput, std::nullopt, true},
+        // And the counts ahead of the rows.
+        SboCase{2, 1, RowDtype::kF32, All2AllBackend::kLowLatency, std::nullopt, true, true},
+        SboCase{4, 1, RowDtype::kF32, All2AllBackend::kLowLatency, std::nullopt, true, true},
+        SboCase{3, 1, RowDtype::kBF16, All2AllBackend::kLowLatency, std::nullopt, true, true},
+        SboCase{2, 1, RowDtype::kFp8, All2AllBackend::kLowLatency, RowDtype::kBF16, true, true},
+        SboCase{4, 3, RowDtype::kF32, All2AllBackend::kLowLatency, std::nullopt, true, true},
+        SboCase{1, 1, RowDtype::kF32, All2AllBackend::kLowLatency, std::nullopt, true, true}),
     [](const ::testing::TestParamInfo<SboCase>& info) {
       const SboCase& c = info.param;
       return std::string(all2all_backend_name(c.backend)) + "_ep" + std::to_string(c.world) +
              "_chunks" + std::to_string(c.chunks) + "_" + all2all_dtype_name(c.rows) +
              (c.back_rows ? std::string("_back_") + all2all_dtype_name(*c.back_rows) : "") +
-             (c.own_last ? "_own_last" : "");
+             (c.own_last ? "_own_last" : "") + (c.counts_first ? "_counts_first" : "");
     });
 
 // With own_experts_last, a step whose transfers go whole runs its experts in two chunks: first
@@ -272,6 +281,78 @@ TEST(EpDispatcherOwnLast, ExpertsWithRemoteRowsFirstAndTheCombineLeavesAfterThem
         run_fake_experts(b, expert_fn);
         ep.combine_send();
         ep.combine_recv();
+        expect_near(out, rounded_reference(t, p, r, All2AllBackend::kLowLatency, rows, rows),
+                    "step " + std::to_string(step));
+      }
+      EXPECT_GT(ordered, 0) << "no step had both kinds of experts";
+    });
+  }
+}
+
+// With own_rows_beside_dispatch too, the counts travel ahead of the rows: chunk 0 is half of the
+// experts whose rows are all this rank's, chunk 1 the experts with the other rank's rows (their
+// rows waited for at chunk_ready(1); the combine has left when it is done), chunk 2 the rest;
+// every chunk gets its chunk_ready, and every rank's tokens come back as one rank gives them (each
+// step's rows are fresh, so a row read before it arrived would show).
+TEST(EpDispatcherOwnLast, CountsAheadHalfTheOwnExpertsBesideTheDispatch) {
+  for (RowDtype rows : {RowDtype::kF32, RowDtype::kBF16}) {
+    SCOPED_TRACE(all2all_dtype_name(rows));
+    run_ranks(2, [&](DistContext& ctx) {
+      const int r = ctx.rank();
+      const int64_t n_expert = 16, D = 6, K = 2;
+      EpDispatcherOptions opt{All2AllBackend::kLowLatency, 16};
+      opt.row_dtype = rows;
+      opt.own_experts_last = true;
+      opt.own_rows_beside_dispatch = true;
+      const ExpertPlacement p = place_experts(n_expert, 2);
+      EpDispatcher ep(ctx.comm(), p, opt);
+      int ordered = 0;
+      for (int step = 0; step < 6; ++step) {
+        const Tokens t = make_tokens(r, step, n_expert, 3, D, K, Shape::kRandom);
+        std::vector<float> out(static_cast<size_t>(t.n * t.D), 0.5f);
+        ep.dispatch_send({t.x.data(), t.ids.data(), t.w.data(), t.n, t.D, t.K, out.data()});
+        ExpertBatch& b = ep.dispatch_recv();
+        ASSERT_FALSE(b.chunk_ends.empty()) << "the rows come in a second transfer";
+        const bool three = b.chunk_ends.size() == 3;
+        if (three) {
+          ++ordered;
+          int64_t later_own = 0;
+          for (int64_t i = 0; i < p.n_local(); ++i) {
+            const int64_t l = b.order[i];
+            const bool has_rows = b.offsets[l + 1] > b.offsets[l];
+            if (i < b.chunk_ends[0]) {
+              EXPECT_TRUE(has_rows) << "expert " << l;
+            }
+            if (i >= b.chunk_ends[1] && has_rows) ++later_own;
+          }
+          EXPECT_TRUE(b.chunk_ends[0] == later_own || b.chunk_ends[0] == later_own + 1)
+              << b.chunk_ends[0] << " now, " << later_own << " later";
+        }
+        std::vector<int> readies;
+        const std::function<void(int)> ready = b.chunk_ready, done = b.chunk_done;
+        b.chunk_ready = [&](int c) {
+          readies.push_back(c);
+          ready(c);
+          if (three && c == 1) {  // the rows are in: each expert of chunk 1 has the other's
+            for (int64_t i = b.chunk_ends[0]; i < b.chunk_ends[1]; ++i) {
+              const int64_t l = b.order[i];
+              int64_t remote = 0;
+              for (int64_t row = b.offsets[l]; row < b.offsets[l + 1]; ++row)
+                remote += static_cast<int>(b.x[row][0]) / 64 != r;
+              EXPECT_GT(remote, 0) << "expert " << l;
+            }
+          }
+        };
+        b.chunk_done = [&](int c) {
+          done(c);
+          if (three && c == 1) {
+            EXPECT_GT(ep.last_combine_bytes(), 0) << "the combine left";
+          }
+        };
+        run_fake_experts(b, expert_fn);
+        ep.combine_send();
+        ep.combine_recv();
+        EXPECT_EQ(readies.size(), b.chunk_ends.size());
         expect_near(out, rounded_reference(t, p, r, All2AllBackend::kLowLatency, rows, rows),
                     "step " + std::to_string(step));
       }
