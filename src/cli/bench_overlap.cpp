@@ -186,7 +186,8 @@ void add_bench_overlap(CLI::App& bench) {
       "Comma-separated modes, the first the baseline of 'vs': off | tbo | dbo, each optionally "
       "+sbo (+sboN: N chunks, forced), +bf16, +fp8 or +D/C (dispatch/combine rows, e.g. "
       "+fp8/bf16), +auto or +thresholds (--dbo-split), +own, +own2 or +noown "
-      "(--sbo-own-experts-last combine / both / off) and +serial (the shared experts before the dispatch: "
+      "(--sbo-own-experts-last combine / both / off) and +serial (the shared experts before the "
+      "dispatch: "
       "'serial' overlaps nothing) (default off,tbo,dbo,sbo)");
   cmd->add_option("--threads", o->threads, "Compute threads per rank");
   add_dist_options(cmd, o->dist);

@@ -192,8 +192,8 @@ void EpDispatcher::ll_plan_chunks(int64_t L, int64_t row_words) {
   if (n_chunks > 1)
     for (int64_t c = 1; c <= n_chunks; ++c) ll_chunks_.push_back(c * L / n_chunks);
   // The counts ahead of the rows: chunk 0 carries no expert's rows, chunk 1 all of them.
-  counts_first_ = ll_chunks_.empty() && opt_.own_experts_last && opt_.own_rows_beside_dispatch &&
-                  n_rank_ > 1;
+  counts_first_ =
+      ll_chunks_.empty() && opt_.own_experts_last && opt_.own_rows_beside_dispatch && n_rank_ > 1;
   if (counts_first_) ll_chunks_ = {0, L};
 }
 
@@ -288,10 +288,10 @@ void EpDispatcher::ll_dispatch_recv() {
     rows_from_[s] = rows;
     // A chunked dispatch's first message carries the first chunk's rows (the own buffer is all
     // there).
-    const int64_t arrived =
-        ll_chunks_.empty() || s == rank_ ? rows
-        : ll_chunks_[0] == 0             ? 0
-                             : blk_row_[s * L + ll_chunks_[0] - 1] + get_count(block(s) + ll_chunks_[0] - 1);
+    const int64_t arrived = ll_chunks_.empty() || s == rank_ ? rows
+                            : ll_chunks_[0] == 0             ? 0
+                                                             : blk_row_[s * L + ll_chunks_[0] - 1] +
+                                                       get_count(block(s) + ll_chunks_[0] - 1);
     if (got != (L + arrived * RW) * 4) {
       DUET_ERROR("low_latency dispatch: rank " << s << " sent " << got << " bytes for " << arrived
                                                << " rows, expected " << (L + arrived * RW) * 4);
@@ -402,8 +402,8 @@ void EpDispatcher::ll_own_last_ready(int c) {
 
 void EpDispatcher::ll_own_last_done(int c) {
   const int n_chunks = static_cast<int>(batch_.chunk_ends.size());
-  DUET_CHECK(c == posted_chunks_ && c < n_chunks, "own-last chunk " << c << " done out of turn ("
-                                                                    << posted_chunks_ << " done)");
+  DUET_CHECK(c == posted_chunks_ && c < n_chunks,
+             "own-last chunk " << c << " done out of turn (" << posted_chunks_ << " done)");
   const int64_t p0 = c == 0 ? 0 : batch_.chunk_ends[c - 1], p1 = batch_.chunk_ends[c];
   for (int64_t p = p0; p < p1; ++p) {
     const int64_t l = batch_.order.empty() ? p : batch_.order[p];

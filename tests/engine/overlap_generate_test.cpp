@@ -175,24 +175,23 @@ INSTANTIATE_TEST_SUITE_P(
 // Single-batch overlap alone (overlap kNone) and inside each micro-batch of TBO and DBO.
 INSTANTIATE_TEST_SUITE_P(
     Sbo, OverlapGenerateTest,
-    ::testing::Values(OverlapCase{"deepseek_v2", OverlapMode::kNone, 2, SharedExpertsAt::kCombine},
-                      OverlapCase{"deepseek_v2", OverlapMode::kNone, 4, SharedExpertsAt::kDispatch},
-                      OverlapCase{"deepseek_v2", OverlapMode::kTbo, 2, SharedExpertsAt::kCombine},
-                      OverlapCase{"deepseek_v2", OverlapMode::kDbo, 3, SharedExpertsAt::kDispatch},
-                      OverlapCase{"deepseek_v2", OverlapMode::kNone, 1, SharedExpertsAt::kSerial},
-                      OverlapCase{"deepseek_v2", OverlapMode::kTbo, 1, SharedExpertsAt::kSerial},
-                      OverlapCase{"qwen3_moe", OverlapMode::kNone, 2, std::nullopt},
-                      OverlapCase{"qwen3_moe", OverlapMode::kDbo, 4, std::nullopt},
-                      OverlapCase{"mixtral", OverlapMode::kNone, 4, std::nullopt},
-                      OverlapCase{"mixtral", OverlapMode::kTbo, 2, std::nullopt},
-                      // The own experts last (low_latency steps that travel whole).
-                      OverlapCase{"qwen3_moe", OverlapMode::kNone, 1, std::nullopt, true},
-                      OverlapCase{"deepseek_v2", OverlapMode::kTbo, 1, SharedExpertsAt::kDispatch,
-                                  true},
-                      OverlapCase{"mixtral", OverlapMode::kDbo, 1, std::nullopt, true},
-                      OverlapCase{"qwen3_moe", OverlapMode::kTbo, 1, std::nullopt, true, true},
-                      OverlapCase{"deepseek_v2", OverlapMode::kNone, 1, SharedExpertsAt::kDispatch,
-                                  true, true}),
+    ::testing::Values(
+        OverlapCase{"deepseek_v2", OverlapMode::kNone, 2, SharedExpertsAt::kCombine},
+        OverlapCase{"deepseek_v2", OverlapMode::kNone, 4, SharedExpertsAt::kDispatch},
+        OverlapCase{"deepseek_v2", OverlapMode::kTbo, 2, SharedExpertsAt::kCombine},
+        OverlapCase{"deepseek_v2", OverlapMode::kDbo, 3, SharedExpertsAt::kDispatch},
+        OverlapCase{"deepseek_v2", OverlapMode::kNone, 1, SharedExpertsAt::kSerial},
+        OverlapCase{"deepseek_v2", OverlapMode::kTbo, 1, SharedExpertsAt::kSerial},
+        OverlapCase{"qwen3_moe", OverlapMode::kNone, 2, std::nullopt},
+        OverlapCase{"qwen3_moe", OverlapMode::kDbo, 4, std::nullopt},
+        OverlapCase{"mixtral", OverlapMode::kNone, 4, std::nullopt},
+        OverlapCase{"mixtral", OverlapMode::kTbo, 2, std::nullopt},
+        // The own experts last (low_latency steps that travel whole).
+        OverlapCase{"qwen3_moe", OverlapMode::kNone, 1, std::nullopt, true},
+        OverlapCase{"deepseek_v2", OverlapMode::kTbo, 1, SharedExpertsAt::kDispatch, true},
+        OverlapCase{"mixtral", OverlapMode::kDbo, 1, std::nullopt, true},
+        OverlapCase{"qwen3_moe", OverlapMode::kTbo, 1, std::nullopt, true, true},
+        OverlapCase{"deepseek_v2", OverlapMode::kNone, 1, SharedExpertsAt::kDispatch, true, true}),
     [](const ::testing::TestParamInfo<OverlapCase>& info) { return case_name(info.param); });
 
 // bf16 and fp8 rows on 2 and 4 ranks, both algorithms, alone and under TBO: the decisive
