@@ -87,6 +87,64 @@ TEST(RunExpertsChunks, EachChunkIsFinalWhenAnnouncedAndResultsMatch) {
   }
 }
 
+// With an order, chunk c is the experts at positions [chunk_ends[c - 1], chunk_ends[c]) of it:
+// when chunk_done(c) comes, the rows of exactly those experts and the earlier chunks' are final,
+// every other row untouched; the results equal the run in index order.
+TEST(RunExpertsChunks, ChunksFollowTheOrder) {
+  const int64_t L = 5, D = 8, F = 16;
+  const ExpertSet es = make_experts(L, D, F);
+  const std::vector<int64_t> offsets = {0, 2, 2, 5, 6, 6};  // experts 1 and 4 have no rows
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> x(6 * D);
+  for (float& v : x) v = u(rng);
+  auto make_batch = [&](std::vector<float>& out) {
+    ExpertBatch b;
+    b.n_local_expert = L;
+    b.n_embd = D;
+    b.offsets = offsets;
+    b.resize_rows();
+    out.assign(6 * D, 123.0f);
+    for (int64_t r = 0; r < 6; ++r) {
+      b.x[r] = x.data() + r * D;
+      b.out[r] = out.data() + r * D;
+      b.clear.push_back(out.data() + r * D);
+      b.weight[r] = 0.25f + 0.1f * r;
+    }
+    return b;
+  };
+  ThreadPool pool(2);
+  MlpScratch scratch;
+  std::vector<float> want;
+  ExpertBatch plain = make_batch(want);
+  run_experts(pool, es.experts, plain, scratch);
+  const std::vector<int32_t> order = {3, 4, 0, 1, 2};
+  const std::vector<int64_t> ends = {2, 4, 5};  // {3, 4}, {0, 1}, {2}
+  std::vector<float> got;
+  ExpertBatch b = make_batch(got);
+  b.order = order;
+  b.chunk_ends = ends;
+  int calls = 0;
+  b.chunk_done = [&](int c) {
+    EXPECT_EQ(c, calls++);
+    std::vector<bool> final_row(6, false);
+    for (int64_t p = 0; p < ends[c]; ++p)
+      for (int64_t r = offsets[order[p]]; r < offsets[order[p] + 1]; ++r) final_row[r] = true;
+    for (int64_t r = 0; r < 6; ++r) {
+      for (int64_t i = 0; i < D; ++i) {
+        if (final_row[r]) {
+          ASSERT_FLOAT_EQ(got[r * D + i], want[r * D + i]) << "chunk " << c << " row " << r;
+        } else {
+          ASSERT_EQ(got[r * D + i], 123.0f) << "chunk " << c << " row " << r;
+        }
+      }
+    }
+  };
+  run_experts(pool, es.experts, b, scratch);
+  EXPECT_EQ(calls, 3);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_FLOAT_EQ(got[i], want[i]);
+}
+
 // The inputs of chunk c arrive only at chunk_ready(c) (NaN before): the results are right only
 // if the gate/up products of chunk c wait for it, and the calls alternate ready, done in order.
 TEST(RunExpertsChunks, ChunkInputsAreReadOnlyAfterChunkReady) {
