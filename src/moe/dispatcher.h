@@ -45,7 +45,8 @@ struct ExpertBatch {
   std::vector<float> weight;      // [n_rows] each row's weight in its output row's sum
   // Chunked combine (single-batch overlap): when chunk_ends is not empty, the local experts fall
   // in chunks, chunk c being experts [chunk_ends[c - 1], chunk_ends[c]) (from 0, to
-  // n_local_expert), and `clear` lists row i's output row at i. An expert runner that honours
+  // n_local_expert), and `clear` lists row i's output row at i (or is empty: the dispatcher
+  // zeroed what needed it). An expert runner that honours
   // chunks finishes the rows of one chunk after another (zeroing their clear rows first) and
   // calls chunk_done(c) as soon as chunk c's output rows are final, in order, so the dispatcher
   // sends them while the next chunk computes. One that does not leaves them all to combine_send.

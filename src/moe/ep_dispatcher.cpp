@@ -161,6 +161,45 @@ void EpDispatcher::combine_recv() {
   phase_ = Phase::kIdle;
 }
 
+bool EpDispatcher::order_own_last(bool counts_first) {
+  const int64_t L = placement_.n_local();
+  // 0: rows from other ranks; 1: only this rank's rows; 2: no rows.
+  auto kind = [&](int64_t l) {
+    const int64_t rows = batch_.offsets[l + 1] - batch_.offsets[l];
+    return remote_rows_[l] > 0 ? 0 : rows > 0 ? 1 : 2;
+  };
+  int64_t n_kind[3] = {0, 0, 0};
+  for (int64_t l = 0; l < L; ++l) ++n_kind[kind(l)];
+  batch_.order.clear();
+  batch_.chunk_ends.clear();
+  if (n_kind[0] == 0 || n_kind[1] == 0) {  // one kind only: nothing to reorder
+    if (!counts_first) return false;
+    batch_.chunk_ends = {L};  // still: the rows arrive in chunk 1 of the dispatch
+    own_wait_chunk_ = 0, own_post_chunk_ = 0;
+  } else if (counts_first) {  // half of the own-only experts, the others', the rest
+    const int64_t first = (n_kind[1] + 1) / 2;
+    int64_t seen = 0;
+    for (int64_t l = 0; l < L; ++l)
+      if (kind(l) == 1 && seen++ < first) batch_.order.push_back(static_cast<int32_t>(l));
+    for (int64_t l = 0; l < L; ++l)
+      if (kind(l) == 0) batch_.order.push_back(static_cast<int32_t>(l));
+    seen = 0;
+    for (int64_t l = 0; l < L; ++l)
+      if ((kind(l) == 1 && seen++ >= first) || kind(l) == 2)
+        batch_.order.push_back(static_cast<int32_t>(l));
+    batch_.chunk_ends = {first, first + n_kind[0], L};
+    own_wait_chunk_ = 1, own_post_chunk_ = 1;
+  } else {  // the others', then the own-only experts
+    for (int k = 0; k < 3; ++k)
+      for (int64_t l = 0; l < L; ++l)
+        if (kind(l) == k) batch_.order.push_back(static_cast<int32_t>(l));
+    batch_.chunk_ends = {n_kind[0], L};
+    own_wait_chunk_ = -1, own_post_chunk_ = 0;
+  }
+  own_last_ = true;
+  return true;
+}
+
 // A record: [K local expert ids, -1 after the last][K weights][D x], in f32 words. Records to
 // this rank keep only their header (in self_head_); their rows stay in tokens_.x.
 void EpDispatcher::ht_dispatch_send() {
@@ -298,6 +337,7 @@ void EpDispatcher::ht_dispatch_recv() {
     ++pos;
   }
   batch_.offsets.assign(static_cast<size_t>(L + 1), 0);
+  remote_rows_.assign(static_cast<size_t>(L), 0);
   for (int s = 0; s < n_rank_; ++s) {
     for (int64_t i = 0; i < recv_rows_[s]; ++i) {
       const float* head = ht_head(s, i);
@@ -305,6 +345,7 @@ void EpDispatcher::ht_dispatch_recv() {
         const int32_t l = get_i32(head + j);
         DUET_CHECK(l < L, "received local expert " << l << " of " << L);
         ++batch_.offsets[l + 1];
+        if (s != rank_) ++remote_rows_[l];
       }
     }
   }
@@ -335,10 +376,34 @@ void EpDispatcher::ht_dispatch_recv() {
       }
     }
   }
+  batch_.order.clear();
+  own_last_ = false;
+  posted_chunks_ = 0;
+  combine_bytes_ = 0;  // the combine counts its own
+  if (opt_.own_experts_last && n_rank_ > 1 && order_own_last(false)) {
+    // A record's row sums the token's experts here: the rows going back are final once the
+    // experts with other ranks' rows ran. The runner zeroes no row (the own records' rows are
+    // the caller's output), so the records' rows are zeroed here.
+    std::fill(back_.begin(), back_.end(), 0.0f);
+    batch_.clear.clear();
+    batch_.chunk_done = [this](int c) {
+      if (c == own_post_chunk_) ht_post_combine();
+      ++posted_chunks_;
+    };
+  }
 }
 
-// The experts have reduced each record into one row in back_: it goes back as it is.
+// The experts have reduced each record into one row in back_: it goes back as it is (with the
+// own experts last, it left already).
 void EpDispatcher::ht_combine_send() {
+  if (own_last_) {
+    if (posted_chunks_ == 0) ht_post_combine();  // a runner that ignored the chunks
+    return;
+  }
+  ht_post_combine();
+}
+
+void EpDispatcher::ht_post_combine() {
   const int64_t D = tokens_.n_embd;
   const WireRows wire(opt_.combine_rows(), D);
   const int64_t RW = wire.words();

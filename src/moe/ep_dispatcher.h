@@ -72,13 +72,14 @@ struct EpDispatcherOptions {
   // false: a step split in two micro-batches travels unchunked, the other micro-batch hiding
   // its transfers (there the chunks' extra messages cost more than they hide, measured).
   bool chunk_micro_batches = true;
-  // low_latency, steps whose dispatch and combine travel in one transfer each: the experts
-  // with rows from other ranks run first, the combine leaves as soon as they have, and the
-  // experts whose rows are all this rank's own run while it travels (their outputs never leave
-  // the rank). Changes no result: each row's output is its own, whatever the order.
+  // Steps whose dispatch and combine travel in one transfer each (every high_throughput step):
+  // the experts with rows from other ranks run first, the combine leaves as soon as they have,
+  // and the experts whose rows are all this rank's own run while it travels (their outputs never
+  // leave the rank). low_latency's results do not change (each row's output is its own);
+  // high_throughput adds a token's experts on its own rank in this order instead of by index.
   bool own_experts_last = false;
-  // With own_experts_last: such steps send the row counts ahead of the rows, so that a rank
-  // knows which of its experts have only its own rows before the other ranks' rows arrive, and
+  // With own_experts_last, low_latency: such steps send the row counts ahead of the rows, so that a
+  // rank knows which of its experts have only its own rows before the other ranks' rows arrive, and
   // runs half of those while the rows travel (the other half while the combine does). One more
   // message each way per layer. Every rank must use the same value.
   bool own_rows_beside_dispatch = false;
@@ -146,6 +147,12 @@ class EpDispatcher final : public Dispatcher {
   // ranks' rows (waiting for those rows first), the rest. REQUIRES: remote_rows_ counted, the
   // batch built.
   void ll_order_own_last();
+  // The order itself, for either algorithm (counts_first: the three chunks): batch_.order,
+  // chunk_ends, own_wait_chunk_, own_post_chunk_ and own_last_; false (and no chunks) when
+  // there is nothing to reorder.
+  bool order_own_last(bool counts_first);
+  // high_throughput's one combine transfer.
+  void ht_post_combine();
   // ExpertBatch::chunk_ready / chunk_done of that order: the other ranks' rows are waited for
   // before chunk own_wait_chunk_, and the combine leaves after chunk own_post_chunk_ (every row
   // another rank waits for is final then); each chunk's rows are packed for the combine's type.

@@ -357,43 +357,9 @@ void EpDispatcher::ll_dispatch_recv() {
 }
 
 void EpDispatcher::ll_order_own_last() {
-  const int64_t L = placement_.n_local();
-  // 0: rows from other ranks; 1: only this rank's rows; 2: no rows.
-  auto kind = [&](int64_t l) {
-    const int64_t rows = batch_.offsets[l + 1] - batch_.offsets[l];
-    return remote_rows_[l] > 0 ? 0 : rows > 0 ? 1 : 2;
-  };
-  int64_t n_kind[3] = {0, 0, 0};
-  for (int64_t l = 0; l < L; ++l) ++n_kind[kind(l)];
-  batch_.order.clear();
-  batch_.chunk_ends.clear();
-  if (n_kind[0] == 0 || n_kind[1] == 0) {  // one kind only: nothing to reorder
-    if (!counts_first_) return;
-    batch_.chunk_ends = {L};  // still: the rows arrive in chunk 1 of the dispatch
-    own_wait_chunk_ = 0, own_post_chunk_ = 0;
-  } else if (counts_first_) {  // half of the own-only experts, the others', the rest
-    const int64_t first = (n_kind[1] + 1) / 2;
-    int64_t seen = 0;
-    for (int64_t l = 0; l < L; ++l)
-      if (kind(l) == 1 && seen++ < first) batch_.order.push_back(static_cast<int32_t>(l));
-    for (int64_t l = 0; l < L; ++l)
-      if (kind(l) == 0) batch_.order.push_back(static_cast<int32_t>(l));
-    seen = 0;
-    for (int64_t l = 0; l < L; ++l)
-      if ((kind(l) == 1 && seen++ >= first) || kind(l) == 2)
-        batch_.order.push_back(static_cast<int32_t>(l));
-    batch_.chunk_ends = {first, first + n_kind[0], L};
-    own_wait_chunk_ = 1, own_post_chunk_ = 1;
-  } else {  // the others', then the own-only experts
-    for (int k = 0; k < 3; ++k)
-      for (int64_t l = 0; l < L; ++l)
-        if (kind(l) == k) batch_.order.push_back(static_cast<int32_t>(l));
-    batch_.chunk_ends = {n_kind[0], L};
-    own_wait_chunk_ = -1, own_post_chunk_ = 0;
-  }
+  if (!order_own_last(counts_first_)) return;
   batch_.chunk_ready = [this](int c) { ll_own_last_ready(c); };
   batch_.chunk_done = [this](int c) { ll_own_last_done(c); };
-  own_last_ = true;
 }
 
 void EpDispatcher::ll_own_last_ready(int c) {

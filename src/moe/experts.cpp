@@ -65,8 +65,8 @@ uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, E
   // of the experts' work rather than after every gate/up product; with a chunked dispatch, each
   // chunk starts as soon as its inputs are in. Each expert's weights are still read once: a
   // chunk holds whole experts.
-  DUET_CHECK(batch.clear.size() == static_cast<size_t>(batch.n_rows()) && batch.chunk_done &&
-                 batch.chunk_ends.back() == batch.n_local_expert,
+  DUET_CHECK((batch.clear.empty() || batch.clear.size() == static_cast<size_t>(batch.n_rows())) &&
+                 batch.chunk_done && batch.chunk_ends.back() == batch.n_local_expert,
              "chunked expert batch: " << batch.clear.size() << " clear rows of " << batch.n_rows()
                                       << ", chunks end at " << batch.chunk_ends.back());
   // A chunk's experts are positions [chunk_ends[c - 1], chunk_ends[c]) of batch.order (or of
@@ -93,8 +93,10 @@ uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, E
       if (group_of[e] < 0) continue;
       gated_part.push_back(scratch.gated[group_of[e]]);
       part.push_back(scratch.scatter[group_of[e]]);
-      scratch.clear_part.insert(scratch.clear_part.end(), batch.clear.begin() + batch.offsets[e],
-                                batch.clear.begin() + batch.offsets[e + 1]);
+      if (!batch.clear.empty()) {
+        scratch.clear_part.insert(scratch.clear_part.end(), batch.clear.begin() + batch.offsets[e],
+                                  batch.clear.begin() + batch.offsets[e + 1]);
+      }
     }
     if (!part.empty()) {
       gated_matmul_grouped(pool, gated_part);

@@ -203,6 +203,9 @@ INSTANTIATE_TEST_SUITE_P(
         SboCase{4, 3, RowDtype::kF32, All2AllBackend::kLowLatency, std::nullopt, true},
         SboCase{1, 1, RowDtype::kF32, All2AllBackend::kLowLatency, std::nullopt, true},
         SboCase{2, 1, RowDtype::kF32, All2AllBackend::kHighThroughput, std::nullopt, true},
+        SboCase{4, 1, RowDtype::kF32, All2AllBackend::kHighThroughput, std::nullopt, true},
+        SboCase{3, 1, RowDtype::kBF16, All2AllBackend::kHighThroughput, std::nullopt, true},
+        SboCase{2, 1, RowDtype::kFp8, All2AllBackend::kHighThroughput, RowDtype::kBF16, true},
         // And the counts ahead of the rows.
         SboCase{2, 1, RowDtype::kF32, All2AllBackend::kLowLatency, std::nullopt, true, true},
         SboCase{4, 1, RowDtype::kF32, All2AllBackend::kLowLatency, std::nullopt, true, true},
@@ -218,18 +221,22 @@ INSTANTIATE_TEST_SUITE_P(
              (c.own_last ? "_own_last" : "") + (c.counts_first ? "_counts_first" : "");
     });
 
-// With own_experts_last, a step whose transfers go whole runs its experts in two chunks: first
-// every expert with a row from another rank (the row's first value names its token's rank),
-// then those whose rows are all this rank's; the combine has left when the first chunk is done
-// (its bytes are counted then), and every rank's tokens come back as one rank gives them. A
-// step where every expert with rows has remote rows runs in index order, unchunked.
+// With own_experts_last, a step whose transfers go whole (both algorithms) runs its experts in
+// two chunks: first every expert with a row from another rank (the row's first value names its
+// token's rank), then those whose rows are all this rank's; the combine has left when the first
+// chunk is done (its bytes are counted then), and every rank's tokens come back as one rank
+// gives them. A step where every expert with rows has remote rows runs in index order,
+// unchunked.
 TEST(EpDispatcherOwnLast, ExpertsWithRemoteRowsFirstAndTheCombineLeavesAfterThem) {
-  for (RowDtype rows : {RowDtype::kF32, RowDtype::kBF16}) {
-    SCOPED_TRACE(all2all_dtype_name(rows));
+  for (auto [backend, rows] : {std::pair{All2AllBackend::kLowLatency, RowDtype::kF32},
+                               {All2AllBackend::kLowLatency, RowDtype::kBF16},
+                               {All2AllBackend::kHighThroughput, RowDtype::kF32},
+                               {All2AllBackend::kHighThroughput, RowDtype::kBF16}}) {
+    SCOPED_TRACE(std::string(all2all_backend_name(backend)) + " " + all2all_dtype_name(rows));
     run_ranks(2, [&](DistContext& ctx) {
       const int r = ctx.rank();
       const int64_t n_expert = 16, D = 6, K = 2;
-      EpDispatcherOptions opt{All2AllBackend::kLowLatency, 16};
+      EpDispatcherOptions opt{backend, 16};
       opt.row_dtype = rows;
       opt.own_experts_last = true;
       const ExpertPlacement p = place_experts(n_expert, 2);
@@ -281,7 +288,7 @@ TEST(EpDispatcherOwnLast, ExpertsWithRemoteRowsFirstAndTheCombineLeavesAfterThem
         run_fake_experts(b, expert_fn);
         ep.combine_send();
         ep.combine_recv();
-        expect_near(out, rounded_reference(t, p, r, All2AllBackend::kLowLatency, rows, rows),
+        expect_near(out, rounded_reference(t, p, r, backend, rows, rows),
                     "step " + std::to_string(step));
       }
       EXPECT_GT(ordered, 0) << "no step had both kinds of experts";
