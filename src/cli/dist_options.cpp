@@ -181,11 +181,11 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
                   "or serial (before the dispatch, beside neither: no overlap at all, the "
                   "baseline for measuring); auto: the dispatch, with DBO the combine");
   cmd->add_option("--sbo-own-experts-last", o.sbo_own_experts_last,
-                  "low_latency steps whose transfers go whole: combine (run the experts with rows "
-                  "from other ranks first, send the combine as soon as they ran, and the experts "
-                  "whose rows are all this rank's while it travels) | both (the row counts sent "
-                  "ahead, and half of those experts also while the other ranks' rows travel) | "
-                  "off | auto (combine with --enable-single-batch-overlap)");
+                  "Steps whose transfers go whole: combine (run the experts with rows from "
+                  "other ranks first, send the combine as soon as they ran, and the experts "
+                  "whose rows are all this rank's while it travels) | both (low_latency: also "
+                  "the row counts sent ahead, and half of those experts run while the other "
+                  "ranks' rows travel) | off | auto (combine with --enable-single-batch-overlap)");
   cmd->add_option("--all2all-dtype", o.all2all_dtype,
                   "Element type of the rows dispatch and combine carry: f32 (default) | bf16 "
                   "(half the bytes; rows rounded to bf16) | fp8 (E4M3 with a scale per 128 "
