@@ -221,6 +221,46 @@ INSTANTIATE_TEST_SUITE_P(
              (c.own_last ? "_own_last" : "") + (c.counts_first ? "_counts_first" : "");
     });
 
+// One of 2 ranks with the own experts last (16 experts, rows of 6, top 2, 3 tokens a rank),
+// stepped with fresh tokens each step.
+struct OwnLastRank {
+  static EpDispatcherOptions options(All2AllBackend backend, RowDtype rows, bool counts_first) {
+    EpDispatcherOptions opt{backend, 16};
+    opt.row_dtype = rows;
+    opt.own_experts_last = true;
+    opt.own_rows_beside_dispatch = counts_first;
+    return opt;
+  }
+  OwnLastRank(DistContext& ctx, All2AllBackend backend, RowDtype rows, bool counts_first)
+      : r(ctx.rank()),
+        backend(backend),
+        rows(rows),
+        p(place_experts(16, 2)),
+        ep(ctx.comm(), p, options(backend, rows, counts_first)) {}
+  // Dispatches step `step`'s tokens and returns the batch.
+  ExpertBatch& dispatch(int step) {
+    t = make_tokens(r, step, 16, 3, 6, 2, Shape::kRandom);
+    out.assign(static_cast<size_t>(t.n * t.D), 0.5f);
+    ep.dispatch_send({t.x.data(), t.ids.data(), t.w.data(), t.n, t.D, t.K, out.data()});
+    return ep.dispatch_recv();
+  }
+  // Runs the experts and the combine; the tokens must come back as one rank gives them.
+  void finish(ExpertBatch& b, int step) {
+    run_fake_experts(b, expert_fn);
+    ep.combine_send();
+    ep.combine_recv();
+    expect_near(out, rounded_reference(t, p, r, backend, rows, rows),
+                "step " + std::to_string(step));
+  }
+  const int r;
+  const All2AllBackend backend;
+  const RowDtype rows;
+  const ExpertPlacement p;
+  EpDispatcher ep;
+  Tokens t;
+  std::vector<float> out;
+};
+
 // With own_experts_last, a step whose transfers go whole (both algorithms) runs its experts in
 // two chunks: first every expert with a row from another rank (the row's first value names its
 // token's rank), then those whose rows are all this rank's; the combine has left when the first
@@ -234,19 +274,13 @@ TEST(EpDispatcherOwnLast, ExpertsWithRemoteRowsFirstAndTheCombineLeavesAfterThem
                                {All2AllBackend::kHighThroughput, RowDtype::kBF16}}) {
     SCOPED_TRACE(std::string(all2all_backend_name(backend)) + " " + all2all_dtype_name(rows));
     run_ranks(2, [&](DistContext& ctx) {
-      const int r = ctx.rank();
-      const int64_t n_expert = 16, D = 6, K = 2;
-      EpDispatcherOptions opt{backend, 16};
-      opt.row_dtype = rows;
-      opt.own_experts_last = true;
-      const ExpertPlacement p = place_experts(n_expert, 2);
-      EpDispatcher ep(ctx.comm(), p, opt);
+      OwnLastRank rank(ctx, backend, rows, false);
+      const int r = rank.r;
+      const ExpertPlacement& p = rank.p;
+      EpDispatcher& ep = rank.ep;
       int ordered = 0;
       for (int step = 0; step < 6; ++step) {
-        const Tokens t = make_tokens(r, step, n_expert, 3, D, K, Shape::kRandom);
-        std::vector<float> out(static_cast<size_t>(t.n * t.D), 0.5f);
-        ep.dispatch_send({t.x.data(), t.ids.data(), t.w.data(), t.n, t.D, t.K, out.data()});
-        ExpertBatch& b = ep.dispatch_recv();
+        ExpertBatch& b = rank.dispatch(step);
         auto remote = [&](int64_t l) {  // rows of expert l from the other rank
           int64_t n = 0;
           for (int64_t i = b.offsets[l]; i < b.offsets[l + 1]; ++i)
@@ -285,11 +319,7 @@ TEST(EpDispatcherOwnLast, ExpertsWithRemoteRowsFirstAndTheCombineLeavesAfterThem
           }
           EXPECT_TRUE(with_remote == 0 || own_only == 0) << with_remote << " " << own_only;
         }
-        run_fake_experts(b, expert_fn);
-        ep.combine_send();
-        ep.combine_recv();
-        expect_near(out, rounded_reference(t, p, r, backend, rows, rows),
-                    "step " + std::to_string(step));
+        rank.finish(b, step);
       }
       EXPECT_GT(ordered, 0) << "no step had both kinds of experts";
     });
@@ -305,20 +335,13 @@ TEST(EpDispatcherOwnLast, CountsAheadHalfTheOwnExpertsBesideTheDispatch) {
   for (RowDtype rows : {RowDtype::kF32, RowDtype::kBF16}) {
     SCOPED_TRACE(all2all_dtype_name(rows));
     run_ranks(2, [&](DistContext& ctx) {
-      const int r = ctx.rank();
-      const int64_t n_expert = 16, D = 6, K = 2;
-      EpDispatcherOptions opt{All2AllBackend::kLowLatency, 16};
-      opt.row_dtype = rows;
-      opt.own_experts_last = true;
-      opt.own_rows_beside_dispatch = true;
-      const ExpertPlacement p = place_experts(n_expert, 2);
-      EpDispatcher ep(ctx.comm(), p, opt);
+      OwnLastRank rank(ctx, All2AllBackend::kLowLatency, rows, true);
+      const ExpertPlacement& p = rank.p;
+      EpDispatcher& ep = rank.ep;
+      const int r = rank.r;
       int ordered = 0;
       for (int step = 0; step < 6; ++step) {
-        const Tokens t = make_tokens(r, step, n_expert, 3, D, K, Shape::kRandom);
-        std::vector<float> out(static_cast<size_t>(t.n * t.D), 0.5f);
-        ep.dispatch_send({t.x.data(), t.ids.data(), t.w.data(), t.n, t.D, t.K, out.data()});
-        ExpertBatch& b = ep.dispatch_recv();
+        ExpertBatch& b = rank.dispatch(step);
         ASSERT_FALSE(b.chunk_ends.empty()) << "the rows come in a second transfer";
         const bool three = b.chunk_ends.size() == 3;
         if (three) {
@@ -356,12 +379,8 @@ TEST(EpDispatcherOwnLast, CountsAheadHalfTheOwnExpertsBesideTheDispatch) {
             EXPECT_GT(ep.last_combine_bytes(), 0) << "the combine left";
           }
         };
-        run_fake_experts(b, expert_fn);
-        ep.combine_send();
-        ep.combine_recv();
+        rank.finish(b, step);
         EXPECT_EQ(readies.size(), b.chunk_ends.size());
-        expect_near(out, rounded_reference(t, p, r, All2AllBackend::kLowLatency, rows, rows),
-                    "step " + std::to_string(step));
       }
       EXPECT_GT(ordered, 0) << "no step had both kinds of experts";
     });

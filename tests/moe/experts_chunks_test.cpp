@@ -38,29 +38,43 @@ ExpertSet make_experts(int64_t n, int64_t D, int64_t F) {
   return s;
 }
 
+// n rows of D values in [-1, 1), from `seed`.
+std::vector<float> random_rows(int64_t n, int64_t D, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> x(static_cast<size_t>(n * D));
+  for (float& v : x) v = u(rng);
+  return x;
+}
+
+// A batch over `offsets` whose row r reads x's row r and writes out's row r (each its own
+// output row, listed to clear; out is filled with a stale 123 first), row r weighing w0 + 0.1 r.
+ExpertBatch stale_batch(int64_t L, int64_t D, const std::vector<int64_t>& offsets,
+                        const std::vector<float>& x, std::vector<float>& out, float w0) {
+  const int64_t n = offsets.back();
+  ExpertBatch b;
+  b.n_local_expert = L;
+  b.n_embd = D;
+  b.offsets = offsets;
+  b.resize_rows();
+  out.assign(static_cast<size_t>(n * D), 123.0f);
+  for (int64_t r = 0; r < n; ++r) {
+    b.x[r] = x.data() + r * D;
+    b.out[r] = out.data() + r * D;
+    b.clear.push_back(out.data() + r * D);
+    b.weight[r] = w0 + 0.1f * r;
+  }
+  return b;
+}
+
 TEST(RunExpertsChunks, EachChunkIsFinalWhenAnnouncedAndResultsMatch) {
   const int64_t L = 5, D = 8, F = 16;
   const ExpertSet es = make_experts(L, D, F);
   // Rows per expert: 2, 0, 3, 1, 0 (experts 1 and 4 have none); each row its own output row.
   const std::vector<int64_t> offsets = {0, 2, 2, 5, 6, 6};
-  std::mt19937 rng(3);
-  std::uniform_real_distribution<float> u(-1, 1);
-  std::vector<float> x(6 * D);
-  for (float& v : x) v = u(rng);
+  const std::vector<float> x = random_rows(6, D, 3);
   auto make_batch = [&](std::vector<float>& out) {
-    ExpertBatch b;
-    b.n_local_expert = L;
-    b.n_embd = D;
-    b.offsets = offsets;
-    b.resize_rows();
-    out.assign(6 * D, 123.0f);  // stale: cleared before use
-    for (int64_t r = 0; r < 6; ++r) {
-      b.x[r] = x.data() + r * D;
-      b.out[r] = out.data() + r * D;
-      b.clear.push_back(out.data() + r * D);
-      b.weight[r] = 0.5f + 0.1f * r;
-    }
-    return b;
+    return stale_batch(L, D, offsets, x, out, 0.5f);
   };
   ThreadPool pool(2);
   MlpScratch scratch;
@@ -94,24 +108,9 @@ TEST(RunExpertsChunks, ChunksFollowTheOrder) {
   const int64_t L = 5, D = 8, F = 16;
   const ExpertSet es = make_experts(L, D, F);
   const std::vector<int64_t> offsets = {0, 2, 2, 5, 6, 6};  // experts 1 and 4 have no rows
-  std::mt19937 rng(11);
-  std::uniform_real_distribution<float> u(-1, 1);
-  std::vector<float> x(6 * D);
-  for (float& v : x) v = u(rng);
+  const std::vector<float> x = random_rows(6, D, 11);
   auto make_batch = [&](std::vector<float>& out) {
-    ExpertBatch b;
-    b.n_local_expert = L;
-    b.n_embd = D;
-    b.offsets = offsets;
-    b.resize_rows();
-    out.assign(6 * D, 123.0f);
-    for (int64_t r = 0; r < 6; ++r) {
-      b.x[r] = x.data() + r * D;
-      b.out[r] = out.data() + r * D;
-      b.clear.push_back(out.data() + r * D);
-      b.weight[r] = 0.25f + 0.1f * r;
-    }
-    return b;
+    return stale_batch(L, D, offsets, x, out, 0.25f);
   };
   ThreadPool pool(2);
   MlpScratch scratch;
