@@ -187,8 +187,7 @@ void add_bench_overlap(CLI::App& bench) {
       "+sbo (+sboN: N chunks, forced), +bf16, +fp8 or +D/C (dispatch/combine rows, e.g. "
       "+fp8/bf16), +auto or +thresholds (--dbo-split), +own, +own2 or +noown "
       "(--sbo-own-experts-last combine / both / off) and +serial (the shared experts before the "
-      "dispatch: "
-      "'serial' overlaps nothing) (default off,tbo,dbo,sbo)");
+      "dispatch: 'serial' overlaps nothing) (default off,tbo,dbo,sbo)");
   cmd->add_option("--threads", o->threads, "Compute threads per rank");
   add_dist_options(cmd, o->dist);
   cmd->callback([o] {
