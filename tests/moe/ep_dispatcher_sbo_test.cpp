@@ -304,8 +304,7 @@ TEST(EpDispatcherOwnLast, ExpertsWithRemoteRowsFirstAndTheCombineLeavesAfterThem
           }
           EXPECT_GT(b.offsets[b.order[b.chunk_ends[0]] + 1], b.offsets[b.order[b.chunk_ends[0]]])
               << "the second chunk starts with an expert of own rows";
-          const std::function<void(int)> done = b.chunk_done;
-          b.chunk_done = [&](int c) {
+          b.chunk_done = [&ep, done = b.chunk_done](int c) {  // done: a copy, it outlives here
             done(c);
             if (c == 0) {
               EXPECT_GT(ep.last_combine_bytes(), 0) << "the combine left";
