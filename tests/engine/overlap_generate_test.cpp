@@ -66,7 +66,7 @@ struct OverlapCase {
   // Single-batch overlap: the combine's chunks (low_latency) and where the shared experts run.
   int combine_chunks = 1;
   std::optional<SharedExpertsAt> shared_at;
-  bool own_last = false;  // EpDispatcherOptions::own_experts_last
+  bool own_last = false;      // EpDispatcherOptions::own_experts_last
   bool counts_first = false;  // EpDispatcherOptions::own_rows_beside_dispatch
 };
 
