@@ -62,6 +62,8 @@ struct ExpertBatch {
   std::function<void(int c)> chunk_done;
   std::function<void(int c)> chunk_ready;
   int64_t n_rows() const { return offsets.empty() ? 0 : offsets.back(); }
+  // The local expert at position p of the run order.
+  int64_t expert_at(int64_t p) const { return order.empty() ? p : order[p]; }
   // Sizes x, out and weight for the rows `offsets` counts.
   void resize_rows() {
     const size_t n = static_cast<size_t>(n_rows());

@@ -288,10 +288,11 @@ void EpDispatcher::ll_dispatch_recv() {
     rows_from_[s] = rows;
     // A chunked dispatch's first message carries the first chunk's rows (the own buffer is all
     // there).
-    const int64_t arrived = ll_chunks_.empty() || s == rank_ ? rows
-                            : ll_chunks_[0] == 0             ? 0
-                                                             : blk_row_[s * L + ll_chunks_[0] - 1] +
-                                                       get_count(block(s) + ll_chunks_[0] - 1);
+    int64_t arrived = rows;
+    if (!ll_chunks_.empty() && s != rank_) {
+      const int64_t l1 = ll_chunks_[0];  // 0 when the counts travel alone
+      arrived = l1 == 0 ? 0 : blk_row_[s * L + l1 - 1] + get_count(block(s) + l1 - 1);
+    }
     if (got != (L + arrived * RW) * 4) {
       DUET_ERROR("low_latency dispatch: rank " << s << " sent " << got << " bytes for " << arrived
                                                << " rows, expected " << (L + arrived * RW) * 4);
@@ -372,7 +373,7 @@ void EpDispatcher::ll_own_last_done(int c) {
              "own-last chunk " << c << " done out of turn (" << posted_chunks_ << " done)");
   const int64_t p0 = c == 0 ? 0 : batch_.chunk_ends[c - 1], p1 = batch_.chunk_ends[c];
   for (int64_t p = p0; p < p1; ++p) {
-    const int64_t l = batch_.order.empty() ? p : batch_.order[p];
+    const int64_t l = batch_.expert_at(p);
     ll_pack_rows(batch_.offsets[l], batch_.offsets[l + 1]);
   }
   if (c == own_post_chunk_) ll_post_combine();

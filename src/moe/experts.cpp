@@ -88,7 +88,7 @@ uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, E
     gated_part.clear();
     scratch.clear_part.clear();
     for (int64_t p = p0; p < p1; ++p) {
-      const int64_t e = batch.order.empty() ? p : batch.order[p];
+      const int64_t e = batch.expert_at(p);
       DUET_CHECK(e >= 0 && e < batch.n_local_expert, "expert " << e << " in the order");
       if (group_of[e] < 0) continue;
       gated_part.push_back(scratch.gated[group_of[e]]);

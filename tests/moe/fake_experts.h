@@ -30,7 +30,7 @@ inline void run_fake_experts(ExpertBatch& b, const std::function<float(int64_t e
     const int64_t p0 = c == 0 ? 0 : b.chunk_ends[c - 1], p1 = b.chunk_ends[c];
     if (b.chunk_ready) b.chunk_ready(static_cast<int>(c));
     for (int64_t p = p0; p < p1; ++p) {  // chunk c: positions [p0, p1) of b.order
-      const int64_t l = b.order.empty() ? p : b.order[p];
+      const int64_t l = b.expert_at(p);
       for (int64_t r = b.offsets[l]; r < b.offsets[l + 1] && !b.clear.empty(); ++r)
         std::fill(b.clear[r], b.clear[r] + D, 0.0f);
       run(l, l + 1);
