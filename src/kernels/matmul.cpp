@@ -295,23 +295,69 @@ void matmul_rows_with(simd::Isa isa, Path path, const Matrix& w, XRows x, int64_
                             use_tiled(path, w, n_tokens));
 }
 
-void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const float* x,
-                    int64_t n_tokens, float* y) {
-  check_args("matmul_xw", w, x, n_tokens, y);
-  DUET_CHECK(!is_int_quantized(w.dtype), "matmul_xw: int8 and int4 weights are not supported");
-  check_isa(isa);
-  if (n_tokens == 0 || w.cols == 0) return;
+namespace {
+
+// Checks an xw product's arguments; false where there is nothing to compute (y is then final).
+bool xw_needs_work(const char* op, const Matrix& w, const float* x, int64_t n_tokens, float* y) {
+  check_args(op, w, x, n_tokens, y);
+  DUET_CHECK(!is_int_quantized(w.dtype), op << ": int8 and int4 weights are not supported");
+  if (n_tokens == 0 || w.cols == 0) return false;
   if (w.rows == 0) {
     std::fill(y, y + n_tokens * w.cols, 0.0f);
-    return;
+    return false;
   }
-  auto cols_fn = w.dtype == DType::kF8E4M3   ? fp8_impl::xw_cols_fn(isa)  // fp8
-                 : isa == simd::Isa::kAvx2   ? &avx2::matmul_xw_range
-                 : isa == simd::Isa::kScalar ? &scalar_matmul_xw_range
-                                             : &avx512::matmul_xw_range;
+  return true;
+}
+
+fp8_impl::XwColsFn xw_cols_for(simd::Isa isa, DType dtype) {
+  return dtype == DType::kF8E4M3       ? fp8_impl::xw_cols_fn(isa)
+         : isa == simd::Isa::kAvx2   ? &avx2::matmul_xw_range
+         : isa == simd::Isa::kScalar ? &scalar_matmul_xw_range
+                                     : &avx512::matmul_xw_range;
+}
+
+}  // namespace
+
+void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const float* x,
+                    int64_t n_tokens, float* y) {
+  check_isa(isa);
+  if (!xw_needs_work("matmul_xw", w, x, n_tokens, y)) return;
+  const auto cols_fn = xw_cols_for(isa, w.dtype);
   pool.parallel_for(
       w.cols, [&](int64_t begin, int64_t end) { cols_fn(w, x, n_tokens, y, begin, end); },
       kXwChunk);
+}
+
+void matmul_xw_grouped_with(simd::Isa isa, ThreadPool& pool, const std::vector<XwGroup>& groups) {
+  check_isa(isa);
+  struct Block {  // columns [begin, end) of group g
+    size_t g;
+    int64_t begin, end;
+  };
+  thread_local std::vector<Block> caller_blocks;  // reused: a decode step does not allocate
+  std::vector<Block>& blocks = caller_blocks;       // the workers read the caller's
+  blocks.clear();
+  int64_t macs = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const XwGroup& gr = groups[g];
+    if (!xw_needs_work("matmul_xw_grouped", gr.w, gr.x, gr.n_tokens, gr.y)) continue;
+    for (int64_t c = 0; c < gr.w.cols; c += kXwChunk)
+      blocks.push_back({g, c, std::min(gr.w.cols, c + kXwChunk)});
+    macs += gr.n_tokens * gr.w.rows * gr.w.cols;
+  }
+  const auto run = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const Block& b = blocks[static_cast<size_t>(i)];
+      const XwGroup& gr = groups[b.g];
+      xw_cols_for(isa, gr.w.dtype)(gr.w, gr.x, gr.n_tokens, gr.y, b.begin, b.end);
+    }
+  };
+  const auto n = static_cast<int64_t>(blocks.size());
+  if (macs < kMinParallelMacs) {
+    run(0, n);
+  } else {
+    pool.parallel_for(n, run);
+  }
 }
 
 }  // namespace matmul_impl
@@ -365,6 +411,10 @@ void matmul(ThreadPool& pool, const Matrix& w, const float* x, int64_t n_tokens,
 
 void matmul_xw(ThreadPool& pool, const Matrix& w, const float* x, int64_t n_tokens, float* y) {
   matmul_impl::matmul_xw_with(simd::best_isa(), pool, w, x, n_tokens, y);
+}
+
+void matmul_xw_grouped(ThreadPool& pool, const std::vector<XwGroup>& groups) {
+  matmul_impl::matmul_xw_grouped_with(simd::best_isa(), pool, groups);
 }
 
 void matmul_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y) {

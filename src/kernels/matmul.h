@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -56,6 +57,20 @@ void matmul(ThreadPool& pool, const Matrix& w, const float* x, int64_t n_tokens,
 // y[n_tokens, w.cols] = x[n_tokens, w.rows] · w (the weight used untransposed, as MLA's
 // absorbed attention multiplies queries by W_UK). Contiguous f32; y must not alias x.
 void matmul_xw(ThreadPool& pool, const Matrix& w, const float* x, int64_t n_tokens, float* y);
+
+// One product of matmul_xw_grouped: y[n_tokens, w.cols] = x[n_tokens, w.rows] · w, contiguous
+// f32, y aliasing no x.
+struct XwGroup {
+  Matrix w;
+  const float* x = nullptr;
+  int64_t n_tokens = 0;  // may be 0: the group is skipped
+  float* y = nullptr;
+};
+
+// Every group's matmul_xw as one job on the pool, its tasks blocks of one group's columns: MLA's
+// per-head q · W_UK pays one synchronisation of the pool for all heads instead of one per head.
+// Each group's y equals matmul_xw's bit for bit (a column's sum does not depend on the blocks).
+void matmul_xw_grouped(ThreadPool& pool, const std::vector<XwGroup>& groups);
 
 // The same products computed the plainest way, for tests and as the fallback.
 void matmul_scalar(const Matrix& w, const float* x, int64_t n_tokens, float* y);

@@ -177,5 +177,7 @@ void matmul_rows_dpbf16(simd::Isa isa, const Matrix& w, XRows x, int64_t n_token
 // AVX-512 kernels: MLA's absorbed attention multiplies f32 x by the weights as they are.
 void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const float* x,
                     int64_t n_tokens, float* y);
+// matmul_xw_grouped() likewise.
+void matmul_xw_grouped_with(simd::Isa isa, ThreadPool& pool, const std::vector<XwGroup>& groups);
 
 }  // namespace duet::matmul_impl

@@ -463,6 +463,29 @@ TEST(MatmulFp8Test, XwMatchesTheDequantizedProduct) {
   }
 }
 
+// MLA's per-head x · W_UK of an fp8 checkpoint as one job: each head as matmul_xw gives it.
+TEST(MatmulFp8Test, GroupedXwEqualsEachHeadAlone) {
+  std::mt19937 rng(16);
+  ThreadPool pool(2);
+  const Fp8Weights kv_b = random_fp8(rng, {256, 300, 128, 128});  // 4 heads of 64 rows
+  for (int64_t n : {1, 4}) {
+    const std::vector<float> x = random_x(rng, n * 64);
+    std::vector<float> got(static_cast<size_t>(4 * n * 300)), want(got.size());
+    for (Isa isa : isas()) {
+      std::vector<XwGroup> heads;
+      for (int64_t h = 0; h < 4; ++h)
+        heads.push_back({kv_b.m.row_slice(h * 64, 64), x.data(), n, got.data() + h * n * 300});
+      matmul_impl::matmul_xw_grouped_with(isa, pool, heads);
+      for (int64_t h = 0; h < 4; ++h) {
+        matmul_impl::matmul_xw_with(isa, pool, kv_b.m.row_slice(h * 64, 64), x.data(), n,
+                                    want.data() + h * n * 300);
+      }
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+          << simd::isa_name(isa) << " n " << n;
+    }
+  }
+}
+
 // The routed experts' grouped products take fp8 experts as matmul() does.
 TEST(MatmulFp8Test, GroupedProductsTakeFp8Experts) {
   std::mt19937 rng(15);

@@ -500,5 +500,56 @@ TEST(MatmulXwTest, SimdMatchesScalar) {
   }
 }
 
+// MLA's per-head q · W_UK as one job: each group's y is matmul_xw's bit for bit, on every
+// instruction set, for heads of several shapes and dtypes in one call, with groups of no tokens,
+// no rows or no columns among them, and below and above the size that goes to the pool.
+TEST(MatmulXwTest, GroupedEqualsEachGroupAlone) {
+  ThreadPool pool(3);
+  std::mt19937 rng(2468);
+  struct Shape {
+    DType dtype;
+    int64_t rows, cols, n_tokens;
+  };
+  const std::vector<std::vector<Shape>> calls = {
+      {{DType::kBF16, 64, 256, 1}, {DType::kBF16, 64, 256, 1}, {DType::kF32, 64, 256, 1}},
+      {{DType::kF32, 5, 7, 3}, {DType::kBF16, 37, 100, 0}, {DType::kF32, 0, 33, 2},
+       {DType::kBF16, 3, 0, 2}, {DType::kBF16, 128, 1003, 4}},
+      {{DType::kBF16, 16, 64, 1}},  // below kMinParallelMacs: on the caller
+      {{DType::kF32, 64, 130, 9}, {DType::kBF16, 64, 130, 9}, {DType::kF32, 64, 130, 9}},
+  };
+  std::vector<Isa> isas = simd_isas();
+  isas.push_back(Isa::kScalar);
+  for (size_t c = 0; c < calls.size(); ++c) {
+    std::vector<TestMatrix> ws;
+    std::vector<std::vector<float>> xs, wants;
+    for (const Shape& sh : calls[c]) {
+      ws.push_back(random_matrix(rng, sh.dtype, sh.rows, sh.cols));
+      xs.push_back(random_values(rng, std::max<int64_t>(1, sh.n_tokens * sh.rows)));
+    }
+    for (Isa isa : isas) {
+      std::vector<std::vector<float>> got(calls[c].size());
+      std::vector<XwGroup> groups;
+      for (size_t g = 0; g < calls[c].size(); ++g) {
+        const Shape& sh = calls[c][g];
+        got[g].assign(static_cast<size_t>(sh.n_tokens * sh.cols + kPad), kGuard);
+        std::fill_n(got[g].begin(), sh.n_tokens * sh.cols, std::nanf(""));
+        groups.push_back({ws[g].view(), xs[g].data(), sh.n_tokens, got[g].data()});
+      }
+      matmul_impl::matmul_xw_grouped_with(isa, pool, groups);
+      for (size_t g = 0; g < calls[c].size(); ++g) {
+        const Shape& sh = calls[c][g];
+        std::vector<float> want(got[g].size(), kGuard);
+        std::fill_n(want.begin(), sh.n_tokens * sh.cols, std::nanf(""));
+        matmul_impl::matmul_xw_with(isa, pool, ws[g].view(), xs[g].data(), sh.n_tokens,
+                                    want.data());
+        ASSERT_EQ(0, std::memcmp(got[g].data(), want.data(), want.size() * sizeof(float)))
+            << "call " << c << " group " << g << " on " << simd::isa_name(isa);
+      }
+    }
+  }
+  std::vector<XwGroup> none;
+  matmul_xw_grouped(pool, none);  // nothing to do
+}
+
 }  // namespace
 }  // namespace duet
