@@ -310,7 +310,7 @@ bool xw_needs_work(const char* op, const Matrix& w, const float* x, int64_t n_to
 }
 
 fp8_impl::XwColsFn xw_cols_for(simd::Isa isa, DType dtype) {
-  return dtype == DType::kF8E4M3       ? fp8_impl::xw_cols_fn(isa)
+  return dtype == DType::kF8E4M3     ? fp8_impl::xw_cols_fn(isa)
          : isa == simd::Isa::kAvx2   ? &avx2::matmul_xw_range
          : isa == simd::Isa::kScalar ? &scalar_matmul_xw_range
                                      : &avx512::matmul_xw_range;
@@ -335,7 +335,7 @@ void matmul_xw_grouped_with(simd::Isa isa, ThreadPool& pool, const std::vector<X
     int64_t begin, end;
   };
   thread_local std::vector<Block> caller_blocks;  // reused: a decode step does not allocate
-  std::vector<Block>& blocks = caller_blocks;       // the workers read the caller's
+  std::vector<Block>& blocks = caller_blocks;     // the workers read the caller's
   blocks.clear();
   int64_t macs = 0;
   for (size_t g = 0; g < groups.size(); ++g) {

@@ -512,8 +512,11 @@ TEST(MatmulXwTest, GroupedEqualsEachGroupAlone) {
   };
   const std::vector<std::vector<Shape>> calls = {
       {{DType::kBF16, 64, 256, 1}, {DType::kBF16, 64, 256, 1}, {DType::kF32, 64, 256, 1}},
-      {{DType::kF32, 5, 7, 3}, {DType::kBF16, 37, 100, 0}, {DType::kF32, 0, 33, 2},
-       {DType::kBF16, 3, 0, 2}, {DType::kBF16, 128, 1003, 4}},
+      {{DType::kF32, 5, 7, 3},
+       {DType::kBF16, 37, 100, 0},
+       {DType::kF32, 0, 33, 2},
+       {DType::kBF16, 3, 0, 2},
+       {DType::kBF16, 128, 1003, 4}},
       {{DType::kBF16, 16, 64, 1}},  // below kMinParallelMacs: on the caller
       {{DType::kF32, 64, 130, 9}, {DType::kBF16, 64, 130, 9}, {DType::kF32, 64, 130, 9}},
   };

@@ -15,29 +15,19 @@
 #include <memory>
 
 #include "kernels/attend.h"
-#include "kernels/grouped_matmul.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kernels/rope.h"
 #include "model/attention.h"
 #include "model/gqa_attention.h"
 #include "model/layers.h"
+#include "model/mla_heads.h"
 #include "model/model.h"
 
 namespace duet {
 namespace {
 
 constexpr int64_t kHeadBlock = 4;  // MLA heads per attention task
-
-// Floats of the per-head copies that one job of the absorbed products may hold (4 MiB): at a few
-// tokens every head's product is one job (a pool synchronisation per head cost more than a
-// small head's product), in prefill a job takes as many heads as fit.
-constexpr int64_t kHeadJobFloats = int64_t{1} << 20;
-
-// Heads per job of per-head products whose copies take `floats_per_head` each.
-int64_t heads_per_job(int64_t n_head, int64_t floats_per_head) {
-  return std::clamp<int64_t>(kHeadJobFloats / std::max<int64_t>(1, floats_per_head), 1, n_head);
-}
 
 struct MlaWeights {
   const float* norm = nullptr;       // [n_embd] input_layernorm
@@ -189,27 +179,16 @@ void DeepseekV2::absorbed_attention(ForwardState& s, int64_t il, const MlaWeight
   const ModelConfig& c = config_;
   const int64_t n = s.n_tokens(), H = c.n_head, qk = c.qk_head_dim();
   const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, L = c.kv_lora_rank;
-  const int64_t vd = c.v_head_dim, kv_rows = nope + vd;
+  const int64_t vd = c.v_head_dim;
   // q_lat [H, n, L] = q_nope[h] · W_UK[h], W_UK[h] = rows [h * kv_rows, + nope) of kv_b.
   std::vector<float>& q_lat = s.scratch;
   std::vector<float>& o_lat = s.scratch2;  // [H, n, L]
   q_lat.resize(static_cast<size_t>(H * n * L));
   o_lat.resize(q_lat.size());
-  const int64_t job_heads = heads_per_job(H, n * std::max(nope, vd));
-  std::vector<float> tmp(static_cast<size_t>(job_heads * n * std::max(nope, vd)));
-  std::vector<XwGroup> uk;
-  for (int64_t h0 = 0; h0 < H; h0 += job_heads) {
-    uk.clear();
-    for (int64_t h = h0; h < std::min(H, h0 + job_heads); ++h) {
-      float* q_nope = tmp.data() + (h - h0) * n * nope;  // [n, nope]
-      for (int64_t t = 0; t < n; ++t) {
-        const float* src = s.q.data() + (t * H + h) * qk;
-        std::copy(src, src + nope, q_nope + t * nope);
-      }
-      uk.push_back({w.wkv_b.row_slice(h * kv_rows, nope), q_nope, n, q_lat.data() + h * n * L});
-    }
-    matmul_xw_grouped(*s.pool, uk);
-  }
+  const MlaHeads heads{H, qk, nope, vd, L};
+  const int64_t job_heads = mla_heads_per_job(heads, n);
+  std::vector<float> buf;
+  mla_absorb_queries(*s.pool, w.wkv_b, heads, s.q.data(), n, job_heads, q_lat.data(), buf);
   // Every head of a token attends over the same latent rows (keys [c_kv | k_pe], values c_kv):
   // a task takes a token and kHeadBlock heads, so each latent row is read once for them.
   const int64_t n_hb = (H + kHeadBlock - 1) / kHeadBlock;
@@ -239,22 +218,7 @@ void DeepseekV2::absorbed_attention(ForwardState& s, int64_t il, const MlaWeight
   });
   // attn_out[t, h] = W_UV[h] · o_lat[h, t], W_UV[h] = rows [h * kv_rows + nope, + vd) of kv_b.
   s.attn_out.resize(static_cast<size_t>(n * H * vd));
-  std::vector<MatmulGroup> uv;
-  for (int64_t h0 = 0; h0 < H; h0 += job_heads) {
-    const int64_t h1 = std::min(H, h0 + job_heads);
-    uv.clear();
-    for (int64_t h = h0; h < h1; ++h) {
-      uv.push_back({w.wkv_b.row_slice(h * kv_rows + nope, vd), o_lat.data() + h * n * L, n,
-                    tmp.data() + (h - h0) * n * vd});
-    }
-    matmul_grouped(*s.pool, uv);
-    for (int64_t h = h0; h < h1; ++h) {
-      const float* out_h = tmp.data() + (h - h0) * n * vd;  // [n, vd]
-      for (int64_t t = 0; t < n; ++t) {
-        std::copy(out_h + t * vd, out_h + (t + 1) * vd, s.attn_out.data() + (t * H + h) * vd);
-      }
-    }
-  }
+  mla_head_outputs(*s.pool, w.wkv_b, heads, o_lat.data(), n, job_heads, s.attn_out.data(), buf);
 }
 
 void DeepseekV2::attention(ForwardState& s, int64_t il) const {

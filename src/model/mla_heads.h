@@ -1,0 +1,41 @@
+// MLA's per-head products around its absorbed attention (DeepSeek-V2/V3): each query head's
+// nope part times its W_UK, and each head's attended latent times its W_UV, both slices of
+// kv_b_proj. A head's product is small (64 × 256 weights on the `small` preset, 128 × 512 on
+// DeepSeek-V3), so the heads go to the pool in jobs of many heads rather than one job a head.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+
+namespace duet {
+
+struct MlaHeads {
+  int64_t n_head = 0;
+  int64_t qk_dim = 0;  // floats of a head's query row: nope, then rope
+  int64_t nope = 0;    // qk_nope_head_dim
+  int64_t v_dim = 0;   // v_head_dim
+  int64_t rank = 0;    // kv_lora_rank (L)
+  // kv_b: [n_head * (nope + v_dim), rank]; head h's W_UK is rows [h * (nope + v_dim), + nope),
+  // its W_UV the v_dim rows after them.
+};
+
+// Heads per pool job for n_tokens: every head at a few tokens (a pool synchronisation per head
+// cost more than a small head's product), in prefill as many as keep the job's copies of the
+// heads' rows within 4 MiB.
+int64_t mla_heads_per_job(const MlaHeads& m, int64_t n_tokens);
+
+// q_lat[h, t, :] = q[t, h, :nope] · W_UK[h] for every head h and token t < n_tokens, in jobs of
+// job_heads heads. q: [n_tokens, n_head, qk_dim] f32; q_lat: [n_head, n_tokens, rank] f32; buf:
+// scratch, reused.
+void mla_absorb_queries(ThreadPool& pool, const Matrix& kv_b, const MlaHeads& m, const float* q,
+                        int64_t n_tokens, int64_t job_heads, float* q_lat, std::vector<float>& buf);
+
+// out[t, h, :] = W_UV[h] · o_lat[h, t, :] likewise. o_lat: [n_head, n_tokens, rank] f32; out:
+// [n_tokens, n_head, v_dim] f32.
+void mla_head_outputs(ThreadPool& pool, const Matrix& kv_b, const MlaHeads& m, const float* o_lat,
+                      int64_t n_tokens, int64_t job_heads, float* out, std::vector<float>& buf);
+
+}  // namespace duet

@@ -1,0 +1,107 @@
+// MLA's per-head products in jobs of several heads: every split of the heads into jobs gives
+// the bits of one job a head, and the products a plain loop gives.
+#include "model/mla_heads.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace duet {
+namespace {
+
+std::vector<float> random_floats(std::mt19937& rng, int64_t n) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& f : v) f = normal(rng);
+  return v;
+}
+
+TEST(MlaHeadsTest, EveryJobSplitGivesOneJobAHeadsBitsAndThePlainProducts) {
+  ThreadPool pool(3);
+  std::mt19937 rng(77);
+  const MlaHeads m{5, 12, 8, 6, 40};  // 5 heads, q rows of 8 nope + 4 rope, v 6, rank 40
+  const int64_t kv_rows = m.nope + m.v_dim;
+  const std::vector<float> kv_f32 = random_floats(rng, m.n_head * kv_rows * m.rank);
+  std::vector<uint16_t> kv_bf16(kv_f32.size());
+  std::vector<float> kv_widened(kv_f32.size());
+  for (size_t i = 0; i < kv_f32.size(); ++i) {
+    kv_bf16[i] = f32_to_bf16(kv_f32[i]);
+    kv_widened[i] = bf16_to_f32(kv_bf16[i]);
+  }
+  for (bool bf16 : {false, true}) {
+    const Matrix kv_b{bf16 ? DType::kBF16 : DType::kF32, m.n_head * kv_rows, m.rank,
+                      bf16 ? static_cast<const void*>(kv_bf16.data()) : kv_f32.data()};
+    const std::vector<float>& w = bf16 ? kv_widened : kv_f32;  // the values multiplied
+    for (int64_t n : {1, 3}) {
+      const std::vector<float> q = random_floats(rng, n * m.n_head * m.qk_dim);
+      const std::vector<float> o_lat = random_floats(rng, m.n_head * n * m.rank);
+      // The plain products, in double.
+      std::vector<double> want_q(static_cast<size_t>(m.n_head * n * m.rank));
+      std::vector<double> want_o(static_cast<size_t>(n * m.n_head * m.v_dim));
+      for (int64_t h = 0; h < m.n_head; ++h) {
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t c = 0; c < m.rank; ++c) {
+            double sum = 0;
+            for (int64_t r = 0; r < m.nope; ++r)
+              sum +=
+                  double(q[(t * m.n_head + h) * m.qk_dim + r]) * w[(h * kv_rows + r) * m.rank + c];
+            want_q[(h * n + t) * m.rank + c] = sum;
+          }
+          for (int64_t r = 0; r < m.v_dim; ++r) {
+            double sum = 0;
+            for (int64_t c = 0; c < m.rank; ++c)
+              sum += double(w[(h * kv_rows + m.nope + r) * m.rank + c]) *
+                     o_lat[(h * n + t) * m.rank + c];
+            want_o[(t * m.n_head + h) * m.v_dim + r] = sum;
+          }
+        }
+      }
+      std::vector<float> first_q, first_o, buf;
+      for (int64_t job_heads : {1, 2, 5, 9}) {
+        std::vector<float> got_q(want_q.size(), std::nanf("")), got_o(want_o.size(), std::nanf(""));
+        mla_absorb_queries(pool, kv_b, m, q.data(), n, job_heads, got_q.data(), buf);
+        mla_head_outputs(pool, kv_b, m, o_lat.data(), n, job_heads, got_o.data(), buf);
+        for (size_t i = 0; i < want_q.size(); ++i)
+          ASSERT_NEAR(got_q[i], want_q[i], 1e-4) << "q_lat " << i << " job_heads " << job_heads;
+        for (size_t i = 0; i < want_o.size(); ++i)
+          ASSERT_NEAR(got_o[i], want_o[i], 1e-4) << "out " << i << " job_heads " << job_heads;
+        if (first_q.empty()) {
+          first_q = got_q, first_o = got_o;
+          continue;
+        }
+        EXPECT_EQ(0, std::memcmp(got_q.data(), first_q.data(), got_q.size() * sizeof(float)))
+            << "job_heads " << job_heads << " bf16 " << bf16 << " n " << n;
+        EXPECT_EQ(0, std::memcmp(got_o.data(), first_o.data(), got_o.size() * sizeof(float)))
+            << "job_heads " << job_heads << " bf16 " << bf16 << " n " << n;
+      }
+    }
+  }
+}
+
+TEST(MlaHeadsTest, AFewTokensTakeEveryHeadInOneJobAndPrefillWhatFits) {
+  const MlaHeads v3{128, 192, 128, 128, 512};  // DeepSeek-V3's shapes
+  EXPECT_EQ(mla_heads_per_job(v3, 1), 128);
+  EXPECT_EQ(mla_heads_per_job(v3, 64), 128);
+  EXPECT_EQ(mla_heads_per_job(v3, 512), 16);  // 4 MiB of copies: 2^20 / (512 · 128) floats
+  EXPECT_EQ(mla_heads_per_job(v3, 1 << 14), 1);
+  EXPECT_EQ(mla_heads_per_job(v3, 0), 128);
+}
+
+TEST(MlaHeadsTest, RefusesAKvBOfAnotherShape) {
+  ThreadPool pool(1);
+  const MlaHeads m{2, 12, 8, 6, 40};
+  std::vector<float> w(static_cast<size_t>(3 * 14 * 40)), q(24), out(80), buf;
+  const Matrix kv_b{DType::kF32, 3 * 14, 40, w.data()};  // 3 heads' rows for 2 heads
+  EXPECT_THROW(mla_absorb_queries(pool, kv_b, m, q.data(), 1, 1, out.data(), buf), Error);
+  EXPECT_THROW(mla_head_outputs(pool, kv_b, m, q.data(), 1, 1, out.data(), buf), Error);
+}
+
+}  // namespace
+}  // namespace duet
