@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "kernels/attend.h"
+#include "kernels/grouped_matmul.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "kernels/rope.h"
@@ -63,6 +64,7 @@ class DeepseekV2 final : public Model {
     return static_cast<float>(scale);
   }
 
+  void project_h(ForwardState& s, const MlaWeights& w) const;
   void project_q(ForwardState& s, const MlaWeights& w) const;
   void write_latents(ForwardState& s, int64_t il, const MlaWeights& w) const;
   void absorbed_attention(ForwardState& s, int64_t il, const MlaWeights& w) const;
@@ -132,16 +134,26 @@ void DeepseekV2::load_weights(WeightSource& src) {
   load_output(src);
 }
 
+// The layer's two products of s.h as one job of the pool: the queries' first (wq into s.q, or
+// wq_a into s.scratch with a q_lora_rank) and the latents' (wkv_a into s.kv_new).
+void DeepseekV2::project_h(ForwardState& s, const MlaWeights& w) const {
+  const ModelConfig& c = config_;
+  const int64_t n = s.n_tokens();
+  s.q.resize(static_cast<size_t>(n * c.n_head * c.qk_head_dim()));
+  s.scratch.resize(static_cast<size_t>(n * c.q_lora_rank));
+  s.kv_new.resize(static_cast<size_t>(n * kv_k_width()));
+  const bool low_rank = c.q_lora_rank > 0;
+  matmul_grouped(
+      *s.pool, {{low_rank ? w.wq_a : w.wq, s.h.data(), n, low_rank ? s.scratch.data() : s.q.data()},
+                {w.wkv_a, s.h.data(), n, s.kv_new.data()}});
+}
+
 // s.q = [n_tokens, n_head, nope + rope] queries, rope part rotated.
 void DeepseekV2::project_q(ForwardState& s, const MlaWeights& w) const {
   const ModelConfig& c = config_;
   const int64_t n = s.n_tokens(), qk = c.qk_head_dim();
   s.q.resize(static_cast<size_t>(n * c.n_head * qk));
-  if (c.q_lora_rank == 0) {
-    matmul(*s.pool, w.wq, s.h.data(), n, s.q.data());
-  } else {
-    s.scratch.resize(static_cast<size_t>(n * c.q_lora_rank));
-    matmul(*s.pool, w.wq_a, s.h.data(), n, s.scratch.data());
+  if (c.q_lora_rank > 0) {  // s.scratch holds h · wq_aᵀ (project_h)
     rms_norm(s.scratch.data(), w.q_a_norm, n, c.q_lora_rank, static_cast<float>(c.rms_norm_eps),
              s.scratch.data());
     matmul(*s.pool, w.wq_b, s.scratch.data(), n, s.q.data());
@@ -159,8 +171,7 @@ void DeepseekV2::project_q(ForwardState& s, const MlaWeights& w) const {
 void DeepseekV2::write_latents(ForwardState& s, int64_t il, const MlaWeights& w) const {
   const ModelConfig& c = config_;
   const int64_t n = s.n_tokens(), width = kv_k_width();
-  s.kv_new.resize(static_cast<size_t>(n * width));
-  matmul(*s.pool, w.wkv_a, s.h.data(), n, s.kv_new.data());
+  // s.kv_new [n, width] holds h · wkv_aᵀ (project_h).
   // Tokens write disjoint rows of the cache, which the engine reserved before the step.
   s.pool->parallel_for(n, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
@@ -226,6 +237,7 @@ void DeepseekV2::attention(ForwardState& s, int64_t il) const {
   const int64_t n = s.n_tokens(), D = config_.n_embd;
   SubOpTimer q_time(s, "attn.q");  // with the norm before it
   norm_into_h(s, w.norm, D, static_cast<float>(config_.rms_norm_eps));
+  project_h(s, w);
   project_q(s, w);
   q_time.stop();
   SubOpTimer latent_time(s, "attn.latents");
