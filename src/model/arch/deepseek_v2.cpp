@@ -191,7 +191,7 @@ void DeepseekV2::absorbed_attention(ForwardState& s, int64_t il, const MlaWeight
   const int64_t n = s.n_tokens(), H = c.n_head, qk = c.qk_head_dim();
   const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, L = c.kv_lora_rank;
   const int64_t vd = c.v_head_dim;
-  // q_lat [H, n, L] = q_nope[h] · W_UK[h], W_UK[h] = rows [h * kv_rows, + nope) of kv_b.
+  // q_lat [H, n, L] = q_nope[h] · W_UK[h], W_UK[h] = rows [h * (nope + vd), + nope) of kv_b.
   std::vector<float>& q_lat = s.scratch;
   std::vector<float>& o_lat = s.scratch2;  // [H, n, L]
   q_lat.resize(static_cast<size_t>(H * n * L));
@@ -227,7 +227,7 @@ void DeepseekV2::absorbed_attention(ForwardState& s, int64_t il, const MlaWeight
       attend(a, q_cat.data(), spans, o_lat.data() + (h0 * n + t) * L, scores);
     }
   });
-  // attn_out[t, h] = W_UV[h] · o_lat[h, t], W_UV[h] = rows [h * kv_rows + nope, + vd) of kv_b.
+  // attn_out[t, h] = W_UV[h] · o_lat[h, t], W_UV[h] = the vd rows of kv_b after W_UK[h].
   s.attn_out.resize(static_cast<size_t>(n * H * vd));
   mla_head_outputs(*s.pool, w.wkv_b, heads, o_lat.data(), n, job_heads, s.attn_out.data(), buf);
 }
@@ -235,7 +235,7 @@ void DeepseekV2::absorbed_attention(ForwardState& s, int64_t il, const MlaWeight
 void DeepseekV2::attention(ForwardState& s, int64_t il) const {
   const MlaWeights& w = attn_[il];
   const int64_t n = s.n_tokens(), D = config_.n_embd;
-  SubOpTimer q_time(s, "attn.q");  // with the norm before it
+  SubOpTimer q_time(s, "attn.q");  // with the norm before it and the latents' product
   norm_into_h(s, w.norm, D, static_cast<float>(config_.rms_norm_eps));
   project_h(s, w);
   project_q(s, w);
