@@ -330,9 +330,10 @@ void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const floa
 
 void matmul_xw_grouped_with(simd::Isa isa, ThreadPool& pool, const std::vector<XwGroup>& groups) {
   check_isa(isa);
-  struct Block {  // columns [begin, end) of group g
+  struct Block {  // columns [begin, end) of group g, by its dtype's kernel
     size_t g;
     int64_t begin, end;
+    fp8_impl::XwColsFn cols_fn;
   };
   thread_local std::vector<Block> caller_blocks;  // reused: a decode step does not allocate
   std::vector<Block>& blocks = caller_blocks;     // the workers read the caller's
@@ -341,15 +342,16 @@ void matmul_xw_grouped_with(simd::Isa isa, ThreadPool& pool, const std::vector<X
   for (size_t g = 0; g < groups.size(); ++g) {
     const XwGroup& gr = groups[g];
     if (!xw_needs_work("matmul_xw_grouped", gr.w, gr.x, gr.n_tokens, gr.y)) continue;
+    const fp8_impl::XwColsFn cols_fn = xw_cols_for(isa, gr.w.dtype);
     for (int64_t c = 0; c < gr.w.cols; c += kXwChunk)
-      blocks.push_back({g, c, std::min(gr.w.cols, c + kXwChunk)});
+      blocks.push_back({g, c, std::min(gr.w.cols, c + kXwChunk), cols_fn});
     macs += gr.n_tokens * gr.w.rows * gr.w.cols;
   }
   const auto run = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const Block& b = blocks[static_cast<size_t>(i)];
       const XwGroup& gr = groups[b.g];
-      xw_cols_for(isa, gr.w.dtype)(gr.w, gr.x, gr.n_tokens, gr.y, b.begin, b.end);
+      b.cols_fn(gr.w, gr.x, gr.n_tokens, gr.y, b.begin, b.end);
     }
   };
   const auto n = static_cast<int64_t>(blocks.size());

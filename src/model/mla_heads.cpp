@@ -33,7 +33,7 @@ void mla_absorb_queries(ThreadPool& pool, const Matrix& kv_b, const MlaHeads& m,
   check_heads(kv_b, m, job_heads);
   const int64_t H = m.n_head, n = n_tokens, kv_rows = m.nope + m.v_dim;
   buf.resize(static_cast<size_t>(std::min(job_heads, H) * n * m.nope));
-  std::vector<XwGroup> groups;
+  thread_local std::vector<XwGroup> groups;  // reused: a decode step does not allocate
   for (int64_t h0 = 0; h0 < H; h0 += job_heads) {
     groups.clear();
     for (int64_t h = h0; h < std::min(H, h0 + job_heads); ++h) {
@@ -53,7 +53,7 @@ void mla_head_outputs(ThreadPool& pool, const Matrix& kv_b, const MlaHeads& m, c
   check_heads(kv_b, m, job_heads);
   const int64_t H = m.n_head, n = n_tokens, kv_rows = m.nope + m.v_dim, vd = m.v_dim;
   buf.resize(static_cast<size_t>(std::min(job_heads, H) * n * vd));
-  std::vector<MatmulGroup> groups;
+  thread_local std::vector<MatmulGroup> groups;
   for (int64_t h0 = 0; h0 < H; h0 += job_heads) {
     const int64_t h1 = std::min(H, h0 + job_heads);
     groups.clear();

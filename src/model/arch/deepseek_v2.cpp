@@ -152,8 +152,7 @@ void DeepseekV2::project_h(ForwardState& s, const MlaWeights& w) const {
 void DeepseekV2::project_q(ForwardState& s, const MlaWeights& w) const {
   const ModelConfig& c = config_;
   const int64_t n = s.n_tokens(), qk = c.qk_head_dim();
-  s.q.resize(static_cast<size_t>(n * c.n_head * qk));
-  if (c.q_lora_rank > 0) {  // s.scratch holds h · wq_aᵀ (project_h)
+  if (c.q_lora_rank > 0) {  // s.scratch holds h · wq_aᵀ (project_h, which sized s.q)
     rms_norm(s.scratch.data(), w.q_a_norm, n, c.q_lora_rank, static_cast<float>(c.rms_norm_eps),
              s.scratch.data());
     matmul(*s.pool, w.wq_b, s.scratch.data(), n, s.q.data());
@@ -198,7 +197,7 @@ void DeepseekV2::absorbed_attention(ForwardState& s, int64_t il, const MlaWeight
   o_lat.resize(q_lat.size());
   const MlaHeads heads{H, qk, nope, vd, L};
   const int64_t job_heads = mla_heads_per_job(heads, n);
-  std::vector<float> buf;
+  thread_local std::vector<float> buf;  // the heads' copies, reused across layers and steps
   mla_absorb_queries(*s.pool, w.wkv_b, heads, s.q.data(), n, job_heads, q_lat.data(), buf);
   // Every head of a token attends over the same latent rows (keys [c_kv | k_pe], values c_kv):
   // a task takes a token and kHeadBlock heads, so each latent row is read once for them.
