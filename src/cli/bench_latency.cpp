@@ -216,8 +216,10 @@ void run_latency_single(const LatencyOptions& o) {
       "model %s (%s), batch %lld, prompt %lld, gen %lld, %d threads, matmul %s, KV cache %s\n",
       o.model_dir.c_str(), arch_name(c.arch), (long long)o.batch, (long long)o.prompt_len,
       (long long)o.gen_len, pool.n_threads(), matmul_isa(), kv_dtype_name(gen.kv_cache().dtype()));
-  std::printf("weights: one-token products prefetch %lld bytes ahead (DUET_ONE_TOKEN_PREFETCH)\n",
-              (long long)matmul_one_token_prefetch());
+  std::printf(
+      "weights: one-token products prefetch %lld bytes ahead into L1 (DUET_ONE_TOKEN_PREFETCH) "
+      "and %lld into L2 (DUET_ONE_TOKEN_PREFETCH_L2)\n",
+      (long long)matmul_one_token_prefetch(), (long long)matmul_one_token_prefetch_l2());
   if (std::strcmp(matmul_bf16_isa(), matmul_isa()) != 0) {
     std::printf(
         "kernels: bf16 weights and attention on %s (f32 FMAs, faster than %s's bf16 pairs "

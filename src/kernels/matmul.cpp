@@ -457,6 +457,10 @@ int64_t matmul_one_token_prefetch() {
   return simd::one_token_prefetch_bytes();
 }
 
+int64_t matmul_one_token_prefetch_l2() {
+  return simd::one_token_prefetch_l2_bytes();
+}
+
 const char* matmul_int_kernel() {
   return matmul_q8::kernel_name(matmul_q8::kernel_for(simd::best_isa()));
 }

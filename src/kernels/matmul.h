@@ -111,6 +111,10 @@ const char* matmul_bf16_isa();
 // 4096 on Intel's CPUs and none on the others; the environment variable DUET_ONE_TOKEN_PREFETCH,
 // read once, sets another count (0 to 65536), to compare (simd::one_token_prefetch_bytes).
 int64_t matmul_one_token_prefetch();
+// Bytes ahead that they also prefetch those weights into L2 (0: none): by default 16384 on
+// Intel's CPUs and none on the others; DUET_ONE_TOKEN_PREFETCH_L2 sets another count likewise
+// (simd::one_token_prefetch_l2_bytes).
+int64_t matmul_one_token_prefetch_l2();
 
 // Name of the kernel that products with int8 and int4 weights use on that path ("avx512vnni",
 // "avx512", "avx2vnni", "avx2" or "scalar"), for logs and benchmarks.

@@ -133,19 +133,21 @@ DUET_SIMD_TARGET void dot_block(const uint16_t* w, int64_t ldw, const uint16_t* 
 // are dot_block<R, 1>'s bit for bit: each row's accumulator runs over k in the same order, and
 // the rows are reduced together as there. With pf > 0 every vector's cache line pf bytes further
 // on in the rows is prefetched (simd::one_token_prefetch_bytes: Intel's cores stream this chain
-// of dependent vdpbf16ps from memory well below a plain read's pace by themselves).
+// of dependent vdpbf16ps from memory well below a plain read's pace by themselves), and with
+// pf_l2 > 0 the line pf_l2 bytes on into L2 (simd::one_token_prefetch_l2_bytes).
 template <int R>
 DUET_SIMD_TARGET void dot_rows_one(const uint16_t* w, int64_t ldw, const uint16_t* x, int64_t k,
-                                   float* y, int64_t pf) {
+                                   float* y, int64_t pf, int64_t pf_l2) {
   V acc[1][R];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
     const uint16_t* wr = w + r * ldw;
     V a = S::zero();
     int64_t kk = 0;
-    if (pf > 0) {
+    if (pf > 0 || pf_l2 > 0) {
       for (; kk + kPairW <= k; kk += kPairW) {
-        _mm_prefetch(reinterpret_cast<const char*>(wr + kk) + pf, _MM_HINT_T0);
+        if (pf > 0) _mm_prefetch(reinterpret_cast<const char*>(wr + kk) + pf, _MM_HINT_T0);
+        if (pf_l2 > 0) _mm_prefetch(reinterpret_cast<const char*>(wr + kk) + pf_l2, _MM_HINT_T1);
         a = S::dpbf16(a, S::load_pairs(wr + kk), S::load_pairs(x + kk));
       }
     } else {
@@ -242,7 +244,8 @@ inline DotFn halves_fn(int64_t nt) {
   return kTable[static_cast<size_t>(nt - kMmTokens - 1)];
 }
 
-using DotOneFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t);
+using DotOneFn = void (*)(const uint16_t*, int64_t, const uint16_t*, int64_t, float*, int64_t,
+                          int64_t);
 
 // dot_rows_one for nr <= kMmRows rows.
 inline DotOneFn dot_one_fn(int64_t nr) {
@@ -262,9 +265,10 @@ DUET_SIMD_TARGET void matmul_rows_direct(const uint16_t* w, int64_t cols, const 
   if (n_tokens == 1) {
     // Past r_end the prefetches reach another thread's rows or past the matrix: never a fault.
     const int64_t pf = simd::one_token_prefetch_bytes();
+    const int64_t pf_l2 = simd::one_token_prefetch_l2_bytes();
     for (int64_t r0 = r_begin; r0 < r_end; r0 += kMmRows) {
       const int64_t nr = std::min<int64_t>(kMmRows, r_end - r0);
-      dot_one_fn(nr)(w + r0 * cols, cols, x, cols, y + (r0 - r_begin), pf);
+      dot_one_fn(nr)(w + r0 * cols, cols, x, cols, y + (r0 - r_begin), pf, pf_l2);
     }
     return;
   }

@@ -312,6 +312,7 @@ struct Block {
   int r_first, r_count;  // the block's rows stored: [r_first, r_first + r_count)
   int64_t n_blocks;      // blocks from w on; when above 1, whole ones (r_first 0, r_count 4)
   int64_t pf_one;        // bytes ahead that one-token blocks prefetch their weights, 0: none
+  int64_t pf_l2;         // bytes ahead that they also prefetch them into L2, 0: none
 };
 
 using BlockFn = void (*)(const Block&);
@@ -378,6 +379,7 @@ void simd_rows(Kernel k, const Matrix& w, const Q8Rows& x, int64_t n_tokens, flo
   // A product of one token streams its weights from memory (a few tokens' last block of one
   // reads them from the cache after the blocks before it: no prefetch there).
   const int64_t pf_one = n_tokens == 1 ? simd::one_token_prefetch_bytes() : 0;
+  const int64_t pf_l2 = n_tokens == 1 ? simd::one_token_prefetch_l2_bytes() : 0;
   for (int64_t rb = r_begin / kQ8BlockRows, n_blocks; rb * kQ8BlockRows < r_end; rb += n_blocks) {
     const int64_t r0 = rb * kQ8BlockRows;
     const int r_first = static_cast<int>(std::max(r0, r_begin) - r0);
@@ -399,7 +401,8 @@ void simd_rows(Kernel k, const Matrix& w, const Q8Rows& x, int64_t n_tokens, flo
                     r_first,
                     r_count,
                     n_blocks,
-                    pf_one};
+                    pf_one,
+                    pf_l2};
       block_fn(k, w.dtype, n_tok)(b);
       t += n_tok;
     }

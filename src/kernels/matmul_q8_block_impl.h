@@ -81,15 +81,25 @@ DUET_SIMD_TARGET DUET_ALWAYS_INLINE void block_once(const Block& b) {
     // of eight runs of 0.92-1.04x; at 8 sequences level; the product alone, int8, 1.10x on 2
     // threads, 1.38x on 1). On Emerald Rapids, 4 KiB ahead, decode of one sequence took 0.89x
     // (int8) and 0.78-0.88x (int4) of the time without (cold steps, alternating step by step).
+    // And b.pf_l2 ahead into L2 (simd::one_token_prefetch_l2_bytes), which keeps more of the
+    // core's reads in flight than the prefetches into L1 can.
     if constexpr (kT > 1) {
 #pragma GCC unroll 8
       for (int64_t l = 0; l < kBytes; l += 64) {
         _mm_prefetch(reinterpret_cast<const char*>(w + kPrefetchBytes + l), _MM_HINT_T1);
       }
-    } else if (b.pf_one > 0) {
+    } else {
+      if (b.pf_one > 0) {
 #pragma GCC unroll 8
-      for (int64_t l = 0; l < kBytes; l += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(w + b.pf_one + l), _MM_HINT_T0);
+        for (int64_t l = 0; l < kBytes; l += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(w + b.pf_one + l), _MM_HINT_T0);
+        }
+      }
+      if (b.pf_l2 > 0) {
+#pragma GCC unroll 8
+        for (int64_t l = 0; l < kBytes; l += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(w + b.pf_l2 + l), _MM_HINT_T1);
+        }
       }
     }
     if (s % 2 == 0) {

@@ -25,22 +25,42 @@ Isa choose_isa(const char* requested) {
                                    "scalar");
 }
 
-int64_t choose_one_token_prefetch(const char* requested, bool intel) {
-  if (!requested || !*requested) return intel ? kOneTokenPrefetchIntel : 0;
+namespace {
+
+// A count of bytes from 0 to 65536 in `requested` (the text of the environment variable `var`),
+// or `fallback` where it is null or empty.
+int64_t prefetch_bytes(const char* var, const char* requested, int64_t fallback) {
+  if (!requested || !*requested) return fallback;
   char* end = nullptr;
   errno = 0;
   const long long bytes = std::strtoll(requested, &end, 10);
   const bool digits = *requested >= '0' && *requested <= '9';
   if (!digits || errno != 0 || *end != '\0' || bytes > 65536) {
-    DUET_ERROR("DUET_ONE_TOKEN_PREFETCH=" << requested
-                                          << " is not a count of bytes from 0 to 65536");
+    DUET_ERROR(var << "=" << requested << " is not a count of bytes from 0 to 65536");
   }
   return bytes;
+}
+
+}  // namespace
+
+int64_t choose_one_token_prefetch(const char* requested, bool intel) {
+  return prefetch_bytes("DUET_ONE_TOKEN_PREFETCH", requested, intel ? kOneTokenPrefetchIntel : 0);
 }
 
 int64_t one_token_prefetch_bytes() {
   static const int64_t bytes =
       choose_one_token_prefetch(std::getenv("DUET_ONE_TOKEN_PREFETCH"), __builtin_cpu_is("intel"));
+  return bytes;
+}
+
+int64_t choose_one_token_prefetch_l2(const char* requested, bool intel) {
+  return prefetch_bytes("DUET_ONE_TOKEN_PREFETCH_L2", requested,
+                        intel ? kOneTokenPrefetchL2Intel : 0);
+}
+
+int64_t one_token_prefetch_l2_bytes() {
+  static const int64_t bytes = choose_one_token_prefetch_l2(
+      std::getenv("DUET_ONE_TOKEN_PREFETCH_L2"), __builtin_cpu_is("intel"));
   return bytes;
 }
 

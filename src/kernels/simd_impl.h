@@ -85,6 +85,23 @@ int64_t choose_one_token_prefetch(const char* requested, bool intel);
 // choose_one_token_prefetch(getenv("DUET_ONE_TOKEN_PREFETCH"), this CPU is Intel's), decided once.
 int64_t one_token_prefetch_bytes();
 
+// How far ahead, in bytes, the same kernels also prefetch their weights into L2 (a second stream
+// of prefetches, further on than the first's into L1; 0: none). `requested` is the text of
+// DUET_ONE_TOKEN_PREFETCH_L2 (0 to 65536), or null or empty for this CPU's default:
+// kOneTokenPrefetchL2Intel on Intel's CPUs, none on the others. Throws duet::Error on any other
+// text.
+// Why: the prefetches into L1 alone keep too few of a core's reads in flight to stream at a plain
+// read's pace (each holds one of the core's few L1 fill buffers until its line arrives); those
+// into L2 queue further out (Emerald Rapids VM, 2 threads, cold steps, decode of one sequence
+// alternating step by step with and without, qwen3_moe small: int4 0.87-1.00 of the time, median
+// 0.94; int8 0.80-1.03, median 0.88; bf16 0.89-1.05, median 0.94; README "Prefetching into L2").
+constexpr int64_t kOneTokenPrefetchL2Intel = 16384;
+int64_t choose_one_token_prefetch_l2(const char* requested, bool intel);
+
+// choose_one_token_prefetch_l2(getenv("DUET_ONE_TOKEN_PREFETCH_L2"), this CPU is Intel's),
+// decided once.
+int64_t one_token_prefetch_l2_bytes();
+
 // choose_isa(getenv("DUET_MATMUL_ISA")), decided once: the widest instruction set this CPU
 // runs, unless the variable names another to compare with.
 Isa best_isa();

@@ -154,7 +154,27 @@ TEST(SimdTest, OneTokenPrefetchByVendorOrAsSet) {
       simd::choose_one_token_prefetch(bad, true);
       ADD_FAILURE() << bad << " accepted";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("DUET_ONE_TOKEN_PREFETCH"), std::string::npos) << bad;
+      EXPECT_NE(std::string(e.what()).find("DUET_ONE_TOKEN_PREFETCH="), std::string::npos) << bad;
+    }
+  }
+}
+
+// The one-token prefetch into L2 likewise, with its own default and its own variable's name in
+// the error.
+TEST(SimdTest, OneTokenPrefetchIntoL2ByVendorOrAsSet) {
+  EXPECT_EQ(simd::choose_one_token_prefetch_l2(nullptr, true), simd::kOneTokenPrefetchL2Intel);
+  EXPECT_EQ(simd::choose_one_token_prefetch_l2("", true), simd::kOneTokenPrefetchL2Intel);
+  EXPECT_GT(simd::kOneTokenPrefetchL2Intel, simd::kOneTokenPrefetchIntel);
+  EXPECT_EQ(simd::choose_one_token_prefetch_l2(nullptr, false), 0);
+  EXPECT_EQ(simd::choose_one_token_prefetch_l2("0", true), 0);
+  EXPECT_EQ(simd::choose_one_token_prefetch_l2("32768", false), 32768);
+  for (const char* bad : {"x", "-1", "65537", "16k"}) {
+    try {
+      simd::choose_one_token_prefetch_l2(bad, true);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("DUET_ONE_TOKEN_PREFETCH_L2="), std::string::npos)
+          << bad;
     }
   }
 }
