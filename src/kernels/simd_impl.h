@@ -94,7 +94,8 @@ int64_t one_token_prefetch_bytes();
 // read's pace (each holds one of the core's few L1 fill buffers until its line arrives); those
 // into L2 queue further out (Emerald Rapids VM, 2 threads, cold steps, decode of one sequence
 // alternating step by step with and without, qwen3_moe small: int4 0.87-1.00 of the time, median
-// 0.94; int8 0.80-1.03, median 0.88; bf16 0.89-1.05, median 0.94; README "Prefetching into L2").
+// 0.94; int8 0.80-1.03, median 0.88; bf16 0.89-1.05, median 0.94; README, "One sequence on
+// Intel: a second prefetch").
 constexpr int64_t kOneTokenPrefetchL2Intel = 16384;
 int64_t choose_one_token_prefetch_l2(const char* requested, bool intel);
 
