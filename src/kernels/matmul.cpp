@@ -22,6 +22,9 @@ namespace {
 constexpr int64_t kDirectChunk = 4;
 constexpr int64_t kTiledChunk = 64;
 constexpr int64_t kXwChunk = 64;
+// One token's (matmul_xw_cols reads 256 columns of each row a pass there): a head of MLA's W_UK
+// on the small presets is one task, read as whole rows.
+constexpr int64_t kXwOneChunk = 256;
 
 // Below this many multiply-adds (a router's 32 × 1024 for one token) a product runs on the
 // calling thread: waking a worker costs more than the work.
@@ -35,12 +38,13 @@ constexpr int kPanelVecs = 4;  // 24 accumulators + 4 weight vectors + 1 broadca
 constexpr int kPanelTokens = 6;
 constexpr int kXwCols = 4;  // 64 columns
 constexpr int kXwTokens = 4;
+constexpr int kXwOneCols = 16;  // 256 columns: 16 accumulators
 #define DUET_SIMD_TARGET DUET_TARGET_AVX512
 #include "kernels/matmul_simd_impl.h"
 #include "kernels/matmul_xw_simd_impl.h"
 #undef DUET_SIMD_TARGET
 static_assert(kTiledChunk % kPanelRows == 0 && kDirectChunk % kMmRows == 0 &&
-              kXwChunk % (kXwCols * kW) == 0);
+              kXwChunk % (kXwCols * kW) == 0 && kXwOneChunk % (kXwOneCols * kW) == 0);
 }  // namespace avx512
 
 namespace avx2 {
@@ -51,12 +55,13 @@ constexpr int kPanelVecs = 2;  // 12 accumulators + 2 weight vectors + 1 broadca
 constexpr int kPanelTokens = 6;
 constexpr int kXwCols = 2;  // 16 columns
 constexpr int kXwTokens = 4;
+constexpr int kXwOneCols = 8;  // 64 columns: 8 accumulators
 #define DUET_SIMD_TARGET DUET_TARGET_AVX2
 #include "kernels/matmul_simd_impl.h"
 #include "kernels/matmul_xw_simd_impl.h"
 #undef DUET_SIMD_TARGET
 static_assert(kTiledChunk % kPanelRows == 0 && kDirectChunk % kMmRows == 0 &&
-              kXwChunk % (kXwCols * kW) == 0);
+              kXwChunk % (kXwCols * kW) == 0 && kXwOneChunk % (kXwOneCols * kW) == 0);
 }  // namespace avx2
 
 inline float weight_at(const float* w, int64_t i) {
@@ -325,7 +330,7 @@ void matmul_xw_with(simd::Isa isa, ThreadPool& pool, const Matrix& w, const floa
   const auto cols_fn = xw_cols_for(isa, w.dtype);
   pool.parallel_for(
       w.cols, [&](int64_t begin, int64_t end) { cols_fn(w, x, n_tokens, y, begin, end); },
-      kXwChunk);
+      n_tokens == 1 ? kXwOneChunk : kXwChunk);
 }
 
 void matmul_xw_grouped_with(simd::Isa isa, ThreadPool& pool, const std::vector<XwGroup>& groups) {
@@ -343,8 +348,9 @@ void matmul_xw_grouped_with(simd::Isa isa, ThreadPool& pool, const std::vector<X
     const XwGroup& gr = groups[g];
     if (!xw_needs_work("matmul_xw_grouped", gr.w, gr.x, gr.n_tokens, gr.y)) continue;
     const fp8_impl::XwColsFn cols_fn = xw_cols_for(isa, gr.w.dtype);
-    for (int64_t c = 0; c < gr.w.cols; c += kXwChunk)
-      blocks.push_back({g, c, std::min(gr.w.cols, c + kXwChunk), cols_fn});
+    const int64_t chunk = gr.n_tokens == 1 ? kXwOneChunk : kXwChunk;
+    for (int64_t c = 0; c < gr.w.cols; c += chunk)
+      blocks.push_back({g, c, std::min(gr.w.cols, c + chunk), cols_fn});
     macs += gr.n_tokens * gr.w.rows * gr.w.cols;
   }
   const auto run = [&](int64_t begin, int64_t end) {

@@ -466,7 +466,7 @@ TEST(MatmulXwTest, SimdMatchesScalar) {
   ThreadPool pool(3);
   std::mt19937 rng(4321);
   for (DType dtype : {DType::kF32, DType::kBF16}) {
-    for (int64_t cols : {1, 7, 16, 17, 33, 64, 100, 1003}) {
+    for (int64_t cols : {1, 7, 16, 17, 33, 64, 100, 256, 520, 1003}) {
       for (int64_t rows : {1, 5, 37, 512}) {
         TestMatrix w = random_matrix(rng, dtype, rows, cols);
         TestMatrix w_abs = w.abs();
@@ -494,6 +494,35 @@ TEST(MatmulXwTest, SimdMatchesScalar) {
           std::vector<float> got(static_cast<size_t>(n_out + kPad), kGuard);
           matmul_xw(pool, w.view(), x, n_tokens, got.data());
           expect_close(got, want, scale, n_out, "matmul_xw()");
+        }
+      }
+    }
+  }
+}
+
+// One token's y is bit for bit its row of a call with more tokens: the one-token pass over whole
+// rows (256 columns at a time on AVX-512, 64 on AVX2) sums each column as the blocks of several
+// tokens do, so MLA's decode and prefill agree. Columns past the last whole pass take the
+// several-token blocks' path.
+TEST(MatmulXwTest, OneTokenEqualsItsRowAmongMany) {
+  ThreadPool pool(2);
+  std::mt19937 rng(97);
+  std::vector<Isa> isas = simd_isas();
+  isas.push_back(Isa::kScalar);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t cols : {64, 256, 300, 512, 1003}) {
+      const int64_t rows = 64, n_tokens = 3;
+      TestMatrix w = random_matrix(rng, dtype, rows, cols);
+      std::vector<float> x = random_values(rng, n_tokens * rows);
+      for (Isa isa : isas) {
+        std::vector<float> all(static_cast<size_t>(n_tokens * cols));
+        matmul_impl::matmul_xw_with(isa, pool, w.view(), x.data(), n_tokens, all.data());
+        for (int64_t t = 0; t < n_tokens; ++t) {
+          std::vector<float> one(static_cast<size_t>(cols));
+          matmul_impl::matmul_xw_with(isa, pool, w.view(), x.data() + t * rows, 1, one.data());
+          ASSERT_EQ(0, std::memcmp(one.data(), all.data() + t * cols, one.size() * sizeof(float)))
+              << simd::isa_name(isa) << " " << dtype_name(dtype) << " cols " << cols << " token "
+              << t;
         }
       }
     }
