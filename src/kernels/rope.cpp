@@ -123,6 +123,27 @@ void Rope::apply(float* x, int64_t n_heads, int64_t stride, int64_t pos, RopeSty
   rotate(x, n_heads, stride, cos, sin, style);
 }
 
+void RopeAngles::update(ThreadPool& pool, const Rope& rope, const int64_t* pos, int64_t n) {
+  const auto count = static_cast<size_t>(n);
+  if (rope_ == &rope && pos_.size() == count && std::equal(pos, pos + n, pos_.begin())) return;
+  rope_ = nullptr;  // until the table is whole again
+  half_ = rope.params().dim / 2;
+  pos_.assign(pos, pos + n);
+  table_.resize(count * static_cast<size_t>(2 * half_));
+  const auto make = [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* c = table_.data() + t * 2 * half_;
+      rope.angles(pos[t], c, c + half_);
+    }
+  };
+  if (n >= kParallelTokens) {
+    pool.parallel_for(n, make);
+  } else {
+    make(0, n);
+  }
+  rope_ = &rope;
+}
+
 double yarn_get_mscale(double scale, double mscale) {
   if (scale <= 1) return 1.0;
   return 0.1 * mscale * std::log(scale) + 1.0;

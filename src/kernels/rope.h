@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/thread_pool.h"
+
 namespace duet {
 
 enum class RopeStyle {
@@ -45,6 +47,28 @@ class Rope {
  private:
   RopeParams p_;
   std::vector<float> inv_freq_;
+};
+
+// The angles of a batch's positions under one Rope, cos then sin of each token's: made once
+// per step and read by every layer, where each layer made its own before (2 · dim / 2 double
+// sin and cos a token: 0.9 us for dim 128 on Zen 4, every layer of every step).
+class RopeAngles {
+ public:
+  // Makes the table for positions pos[0, n) under rope, unless it already holds exactly those
+  // (the same Rope object and the same positions): the first layer of a step makes it, the others
+  // find it made. Tokens are shared out over pool from kParallelTokens on.
+  void update(ThreadPool& pool, const Rope& rope, const int64_t* pos, int64_t n);
+
+  // [dim / 2] cos and sin of token t's position (t < the n of the last update).
+  const float* cos(int64_t t) const { return table_.data() + t * 2 * half_; }
+  const float* sin(int64_t t) const { return cos(t) + half_; }
+
+ private:
+  static constexpr int64_t kParallelTokens = 16;
+  const Rope* rope_ = nullptr;
+  int64_t half_ = 0;
+  std::vector<int64_t> pos_;  // [n] the positions the table holds
+  std::vector<float> table_;  // [n, 2 * half_] f32
 };
 
 // yarn's mscale: 0.1 * mscale * ln(scale) + 1 for scale > 1, else 1.

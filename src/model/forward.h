@@ -18,6 +18,7 @@
 #include "core/dtype.h"
 #include "core/trace.h"
 #include "core/thread_pool.h"
+#include "kernels/rope.h"
 #include "moe/dispatcher.h"
 #include "moe/experts.h"
 
@@ -128,6 +129,7 @@ struct ForwardState {
   ExpertBatch* expert_batch = nullptr;  // across, dispatch_recv until combine_send
   MlpScratch mlp;
   std::vector<MatmulGroup> proj;    // projections that run as one pool job (attention's q/k/v)
+  RopeAngles rope_angles;           // across the step's layers: its tokens' rope angles
   std::vector<float> logits;        // across, output until the step's end: [out_rows, n_vocab]
   uint64_t expert_bytes_read = 0;   // weights of the routed experts run so far (benchmarks)
   OpSeconds* op_seconds = nullptr;  // set while a profiled step runs: parts of operations

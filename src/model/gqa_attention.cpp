@@ -91,19 +91,18 @@ void gqa_attention(ForwardState& s, int64_t il, const GqaWeights& w, const Model
   project_qkv(s, w, k, v);
   qkv_time.stop();
   SubOpTimer rope_time(s, "attn.rope_kv");
-  // Per token: q/k norms, rope (the angles once for q and k), and the new K/V rows into the
-  // cache, whose rows the engine reserved before the step: tokens touch disjoint rows.
+  // Per token: q/k norms, rope (the step's angles, made by its first layer), and the new K/V
+  // rows into the cache, whose rows the engine reserved before the step: tokens touch disjoint
+  // rows.
+  s.rope_angles.update(*s.pool, rope, s.in->pos.data(), n);
   s.pool->parallel_for(n, [&](int64_t t0, int64_t t1) {
-    thread_local std::vector<float> cos_sin;
-    cos_sin.resize(static_cast<size_t>(rope.params().dim));
-    float* cos = cos_sin.data();
-    float* sin = cos + rope.params().dim / 2;
     for (int64_t t = t0; t < t1; ++t) {
       float* qt = s.q.data() + t * q_w;
       float* kt = k + t * kv_w;
       if (w.q_norm) rms_norm(qt, w.q_norm, c.n_head, hd, eps, qt);
       if (w.k_norm) rms_norm(kt, w.k_norm, c.n_head_kv, hd, eps, kt);
-      rope.angles(s.in->pos[t], cos, sin);
+      const float* cos = s.rope_angles.cos(t);
+      const float* sin = s.rope_angles.sin(t);
       rope.rotate(qt, c.n_head, hd, cos, sin, RopeStyle::kNeox);
       rope.rotate(kt, c.n_head_kv, hd, cos, sin, RopeStyle::kNeox);
       const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;

@@ -199,5 +199,48 @@ TEST(RopeTest, RejectsOddDim) {
   EXPECT_ANY_THROW(Rope{p});
 }
 
+// The step's table holds each token's angles as Rope::angles makes them, bit for bit, on the
+// caller (few tokens) and on the pool (many); a later update with other positions, or the same
+// positions under another Rope, holds the new angles, not the old.
+TEST(RopeTest, AnglesTableFollowsItsPositionsAndRope) {
+  ThreadPool pool(2);
+  RopeParams p;
+  p.dim = 8;
+  p.theta = 10000;
+  RopeParams yarn = p;
+  yarn.yarn = true;
+  yarn.factor = 4;
+  yarn.original_max_position = 64;
+  yarn.cos_sin_scale = 1.2;
+  const Rope plain(p), scaled(yarn);
+  const auto expect_table = [&](const RopeAngles& table, const Rope& rope,
+                                const std::vector<int64_t>& pos) {
+    for (size_t t = 0; t < pos.size(); ++t) {
+      std::vector<float> cos(4), sin(4);
+      rope.angles(pos[t], cos.data(), sin.data());
+      const auto i = static_cast<int64_t>(t);
+      ASSERT_TRUE(std::equal(cos.begin(), cos.end(), table.cos(i))) << "token " << t;
+      ASSERT_TRUE(std::equal(sin.begin(), sin.end(), table.sin(i))) << "token " << t;
+    }
+  };
+  RopeAngles table;
+  std::vector<int64_t> pos = {7, 0, 123};
+  table.update(pool, plain, pos.data(), 3);
+  expect_table(table, plain, pos);
+  table.update(pool, plain, pos.data(), 3);  // the same: kept
+  expect_table(table, plain, pos);
+  pos[1] = 5;
+  table.update(pool, plain, pos.data(), 3);
+  expect_table(table, plain, pos);
+  table.update(pool, scaled, pos.data(), 3);
+  expect_table(table, scaled, pos);
+  table.update(pool, scaled, pos.data(), 2);  // fewer tokens
+  expect_table(table, scaled, {7, 5});
+  std::vector<int64_t> many(100);
+  for (size_t t = 0; t < many.size(); ++t) many[t] = static_cast<int64_t>(3 * t + 1);
+  table.update(pool, scaled, many.data(), 100);  // on the pool
+  expect_table(table, scaled, many);
+}
+
 }  // namespace
 }  // namespace duet

@@ -157,10 +157,11 @@ void DeepseekV2::project_q(ForwardState& s, const MlaWeights& w) const {
              s.scratch.data());
     matmul(*s.pool, w.wq_b, s.scratch.data(), n, s.q.data());
   }
+  s.rope_angles.update(*s.pool, rope_, s.in->pos.data(), n);
   s.pool->parallel_for(n, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      rope_.apply(s.q.data() + t * c.n_head * qk + c.qk_nope_head_dim, c.n_head, qk,
-                  s.in->pos[t], RopeStyle::kInterleaved);
+      rope_.rotate(s.q.data() + t * c.n_head * qk + c.qk_nope_head_dim, c.n_head, qk,
+                   s.rope_angles.cos(t), s.rope_angles.sin(t), RopeStyle::kInterleaved);
     }
   });
 }
@@ -172,12 +173,13 @@ void DeepseekV2::write_latents(ForwardState& s, int64_t il, const MlaWeights& w)
   const int64_t n = s.n_tokens(), width = kv_k_width();
   // s.kv_new [n, width] holds h · wkv_aᵀ (project_h).
   // Tokens write disjoint rows of the cache, which the engine reserved before the step.
+  s.rope_angles.update(*s.pool, rope_, s.in->pos.data(), n);  // made by project_q: found there
   s.pool->parallel_for(n, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       float* row = s.kv_new.data() + t * width;
       rms_norm(row, w.kv_a_norm, 1, c.kv_lora_rank, static_cast<float>(c.rms_norm_eps), row);
-      rope_.apply(row + c.kv_lora_rank, 1, c.qk_rope_head_dim, s.in->pos[t],
-                  RopeStyle::kInterleaved);
+      rope_.rotate(row + c.kv_lora_rank, 1, c.qk_rope_head_dim, s.rope_angles.cos(t),
+                   s.rope_angles.sin(t), RopeStyle::kInterleaved);
       const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
       s.kv->store_k(seq, il, s.in->pos[t], row, width);
     }
