@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "core/trace.h"
 #include "core/thread_pool.h"
+#include "core/trace.h"
 #include "kernels/rope.h"
 #include "moe/dispatcher.h"
 #include "moe/experts.h"
