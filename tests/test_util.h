@@ -25,7 +25,7 @@ inline bool process_runs(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
   std::string line;
   if (!std::getline(stat, line)) return true;  // no /proc: kill's answer
-  const size_t paren = line.rfind(')');  // "pid (comm) state ...": comm may hold spaces
+  const size_t paren = line.rfind(')');        // "pid (comm) state ...": comm may hold spaces
   return paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'Z';
 }
 
