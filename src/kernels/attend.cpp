@@ -201,13 +201,17 @@ DUET_TARGET_AVX512 void scores_rows(const RowPtrs& rows, int64_t n_rows, int64_t
 // s[r][j0 + j] = scale · q[r] · k_j for the span's positions j and every row, kPosBlock
 // positions at a time. The first kAhead keys of the next span (null: none; of the same dtype)
 // are prefetched first: a paged KV cache hands out a span per block of 16 positions, and the
-// prefetch inside a span alone never reached the next block.
+// prefetch inside a span alone never reached the next block. Where v_dim_ahead is not 0, the
+// first v_dim_ahead elements of each value row are prefetched beside its key
+// (attend_impl::values_ahead).
 template <typename T>
 DUET_TARGET_AVX512 void span_scores(const RowPtrs& rows, int64_t n_rows, int64_t k_dim,
-                                    const KvSpan& sp, const KvSpan* next, int64_t j0, float scale) {
+                                    const KvSpan& sp, const KvSpan* next, int64_t j0, float scale,
+                                    int64_t v_dim_ahead) {
   if (next) {
     for (int64_t i = 0; i < std::min(kAhead, next->n); ++i) {
       prefetch_row(k_row<T>(*next, i), k_dim);
+      if (v_dim_ahead) prefetch_row(v_row<T>(*next, i), v_dim_ahead);
     }
   }
   int64_t j = 0;
@@ -215,6 +219,7 @@ DUET_TARGET_AVX512 void span_scores(const RowPtrs& rows, int64_t n_rows, int64_t
     const T* kj = k_row<T>(sp, j);
     for (int64_t i = kAhead; i < kAhead + kPosBlock && j + i < sp.n; ++i) {
       prefetch_row(kj + i * sp.k_stride, k_dim);
+      if (v_dim_ahead) prefetch_row(v_row<T>(sp, j + i), v_dim_ahead);
     }
     scores_rows<kPosBlock>(rows, n_rows, j0 + j, k_dim, kj, sp.k_stride, scale);
   }
@@ -314,12 +319,13 @@ DUET_TARGET_AVX512 void attend_avx512(const AttendShape& a, const float* q,
     rows.s[r] = scores.data() + r * n_ctx;
     rows.o[r] = out_row(a, out, r);
   }
+  const int64_t v_ahead = attend_impl::values_ahead(spans, n_ctx, a.v_dim);
   int64_t j0 = 0;
   for (size_t i = 0; i < spans.size(); ++i) {
     const KvSpan& sp = spans[i];
     const KvSpan* next = i + 1 < spans.size() ? &spans[i + 1] : nullptr;
     by_dtype(sp, [&](auto t) {
-      span_scores<decltype(t)>(rows, n_rows, a.k_dim, sp, next, j0, a.scale);
+      span_scores<decltype(t)>(rows, n_rows, a.k_dim, sp, next, j0, a.scale, v_ahead);
     });
     j0 += sp.n;
   }

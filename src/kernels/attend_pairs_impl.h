@@ -84,16 +84,19 @@ DUET_SIMD_TARGET void scores_rows(const uint16_t* const* q, float* const* s, int
 }
 
 // s[r][j0 + j] for the span's positions j and every row, kPosBlock positions at a time, with
-// the prefetches of the f32 kernel (attend.cpp: span_scores).
+// the prefetches of the f32 kernel (attend.cpp: span_scores); value rows too where v_dim_ahead
+// is not 0 (attend_impl::values_ahead).
 DUET_SIMD_TARGET void span_scores(const uint16_t* const* q, float* const* s, int64_t n_rows,
                                   int64_t k_dim, const KvSpan& sp, const KvSpan* next, int64_t j0,
-                                  float scale) {
+                                  float scale, int64_t v_dim_ahead) {
   using attend_impl::k_row;
   using attend_impl::kAhead;
+  using attend_impl::v_row;
   constexpr int kJ = attend_impl::kPosBlock;
   if (next) {
     for (int64_t i = 0; i < std::min(kAhead, next->n); ++i) {
       attend_impl::prefetch_row(k_row<uint16_t>(*next, i), k_dim);
+      if (v_dim_ahead) attend_impl::prefetch_row(v_row<uint16_t>(*next, i), v_dim_ahead);
     }
   }
   int64_t j = 0;
@@ -101,6 +104,7 @@ DUET_SIMD_TARGET void span_scores(const uint16_t* const* q, float* const* s, int
     const uint16_t* kj = k_row<uint16_t>(sp, j);
     for (int64_t i = kAhead; i < kAhead + kJ && j + i < sp.n; ++i) {
       attend_impl::prefetch_row(kj + i * sp.k_stride, k_dim);
+      if (v_dim_ahead) attend_impl::prefetch_row(v_row<uint16_t>(sp, j + i), v_dim_ahead);
     }
     scores_rows<kJ>(q, s, n_rows, j0 + j, k_dim, kj, sp.k_stride, scale);
   }
@@ -242,10 +246,12 @@ DUET_SIMD_TARGET void attend(const AttendShape& a, const float* q, const std::ve
     s_rows[r] = scores.data() + r * n_ctx;
     acc_rows[r] = acc_buf.data() + r * acc_ld;
   }
+  const int64_t v_ahead = attend_impl::values_ahead(spans, n_ctx, a.v_dim);
   int64_t j0 = 0;
   for (size_t i = 0; i < spans.size(); ++i) {
     const KvSpan* next = i + 1 < spans.size() ? &spans[i + 1] : nullptr;
-    span_scores(q_rows.data(), s_rows.data(), n_rows, a.k_dim, spans[i], next, j0, a.scale);
+    span_scores(q_rows.data(), s_rows.data(), n_rows, a.k_dim, spans[i], next, j0, a.scale,
+                v_ahead);
     j0 += spans[i].n;
   }
   // Positions a row must not see get probability 0: its sums gain exactly 0 from them.

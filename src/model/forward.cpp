@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "kernels/ops.h"
 
 namespace duet {
 
@@ -212,8 +213,7 @@ namespace {
 // dst[0, n) = src[0, n) in `dtype` (kF32 or kBF16).
 void convert_row(DType dtype, const float* src, int64_t n, void* dst) {
   if (dtype == DType::kBF16) {
-    uint16_t* d = static_cast<uint16_t*>(dst);
-    for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
+    f32_to_bf16_row(src, n, static_cast<uint16_t*>(dst));
   } else {
     DUET_CHECK(dtype == DType::kF32, "KV rows of dtype " << dtype_name(dtype));
     std::copy_n(src, n, static_cast<float*>(dst));
@@ -222,12 +222,14 @@ void convert_row(DType dtype, const float* src, int64_t n, void* dst) {
 
 }  // namespace
 
-void KvStore::store_k(int32_t seq_id, int64_t il, int64_t pos, const float* src, int64_t n) {
-  convert_row(dtype(), src, n, k(seq_id, il, pos));
+void KvStore::store_k(int32_t seq_id, int64_t il, int64_t pos, const float* src, int64_t n,
+                      int64_t offset) {
+  convert_row(dtype(), src, n, static_cast<char*>(k(seq_id, il, pos)) + offset * elem_bytes());
 }
 
-void KvStore::store_v(int32_t seq_id, int64_t il, int64_t pos, const float* src, int64_t n) {
-  convert_row(dtype(), src, n, v(seq_id, il, pos));
+void KvStore::store_v(int32_t seq_id, int64_t il, int64_t pos, const float* src, int64_t n,
+                      int64_t offset) {
+  convert_row(dtype(), src, n, static_cast<char*>(v(seq_id, il, pos)) + offset * elem_bytes());
 }
 
 }  // namespace duet

@@ -88,10 +88,16 @@ class KvStore {
     return KvRows{k(seq_id, il, pos), v(seq_id, il, pos), 0, 0, 1};
   }
 
-  // The first n elements of the k / v row of (seq_id, il, pos) = src[0, n) (f32), converted to
-  // dtype(): bf16 rounds to nearest even (f32_to_bf16), f32 is copied.
-  void store_k(int32_t seq_id, int64_t il, int64_t pos, const float* src, int64_t n);
-  void store_v(int32_t seq_id, int64_t il, int64_t pos, const float* src, int64_t n);
+  // Elements [offset, offset + n) of the k / v row of (seq_id, il, pos) = src[0, n) (f32),
+  // converted to dtype(): bf16 rounds to nearest even (f32_to_bf16), f32 is copied. A KV head's
+  // slice of a GQA row is offset head · head_dim.
+  void store_k(int32_t seq_id, int64_t il, int64_t pos, const float* src, int64_t n,
+               int64_t offset = 0);
+  void store_v(int32_t seq_id, int64_t il, int64_t pos, const float* src, int64_t n,
+               int64_t offset = 0);
+
+ private:
+  int64_t elem_bytes() const { return static_cast<int64_t>(dtype_size(dtype())); }
 };
 
 // Wall seconds spent in each kind of operation, summed over layers and calls: the key is the

@@ -77,6 +77,42 @@ void project_qkv(ForwardState& s, const GqaWeights& w, float* k, float* v) {
 
 }  // namespace
 
+namespace {
+
+// attention_gqa's prepare: per token of [t0, t1), the q/k norms of KV head kvh and its query
+// heads, their rope (the step's angles), and the head's new K/V slices into the cache, whose rows
+// the engine reserved before the step.
+struct RopeStore {
+  ForwardState& s;
+  int64_t il;
+  const GqaWeights& w;
+  const ModelConfig& c;
+  const Rope& rope;
+  float* k;        // [n_tokens, n_head_kv * head_dim]
+  const float* v;  // [n_tokens, n_head_kv * head_dim]
+
+  void operator()(int64_t t0, int64_t t1, int64_t kvh) const {
+    const int64_t hd = c.head_dim, q_w = c.n_head * hd, kv_w = c.n_head_kv * hd;
+    const int64_t group = c.n_head / c.n_head_kv;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    for (int64_t t = t0; t < t1; ++t) {
+      float* qt = s.q.data() + t * q_w + kvh * group * hd;
+      float* kt = k + t * kv_w + kvh * hd;
+      if (w.q_norm) rms_norm(qt, w.q_norm, group, hd, eps, qt);
+      if (w.k_norm) rms_norm(kt, w.k_norm, 1, hd, eps, kt);
+      const float* cos = s.rope_angles.cos(t);
+      const float* sin = s.rope_angles.sin(t);
+      rope.rotate(qt, group, hd, cos, sin, RopeStyle::kNeox);
+      rope.rotate(kt, 1, hd, cos, sin, RopeStyle::kNeox);
+      const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
+      s.kv->store_k(seq, il, s.in->pos[t], kt, hd, kvh * hd);
+      s.kv->store_v(seq, il, s.in->pos[t], v + t * kv_w + kvh * hd, hd, kvh * hd);
+    }
+  }
+};
+
+}  // namespace
+
 void gqa_attention(ForwardState& s, int64_t il, const GqaWeights& w, const ModelConfig& c,
                    const Rope& rope) {
   const int64_t n = s.n_tokens(), hd = c.head_dim;
@@ -90,31 +126,14 @@ void gqa_attention(ForwardState& s, int64_t il, const GqaWeights& w, const Model
   float* v = k + n * kv_w;             // [n, kv_w]
   project_qkv(s, w, k, v);
   qkv_time.stop();
-  SubOpTimer rope_time(s, "attn.rope_kv");
-  // Per token: q/k norms, rope (the step's angles, made by its first layer), and the new K/V
-  // rows into the cache, whose rows the engine reserved before the step: tokens touch disjoint
-  // rows.
-  s.rope_angles.update(*s.pool, rope, s.in->pos.data(), n);
-  s.pool->parallel_for(n, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      float* qt = s.q.data() + t * q_w;
-      float* kt = k + t * kv_w;
-      if (w.q_norm) rms_norm(qt, w.q_norm, c.n_head, hd, eps, qt);
-      if (w.k_norm) rms_norm(kt, w.k_norm, c.n_head_kv, hd, eps, kt);
-      const float* cos = s.rope_angles.cos(t);
-      const float* sin = s.rope_angles.sin(t);
-      rope.rotate(qt, c.n_head, hd, cos, sin, RopeStyle::kNeox);
-      rope.rotate(kt, c.n_head_kv, hd, cos, sin, RopeStyle::kNeox);
-      const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
-      s.kv->store_k(seq, il, s.in->pos[t], kt, kv_w);
-      s.kv->store_v(seq, il, s.in->pos[t], v + t * kv_w, kv_w);
-    }
-  });
-  rope_time.stop();
+  // Norms, rope and the K/V store of each (token block, KV head) inside attention's task for it
+  // (attention_gqa): in decode no thread waits for a serial pass over the new rows.
   SubOpTimer attend_time(s, "attn.attend");
+  s.rope_angles.update(*s.pool, rope, s.in->pos.data(), n);
+  const RopeStore rope_store{s, il, w, c, rope, k, v};
   s.attn_out.resize(static_cast<size_t>(n * q_w));
-  GqaShape shape{c.n_head, c.n_head_kv, hd, static_cast<float>(1.0 / std::sqrt(double(hd)))};
-  attention_gqa(*s.pool, *s.in, *s.kv, il, shape, s.q.data(), s.attn_out.data());
+  const GqaShape shape{c.n_head, c.n_head_kv, hd, static_cast<float>(1.0 / std::sqrt(double(hd)))};
+  attention_gqa(*s.pool, *s.in, *s.kv, il, shape, s.q.data(), s.attn_out.data(), rope_store);
   attend_time.stop();
   SubOpTimer o_time(s, "attn.o");
   s.scratch.resize(static_cast<size_t>(n * c.n_embd));

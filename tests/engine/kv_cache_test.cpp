@@ -88,6 +88,33 @@ TEST(KvCacheTest, F32RowsAreStoredExactly) {
   EXPECT_EQ(kv.rows(s, 0, 0, 1).v, nullptr);  // MLA: no v rows
 }
 
+TEST(KvCacheTest, SlicesAtAnOffsetLeaveTheRestOfTheRow) {
+  // A KV head's slice (offset head · head_dim), in both dtypes: the other elements keep theirs.
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    KvCache kv(1, 7, 7, dtype);
+    const int32_t s = kv.add_sequence();
+    kv.reserve(s, 1);
+    kv.store_k(s, 0, 0, kRows.data(), 7);
+    kv.store_v(s, 0, 0, kRows.data(), 7);
+    const float slice[3] = {0.5f, -2.0f, 3.0f};
+    kv.store_k(s, 0, 0, slice, 3, 2);
+    kv.store_v(s, 0, 0, slice, 3, 4);
+    for (int64_t i = 0; i < 7; ++i) {
+      const float want_k = i >= 2 && i < 5 ? slice[i - 2] : kRows[i];
+      const float want_v = i >= 4 ? slice[i - 4] : kRows[i];
+      const auto at = [&](const void* row) {
+        return dtype == DType::kF32 ? static_cast<const float*>(row)[i]
+                                    : bf16_to_f32(bits_at(row, static_cast<size_t>(i)));
+      };
+      const auto rounded = [&](float x) {
+        return dtype == DType::kF32 ? x : bf16_to_f32(f32_to_bf16(x));
+      };
+      EXPECT_EQ(at(kv.k(s, 0, 0)), rounded(want_k)) << dtype_name(dtype) << " k element " << i;
+      EXPECT_EQ(at(kv.v(s, 0, 0)), rounded(want_v)) << dtype_name(dtype) << " v element " << i;
+    }
+  }
+}
+
 TEST(KvCacheTest, Bf16KeepsNanAndInfinity) {
   KvCache kv(1, 3, 0, DType::kBF16);
   const int32_t s = kv.add_sequence();
