@@ -344,8 +344,7 @@ TEST_F(CliTest, ProfileOpsPrintsDecodeTimePerOperation) {
   const size_t table = r.out.find("decode time by operation");
   ASSERT_NE(table, std::string::npos) << r.out;
   for (const char* op : {"\n  attn ", "\n  experts ", "\n  moe_route ", "\n  output ",
-                         "\n    attn.qkv ", "\n    attn.attend ",
-                         "\n    attn.o "}) {
+                         "\n    attn.qkv ", "\n    attn.attend ", "\n    attn.o "}) {
     EXPECT_NE(r.out.find(op, table), std::string::npos) << op << " in " << r.out;
   }
   EXPECT_EQ(r.out.find("L0."), std::string::npos) << r.out;

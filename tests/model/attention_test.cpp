@@ -9,8 +9,8 @@
 #include <limits>
 #include <map>
 #include <mutex>
-#include <tuple>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -121,7 +121,8 @@ std::vector<ForwardInput> mixed_inputs() {
     inputs.back().add(0, n_past, toks.data(), 1, true);
   }
   inputs.emplace_back();
-  for (int32_t seq = 0; seq < 3; ++seq) inputs.back().add(seq, 100 + 50 * seq, toks.data(), 1, true);
+  for (int32_t seq = 0; seq < 3; ++seq)
+    inputs.back().add(seq, 100 + 50 * seq, toks.data(), 1, true);
   inputs.emplace_back();
   inputs.back().add(0, 100, toks.data(), 1, true);
   inputs.back().add(1, 30, toks.data(), 20, true);
@@ -176,8 +177,8 @@ TEST(AttentionTest, PrepareWritesEachBlockAndHeadOnceBeforeItIsRead) {
                            << " tokens, last at " << in.pos.back();
       int64_t tokens = 0;
       for (const auto& [key, n] : calls) {
-        EXPECT_EQ(n, 1) << "tokens [" << std::get<0>(key) << ", " << std::get<1>(key)
-                        << ") head " << std::get<2>(key);
+        EXPECT_EQ(n, 1) << "tokens [" << std::get<0>(key) << ", " << std::get<1>(key) << ") head "
+                        << std::get<2>(key);
         tokens += std::get<1>(key) - std::get<0>(key);
       }
       EXPECT_EQ(tokens, in.n_tokens() * shape.n_head_kv);
