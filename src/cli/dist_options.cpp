@@ -51,10 +51,12 @@ std::string describe_sbo(const DistOptions& o) {
   }
   if (s.shared_experts_at) {
     if (!d.empty()) d += ", ";
-    d += *s.shared_experts_at == SharedExpertsAt::kSerial
-             ? std::string("shared experts before the dispatch")
-             : std::string("shared experts beside the ") +
-                   (*s.shared_experts_at == SharedExpertsAt::kCombine ? "combine" : "dispatch");
+    const SharedExpertsAt at = *s.shared_experts_at;
+    d += at == SharedExpertsAt::kSerial    ? std::string("shared experts before the dispatch")
+         : at == SharedExpertsAt::kExperts ? std::string("shared experts in the experts' jobs")
+                                           : std::string("shared experts beside the ") +
+                                                 (at == SharedExpertsAt::kCombine ? "combine"
+                                                                                  : "dispatch");
   }
   return d.empty() ? d : ", sbo: " + d;
 }

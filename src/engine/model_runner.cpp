@@ -8,7 +8,7 @@ namespace duet {
 
 ModelRunner::ModelRunner(const Model& model, ThreadPool& pool,
                          const DispatcherFactory& make_dispatcher, int n_slots)
-    : model_(model) {
+    : model_(model), local_(!make_dispatcher) {
   DUET_CHECK(n_slots >= 1 && n_slots <= kMaxSlots, "ModelRunner: " << n_slots << " slots");
   DUET_CHECK(make_dispatcher ||
                  (model.expert_begin() == 0 && model.expert_end() == model.config().n_expert),
@@ -46,7 +46,8 @@ const std::vector<float>& ModelRunner::forward(const ForwardInput& in, KvStore& 
   state.in = &in;
   state.kv = &kv;
   const std::vector<Operation>& ops =
-      model_.operations(in.mode, shared_at_.value_or(SharedExpertsAt::kDispatch));
+      model_.operations(in.mode, shared_at_.value_or(local_ ? SharedExpertsAt::kExperts
+                                                            : SharedExpertsAt::kDispatch));
   if (op_seconds_) {
     run_plain_timed(ops, state, *op_seconds_);
   } else {
@@ -74,10 +75,11 @@ const std::vector<float>& ModelRunner::forward_overlapped(const ForwardInput& a,
     ~Clear() { a.in = b.in = nullptr, a.kv = b.kv = nullptr; }
   } clear{sa, sb};
   // DBO follows seed 000's schedule unless told otherwise: the shared experts run while the
-  // combine travels.
-  const std::vector<Operation>& ops = model_.operations(
-      a.mode, shared_at_.value_or(mode == OverlapMode::kDbo ? SharedExpertsAt::kCombine
-                                                            : SharedExpertsAt::kDispatch));
+  // combine travels (on one rank, where nothing travels, inside the experts' jobs).
+  const SharedExpertsAt by_mode =
+      mode == OverlapMode::kDbo ? SharedExpertsAt::kCombine : SharedExpertsAt::kDispatch;
+  const std::vector<Operation>& ops =
+      model_.operations(a.mode, shared_at_.value_or(local_ ? SharedExpertsAt::kExperts : by_mode));
   if (mode == OverlapMode::kDbo) {
     if (!dbo_worker_) dbo_worker_ = std::make_unique<DboWorker>();
     run_dual_batch_overlap(ops, sa, sb, *dbo_worker_);

@@ -52,8 +52,9 @@ class ModelRunner {
   // With a trace, each operation becomes a span on its slot's track (slot 0: micro-batch A, slot
   // 1: B). The trace must outlive the runner or the next set_trace.
   void set_trace(Trace* trace);
-  // Where the MoE layers' shared experts run (see StepGroup::shared_experts_at); unset: while the
-  // dispatch travels, or with DBO while the combine does.
+  // Where the MoE layers' shared experts run (see StepGroup::shared_experts_at); unset: on one
+  // rank (the runner's own local dispatchers) inside the experts' jobs, else while the dispatch
+  // travels, or with DBO while the combine does.
   void set_shared_experts_at(std::optional<SharedExpertsAt> at) { shared_at_ = at; }
   // While `seconds` is set (not null), forward passes add each operation's wall time to it.
   void set_op_seconds(OpSeconds* seconds) { op_seconds_ = seconds; }
@@ -73,6 +74,7 @@ class ModelRunner {
   std::vector<std::unique_ptr<Slot>> slots_;  // [n_slots]; stable addresses
   OpSeconds* op_seconds_ = nullptr;
   std::optional<SharedExpertsAt> shared_at_;
+  bool local_ = false;  // the slots' dispatchers are LocalDispatchers (one rank)
   std::unique_ptr<DboWorker> dbo_worker_;  // micro-batch B's thread for kDbo, made on first use
   std::vector<float> joined_logits_;       // forward_overlapped's: [A rows + B rows, n_vocab]
 };

@@ -197,9 +197,12 @@ enum class SharedExpertsAt {
               // DBO schedule: "C₁ send, S₁, MLP₀, C₁ recv")
   kSerial,    // before dispatch_send: nothing computes while either transfer travels (the
               // baseline that every overlap is measured against)
+  kExperts,   // inside the experts operation, one more expert of every token in its pool jobs
+              // (one rank: no transfer to hide, and two fewer pool synchronisations a layer)
 };
 inline constexpr SharedExpertsAt kSharedExpertsAts[] = {
-    SharedExpertsAt::kDispatch, SharedExpertsAt::kCombine, SharedExpertsAt::kSerial};
+    SharedExpertsAt::kDispatch, SharedExpertsAt::kCombine, SharedExpertsAt::kSerial,
+    SharedExpertsAt::kExperts};
 
 struct Operation {
   OpKind kind = OpKind::kYield;

@@ -111,11 +111,15 @@ void append_ffn_ops(std::vector<Operation>& ops, int64_t il, const FfnWeights& w
   if (shared_at == SharedExpertsAt::kDispatch) add_shared();
   add(OpKind::kDispatchRecv,
       [](ForwardState& s) { s.expert_batch = &s.dispatcher->dispatch_recv(); });
-  add(OpKind::kExperts, [wp](ForwardState& s) {
+  const bool shared_in_experts = w.has_shared && shared_at == SharedExpertsAt::kExperts;
+  add(OpKind::kExperts, [wp, shared_in_experts](ForwardState& s) {
     DUET_CHECK(s.expert_batch->first_expert == wp->first_expert,
                "dispatcher's experts start at " << s.expert_batch->first_expert
                                                 << ", the model's at " << wp->first_expert);
-    s.expert_bytes_read += run_experts(*s.pool, wp->experts, *s.expert_batch, s.mlp);
+    // One rank: the expert batch's output rows are s.x's, and the shared experts' follow them.
+    const SharedExperts shared{&wp->shared, s.h.data(), s.x.data(), s.n_tokens()};
+    s.expert_bytes_read += run_experts(*s.pool, wp->experts, *s.expert_batch, s.mlp,
+                                       shared_in_experts ? &shared : nullptr);
   });
   add(OpKind::kCombineSend, [](ForwardState& s) {
     s.dispatcher->combine_send();
@@ -123,9 +127,9 @@ void append_ffn_ops(std::vector<Operation>& ops, int64_t il, const FfnWeights& w
   });
   add(OpKind::kYield, nullptr);
   if (shared_at == SharedExpertsAt::kCombine) add_shared();
-  add(OpKind::kCombineRecv, [wp](ForwardState& s) {
+  add(OpKind::kCombineRecv, [wp, shared_in_experts](ForwardState& s) {
     s.dispatcher->combine_recv();
-    if (wp->has_shared) {
+    if (wp->has_shared && !shared_in_experts) {
       add_inplace(s.shared_out.data(), static_cast<int64_t>(s.shared_out.size()), s.x.data());
     }
   });

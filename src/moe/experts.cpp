@@ -25,7 +25,7 @@ void mlp_forward(ThreadPool& pool, const MlpWeights& w, const float* x, int64_t 
 }
 
 uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, ExpertBatch& batch,
-                     MlpScratch& scratch) {
+                     MlpScratch& scratch, const SharedExperts* shared) {
   DUET_CHECK(static_cast<int64_t>(experts.size()) == batch.n_local_expert,
              "experts " << experts.size() << " batch " << batch.n_local_expert);
   DUET_CHECK(batch.x.size() == static_cast<size_t>(batch.n_rows()) &&
@@ -42,6 +42,9 @@ uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, E
     const int64_t n = batch.offsets[e + 1] - batch.offsets[e];
     act_size += n * experts[e].gate.rows;
   }
+  DUET_CHECK(!shared || (batch.chunk_ends.empty() && shared->w && shared->x && shared->out),
+             "shared experts in run_experts: " << batch.chunk_ends.size() << " chunks");
+  if (shared) act_size += shared->n_tokens * shared->w->gate.rows;
   scratch.act.resize(static_cast<size_t>(act_size));
   uint64_t bytes = 0;
   float* act = scratch.act.data();
@@ -54,6 +57,16 @@ uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, E
         ScatterGroup{w.down, act, n, batch.out.data() + r0, batch.weight.data() + r0});
     act += n * w.gate.rows;
     bytes += mlp_bytes(w);
+  }
+  if (shared && shared->n_tokens > 0) {  // after the routed groups: added to out after them
+    const MlpWeights& w = *shared->w;
+    const int64_t n = shared->n_tokens, d = w.down.rows;
+    scratch.shared_out.resize(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) scratch.shared_out[t] = shared->out + t * d;
+    scratch.shared_weight.assign(static_cast<size_t>(n), 1.0f);
+    scratch.gated.push_back(GatedGroup{w.gate, w.up, XRows(shared->x), n, act});
+    scratch.scatter.push_back(ScatterGroup{w.down, act, n, scratch.shared_out.data(),
+                                           scratch.shared_weight.data()});
   }
   if (batch.chunk_ends.empty()) {
     gated_matmul_grouped(pool, scratch.gated);

@@ -119,6 +119,15 @@ TEST(OperationsTest, SharedExpertsCanRunBeforeTheDispatch) {
                                       "L1.combine_send", "L1.yield1", "L1.combine_recv"}));
 }
 
+// One rank: the shared experts inside the experts operation's pool jobs (moe/experts.h), no
+// operation of their own.
+TEST(OperationsTest, SharedExpertsCanRunInsideTheExperts) {
+  EXPECT_EQ(deepseek_layer1(SharedExpertsAt::kExperts),
+            (std::vector<std::string>{"L1.moe_route", "L1.dispatch_send", "L1.yield0",
+                                      "L1.dispatch_recv", "L1.experts", "L1.combine_send",
+                                      "L1.yield1", "L1.combine_recv", "L2.attn"}));
+}
+
 TEST(OperationsTest, EveryArchitecturesListsPassTheCheck) {
   for (const char* arch : {"qwen3_moe", "mixtral", "deepseek_v2"}) {
     std::unique_ptr<Model> model = Model::load(test::tiny_model_dir(arch));
