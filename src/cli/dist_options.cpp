@@ -51,12 +51,20 @@ std::string describe_sbo(const DistOptions& o) {
   }
   if (s.shared_experts_at) {
     if (!d.empty()) d += ", ";
-    const SharedExpertsAt at = *s.shared_experts_at;
-    d += at == SharedExpertsAt::kSerial    ? std::string("shared experts before the dispatch")
-         : at == SharedExpertsAt::kExperts ? std::string("shared experts in the experts' jobs")
-                                           : std::string("shared experts beside the ") +
-                                                 (at == SharedExpertsAt::kCombine ? "combine"
-                                                                                  : "dispatch");
+    switch (*s.shared_experts_at) {
+      case SharedExpertsAt::kSerial:
+        d += "shared experts before the dispatch";
+        break;
+      case SharedExpertsAt::kExperts:
+        d += "shared experts in the experts' jobs";
+        break;
+      case SharedExpertsAt::kCombine:
+        d += "shared experts beside the combine";
+        break;
+      case SharedExpertsAt::kDispatch:
+        d += "shared experts beside the dispatch";
+        break;
+    }
   }
   return d.empty() ? d : ", sbo: " + d;
 }

@@ -45,9 +45,9 @@ const std::vector<float>& ModelRunner::forward(const ForwardInput& in, KvStore& 
   ForwardState& state = slot(i).state;
   state.in = &in;
   state.kv = &kv;
-  const std::vector<Operation>& ops =
-      model_.operations(in.mode, shared_at_.value_or(local_ ? SharedExpertsAt::kExperts
-                                                            : SharedExpertsAt::kDispatch));
+  const std::vector<Operation>& ops = model_.operations(
+      in.mode,
+      shared_at_.value_or(local_ ? SharedExpertsAt::kExperts : SharedExpertsAt::kDispatch));
   if (op_seconds_) {
     run_plain_timed(ops, state, *op_seconds_);
   } else {

@@ -74,7 +74,7 @@ class ModelRunner {
   std::vector<std::unique_ptr<Slot>> slots_;  // [n_slots]; stable addresses
   OpSeconds* op_seconds_ = nullptr;
   std::optional<SharedExpertsAt> shared_at_;
-  bool local_ = false;  // the slots' dispatchers are LocalDispatchers (one rank)
+  bool local_ = false;                     // the slots' dispatchers are LocalDispatchers (one rank)
   std::unique_ptr<DboWorker> dbo_worker_;  // micro-batch B's thread for kDbo, made on first use
   std::vector<float> joined_logits_;       // forward_overlapped's: [A rows + B rows, n_vocab]
 };

@@ -65,8 +65,8 @@ uint64_t run_experts(ThreadPool& pool, const std::vector<MlpWeights>& experts, E
     for (int64_t t = 0; t < n; ++t) scratch.shared_out[t] = shared->out + t * d;
     scratch.shared_weight.assign(static_cast<size_t>(n), 1.0f);
     scratch.gated.push_back(GatedGroup{w.gate, w.up, XRows(shared->x), n, act});
-    scratch.scatter.push_back(ScatterGroup{w.down, act, n, scratch.shared_out.data(),
-                                           scratch.shared_weight.data()});
+    scratch.scatter.push_back(
+        ScatterGroup{w.down, act, n, scratch.shared_out.data(), scratch.shared_weight.data()});
   }
   if (batch.chunk_ends.empty()) {
     gated_matmul_grouped(pool, scratch.gated);

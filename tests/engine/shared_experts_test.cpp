@@ -15,7 +15,8 @@ std::vector<GenerateRequest> requests(int64_t n_vocab) {
   std::vector<GenerateRequest> reqs;
   for (int64_t len : {1, 3, 5, 13}) {
     GenerateRequest r;
-    for (int64_t i = 0; i < len; ++i) r.prompt.push_back(static_cast<int32_t>((37 * i + 11 * len) % n_vocab));
+    for (int64_t i = 0; i < len; ++i)
+      r.prompt.push_back(static_cast<int32_t>((37 * i + 11 * len) % n_vocab));
     r.max_tokens = 6;
     r.prompt_logits = true;
     reqs.push_back(std::move(r));
@@ -49,7 +50,8 @@ TEST(SharedExpertsTest, InsideTheExpertsJobsTheyGiveTheBitsOfEveryOtherPlacement
       ThreadPool pool(threads);
       StepGroup inside;
       inside.shared_experts_at = SharedExpertsAt::kExperts;
-      const std::vector<GenerateResult> want = Generator(*model, pool, KvCacheDtype::kAuto, inside).generate(reqs);
+      const std::vector<GenerateResult> want =
+          Generator(*model, pool, KvCacheDtype::kAuto, inside).generate(reqs);
       for (SharedExpertsAt at :
            {SharedExpertsAt::kSerial, SharedExpertsAt::kDispatch, SharedExpertsAt::kCombine}) {
         StepGroup g;
