@@ -86,15 +86,26 @@ template <int G, int J>
 DUET_TARGET_AVX512 DUET_ALWAYS_INLINE void store_scores(__m512 (&acc)[J][G], float* const* s,
                                                         int64_t j, float scale) {
   using S = simd::Avx512;
+  const __m512 z = S::zero();
+  __m128 sums[J];  // [jj] the rows' scores of position j + jj: lane g is row g's
 #pragma GCC unroll 4
   for (int jj = 0; jj < J; ++jj) {
-    const __m512 z = S::zero();
-    alignas(16) float v[4];
-    _mm_store_ps(v, _mm_mul_ps(S::hsum4(acc[jj][0], G > 1 ? acc[jj][G > 1 ? 1 : 0] : z,
-                                        G > 2 ? acc[jj][G > 2 ? 2 : 0] : z,
-                                        G > 3 ? acc[jj][G > 3 ? 3 : 0] : z),
-                               _mm_set1_ps(scale)));
-    for (int g = 0; g < G; ++g) s[g][j + jj] = v[g];
+    sums[jj] = _mm_mul_ps(S::hsum4(acc[jj][0], G > 1 ? acc[jj][G > 1 ? 1 : 0] : z,
+                                   G > 2 ? acc[jj][G > 2 ? 2 : 0] : z,
+                                   G > 3 ? acc[jj][G > 3 ? 3 : 0] : z),
+                          _mm_set1_ps(scale));
+  }
+  if constexpr (J == 4) {  // transposed, each row's four scores are one store
+    _MM_TRANSPOSE4_PS(sums[0], sums[1], sums[2], sums[3]);
+#pragma GCC unroll 4
+    for (int g = 0; g < G; ++g) _mm_storeu_ps(s[g] + j, sums[g]);
+  } else {
+#pragma GCC unroll 4
+    for (int jj = 0; jj < J; ++jj) {
+      alignas(16) float v[4];
+      _mm_store_ps(v, sums[jj]);
+      for (int g = 0; g < G; ++g) s[g][j + jj] = v[g];
+    }
   }
 }
 
