@@ -30,6 +30,13 @@ ModelRunner::Slot& ModelRunner::slot(int i) {
   return *slots_[static_cast<size_t>(i)];
 }
 
+void ModelRunner::set_shared_experts_at(std::optional<SharedExpertsAt> at) {
+  if (at == SharedExpertsAt::kExperts && !local_) {
+    throw Error("the shared experts run inside the experts' jobs on one rank only");
+  }
+  shared_at_ = at;
+}
+
 Dispatcher& ModelRunner::dispatcher(int i) {
   return *slot(i).dispatcher;
 }

@@ -54,8 +54,10 @@ class ModelRunner {
   void set_trace(Trace* trace);
   // Where the MoE layers' shared experts run (see StepGroup::shared_experts_at); unset: on one
   // rank (the runner's own local dispatchers) inside the experts' jobs, else while the dispatch
-  // travels, or with DBO while the combine does.
-  void set_shared_experts_at(std::optional<SharedExpertsAt> at) { shared_at_ = at; }
+  // travels, or with DBO while the combine does. Inside the experts' jobs is for the runner's own
+  // local dispatchers only (their expert batch's output rows are the residual's): throws
+  // duet::Error with a dispatcher factory.
+  void set_shared_experts_at(std::optional<SharedExpertsAt> at);
   // While `seconds` is set (not null), forward passes add each operation's wall time to it.
   void set_op_seconds(OpSeconds* seconds) { op_seconds_ = seconds; }
   // Routed-expert weight bytes read by all forward passes so far, over every slot (benchmarks).

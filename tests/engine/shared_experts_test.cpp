@@ -3,8 +3,11 @@
 // placement that runs them apart, two fewer pool synchronisations a layer.
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "engine/generator.h"
+#include "engine/model_runner.h"
 #include "engine/tiny_models.h"
+#include "moe/local_dispatcher.h"
 
 namespace duet {
 namespace {
@@ -40,6 +43,20 @@ TEST(SharedExpertsTest, OneRankRunsThemInsideTheExpertsJobsUnlessTold) {
   StepGroup serial;
   serial.shared_experts_at = SharedExpertsAt::kSerial;
   EXPECT_EQ(decode_ops(*model, pool, serial).count("shared_experts"), 1u);
+}
+
+// A dispatcher from a factory (expert parallelism) sends the batch's rows elsewhere: the shared
+// experts cannot join them there.
+TEST(SharedExpertsTest, OnlyTheRunnersOwnLocalDispatchersTakeThemInsideTheExperts) {
+  std::unique_ptr<Model> model = Model::load(test::tiny_model_dir("deepseek_v2"));
+  ThreadPool pool(1);
+  ModelRunner own(*model, pool);
+  own.set_shared_experts_at(SharedExpertsAt::kExperts);
+  const int64_t n_expert = model->config().n_expert;
+  ModelRunner made(*model, pool,
+                   [&](int) { return std::make_unique<LocalDispatcher>(n_expert); });
+  EXPECT_THROW(made.set_shared_experts_at(SharedExpertsAt::kExperts), Error);
+  made.set_shared_experts_at(SharedExpertsAt::kCombine);
 }
 
 TEST(SharedExpertsTest, InsideTheExpertsJobsTheyGiveTheBitsOfEveryOtherPlacement) {
