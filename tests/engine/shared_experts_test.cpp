@@ -53,8 +53,7 @@ TEST(SharedExpertsTest, OnlyTheRunnersOwnLocalDispatchersTakeThemInsideTheExpert
   ModelRunner own(*model, pool);
   own.set_shared_experts_at(SharedExpertsAt::kExperts);
   const int64_t n_expert = model->config().n_expert;
-  ModelRunner made(*model, pool,
-                   [&](int) { return std::make_unique<LocalDispatcher>(n_expert); });
+  ModelRunner made(*model, pool, [&](int) { return std::make_unique<LocalDispatcher>(n_expert); });
   EXPECT_THROW(made.set_shared_experts_at(SharedExpertsAt::kExperts), Error);
   made.set_shared_experts_at(SharedExpertsAt::kCombine);
 }
