@@ -90,10 +90,10 @@ DUET_TARGET_AVX512 DUET_ALWAYS_INLINE void store_scores(__m512 (&acc)[J][G], flo
   __m128 sums[J];  // [jj] the rows' scores of position j + jj: lane g is row g's
 #pragma GCC unroll 4
   for (int jj = 0; jj < J; ++jj) {
-    sums[jj] = _mm_mul_ps(S::hsum4(acc[jj][0], G > 1 ? acc[jj][G > 1 ? 1 : 0] : z,
-                                   G > 2 ? acc[jj][G > 2 ? 2 : 0] : z,
-                                   G > 3 ? acc[jj][G > 3 ? 3 : 0] : z),
-                          _mm_set1_ps(scale));
+    sums[jj] =
+        _mm_mul_ps(S::hsum4(acc[jj][0], G > 1 ? acc[jj][G > 1 ? 1 : 0] : z,
+                            G > 2 ? acc[jj][G > 2 ? 2 : 0] : z, G > 3 ? acc[jj][G > 3 ? 3 : 0] : z),
+                   _mm_set1_ps(scale));
   }
   if constexpr (J == 4) {  // transposed, each row's four scores are one store
     _MM_TRANSPOSE4_PS(sums[0], sums[1], sums[2], sums[3]);
