@@ -75,10 +75,6 @@ void project_qkv(ForwardState& s, const GqaWeights& w, float* k, float* v) {
   matmul_grouped(*s.pool, s.proj);
 }
 
-}  // namespace
-
-namespace {
-
 // attention_gqa's prepare: per token of [t0, t1), the q/k norms of KV head kvh and its query
 // heads, their rope (the step's angles), and the head's new K/V slices into the cache, whose rows
 // the engine reserved before the step.
