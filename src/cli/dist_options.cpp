@@ -146,9 +146,9 @@ void add_dist_options(CLI::App* cmd, DistOptions& o) {
   cmd->add_option("--quantization", o.quantization,
                   "Quantize the weights at load: none (default) | int8 | int4 | int4_pure "
                   "(groups of 32 columns, each with an f16 scale under one f32 factor per row: "
-                  "Q8_0's and Q4_0's bytes; every linear layer but the embeddings, routers and "
-                  "MLA's kv_b; int4 keeps the output head at int8, as Q4_0 keeps it at 6 bits, "
-                  "int4_pure makes it int4 too)");
+                  "Q8_0's and Q4_0's bytes; every linear layer but the embeddings and routers, "
+                  "MLA's kv_b split by head; int4 keeps the output head at int8, as Q4_0 keeps "
+                  "it at 6 bits, int4_pure makes it int4 too)");
   cmd->add_flag("--batch-invariant", o.batch_invariant,
                 "Batch-invariant products (as vLLM's batch-invariant mode): a sequence's logits, "
                 "and a greedy request's text, are the same alone and in any batch; prefill is "

@@ -22,6 +22,23 @@ struct MlaHeads {
   // its W_UV the v_dim rows after them.
 };
 
+// kv_b_proj as absorbed attention multiplies it. As stored (`kv_b`; the queries' products by
+// matmul_xw, which multiplies it untransposed), or, with quantized weights, split by head (`k_b`
+// and `v_b`; both products by matmul, whose rows the quantized kernels cut into groups along the
+// columns): k_b [n_head · rank, nope], rows [h · rank, + rank) head h's W_UK transposed (row l:
+// column l of W_UK[h]); v_b [n_head · v_dim, rank], rows [h · v_dim, + v_dim) head h's W_UV.
+struct MlaKvB {
+  Matrix kv_b = {};
+  Matrix k_b = {};
+  Matrix v_b = {};
+  bool split() const { return k_b.data != nullptr; }
+};
+
+// kv_b (kF32 or kBF16, [n_head · (nope + v_dim), rank]) split as MlaKvB's k_b and v_b, in f32:
+// k_b [n_head · rank · nope], v_b [n_head · v_dim · rank].
+void mla_split_kv_b(const Matrix& kv_b, const MlaHeads& m, std::vector<float>& k_b,
+                    std::vector<float>& v_b);
+
 // Heads per pool job for n_tokens: every head at a few tokens (a pool synchronisation per head
 // cost more than a small head's product), in prefill as many as keep the job's copies of the
 // heads' rows within 4 MiB.
@@ -30,12 +47,12 @@ int64_t mla_heads_per_job(const MlaHeads& m, int64_t n_tokens);
 // q_lat[h, t, :] = q[t, h, :nope] · W_UK[h] for every head h and token t < n_tokens, in jobs of
 // job_heads heads. q: [n_tokens, n_head, qk_dim] f32; q_lat: [n_head, n_tokens, rank] f32; buf:
 // scratch, reused.
-void mla_absorb_queries(ThreadPool& pool, const Matrix& kv_b, const MlaHeads& m, const float* q,
+void mla_absorb_queries(ThreadPool& pool, const MlaKvB& w, const MlaHeads& m, const float* q,
                         int64_t n_tokens, int64_t job_heads, float* q_lat, std::vector<float>& buf);
 
 // out[t, h, :] = W_UV[h] · o_lat[h, t, :] likewise. o_lat: [n_head, n_tokens, rank] f32; out:
 // [n_tokens, n_head, v_dim] f32.
-void mla_head_outputs(ThreadPool& pool, const Matrix& kv_b, const MlaHeads& m, const float* o_lat,
+void mla_head_outputs(ThreadPool& pool, const MlaKvB& w, const MlaHeads& m, const float* o_lat,
                       int64_t n_tokens, int64_t job_heads, float* out, std::vector<float>& buf);
 
 }  // namespace duet

@@ -173,6 +173,43 @@ const float* CheckpointSource::vector(const std::string& name, int64_t n) {
   return buf.data();
 }
 
+MlaKvB WeightSource::mla_kv_b(const std::string& name, const MlaHeads& m) {
+  return {.kv_b = matrix(name, m.n_head * (m.nope + m.v_dim), m.rank, Layout::kPanels)};
+}
+
+MlaKvB CheckpointSource::mla_kv_b(const std::string& name, const MlaHeads& m) {
+  const std::string k_name = name + " (W_UK of each head, transposed)";
+  const std::string v_name = name + " (W_UV of each head)";
+  // Split at row blocks of the quantized layout: every head's rows start one.
+  if (quantized_.quantization == Quantization::kNone || set_.get(name).dtype == DType::kF8E4M3 ||
+      m.rank % kQ8BlockRows != 0 || m.v_dim % kQ8BlockRows != 0) {
+    return WeightSource::mla_kv_b(name, m);
+  }
+  if (auto k = quantized_copies_.find(k_name); k != quantized_copies_.end())
+    return {.k_b = k->second.view(), .v_b = quantized_copies_.at(v_name).view()};
+  const Matrix stored = view(name, m.n_head * (m.nope + m.v_dim), m.rank);
+  std::vector<float> k_b, v_b;
+  mla_split_kv_b(stored, m, k_b, v_b);
+  const DType to = quantized_dtype(quantized_.quantization, name);
+  const QuantizedMatrix& k =
+      quantized_copies_
+          .try_emplace(k_name, Matrix{DType::kF32, m.n_head * m.rank, m.nope, k_b.data()}, to,
+                       &arena_)
+          .first->second;
+  const QuantizedMatrix& v =
+      quantized_copies_
+          .try_emplace(v_name, Matrix{DType::kF32, m.n_head * m.v_dim, m.rank, v_b.data()}, to,
+                       &arena_)
+          .first->second;
+  const uint64_t before = bytes_by_name_[name], after = k.view().nbytes() + v.view().nbytes();
+  if (converted_.count(name) == 0) release_pages(stored.data, before);
+  quantized_.n_matrices += 1;
+  quantized_.bytes_before += before;
+  quantized_.bytes_after += after;
+  bytes_by_name_[name] = after;
+  return {.k_b = k.view(), .v_b = v.view()};
+}
+
 Matrix RecordingSource::matrix(const std::string& name, int64_t rows, int64_t cols,
                                Layout /*layout*/) {
   const bool seen = std::any_of(requests_.begin(), requests_.end(),

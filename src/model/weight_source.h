@@ -16,6 +16,7 @@
 #include "core/tensor.h"
 #include "kernels/quantize.h"
 #include "model/config.h"
+#include "model/mla_heads.h"
 #include "model/quantization.h"
 #include "model/safetensors.h"
 
@@ -38,6 +39,9 @@ class WeightSource {
                         Layout layout = Layout::kAsStored) = 0;
   // A vector [n] (norm weights), always converted to f32; valid as long as the source lives.
   virtual const float* vector(const std::string& name, int64_t n) = 0;
+  // MLA's kv_b_proj `name` [n_head · (nope + v_dim), rank] as absorbed attention multiplies it:
+  // here as matrix() gives it (MlaKvB::kv_b).
+  virtual MlaKvB mla_kv_b(const std::string& name, const MlaHeads& heads);
 };
 
 // How a CheckpointSource hands out its matrices.
@@ -60,13 +64,18 @@ struct SourceOptions {
 // and in the mapping's 4 KiB pages it did so 1.25-1.3x slower (bf16 `small`, batch 1, Zen 4).
 // SourceOptions::mmap keeps them in the mapping. Layout::kPanels is honoured when `repack` is set
 // and matmul reads panels on this CPU (matmul_reads_panels). With a quantization, the matrices
-// quantized_at_load names are quantized instead (and have no panels). The copies are owned here.
+// quantized_at_load names are quantized instead (and have no panels), and MLA's kv_b_proj split
+// by head (MlaKvB::k_b, v_b) and quantized likewise, unless it is fp8. The copies are owned here.
 class CheckpointSource final : public WeightSource {
  public:
   explicit CheckpointSource(const std::string& dir, const SourceOptions& opt = {});
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols,
                 Layout layout = Layout::kAsStored) override;
   const float* vector(const std::string& name, int64_t n) override;
+  // With a quantization (and kv_b bf16, f16 or f32): k_b and v_b, quantized as the attention
+  // projections are (quantized_dtype of `name`); counted as one quantized matrix, `name`'s bytes
+  // those of the two. Otherwise as matrix() gives it.
+  MlaKvB mla_kv_b(const std::string& name, const MlaHeads& heads) override;
   // Bytes of weights this source handed out (views, conversions and packed copies), for memory
   // reports.
   uint64_t bytes_used() const;

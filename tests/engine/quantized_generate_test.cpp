@@ -12,6 +12,8 @@
 #include "engine/ep_requests.h"
 #include "engine/generator.h"
 #include "kernels/quantize.h"
+#include "model/config.h"
+#include "model/mla_heads.h"
 #include "model/quantization.h"
 #include "model/safetensors.h"
 #include "moe/borrowed_dispatcher.h"
@@ -31,8 +33,31 @@ Matrix matrix_of(const TensorView& t) {
   return m;
 }
 
+// MLA's kv_b as --quantization holds it (split by head, each part quantized: MlaKvB), back in
+// kv_b's layout, f32.
+std::vector<float> dequantized_kv_b(const Matrix& kv_b, const MlaHeads& m, DType to) {
+  std::vector<float> k_b, v_b;
+  mla_split_kv_b(kv_b, m, k_b, v_b);
+  const std::vector<float> k = dequantize_int(
+      QuantizedMatrix({DType::kF32, m.n_head * m.rank, m.nope, k_b.data()}, to).view());
+  const std::vector<float> v = dequantize_int(
+      QuantizedMatrix({DType::kF32, m.n_head * m.v_dim, m.rank, v_b.data()}, to).view());
+  const int64_t kv_rows = m.nope + m.v_dim;
+  std::vector<float> out(static_cast<size_t>(m.n_head * kv_rows * m.rank));
+  for (int64_t h = 0; h < m.n_head; ++h) {
+    for (int64_t l = 0; l < m.rank; ++l) {
+      for (int64_t r = 0; r < m.nope; ++r)
+        out[(h * kv_rows + r) * m.rank + l] = k[(h * m.rank + l) * m.nope + r];
+      for (int64_t r = 0; r < m.v_dim; ++r)
+        out[(h * kv_rows + m.nope + r) * m.rank + l] = v[(h * m.v_dim + r) * m.rank + l];
+    }
+  }
+  return out;
+}
+
 // A copy of the model in `dir` whose matrices that --quantization quantizes hold the f32 values
-// of their quantized form (d · q) under q; every other tensor and file as it was.
+// of their quantized form (d · q) under q (MLA's kv_b as its quantized parts hold it); every
+// other tensor and file as it was.
 std::string dequantized_copy(const std::string& dir, Quantization q) {
   namespace fs = std::filesystem;
   const std::string out = test::make_temp_dir("duet-dequantized-");
@@ -42,13 +67,17 @@ std::string dequantized_copy(const std::string& dir, Quantization q) {
       fs::copy_file(e.path(), fs::path(out) / name, fs::copy_options::overwrite_existing);
   }
   const SafetensorsSet set = SafetensorsSet::open_dir(dir);
+  const ModelConfig c = load_config(dir);
+  const MlaHeads heads{c.n_head, c.qk_head_dim(), c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank};
   std::vector<TensorData> tensors;
   for (const std::string& name : set.names()) {
     const TensorView& t = set.get(name);
     TensorData d{name, t.dtype, t.shape, {}};
-    if (t.shape.size() == 2 && quantized_at_load(name)) {
-      const std::vector<float> v =
-          dequantize_int(QuantizedMatrix(matrix_of(t), quantized_dtype(q, name)).view());
+    const bool kv_b = name.ends_with("self_attn.kv_b_proj.weight");
+    if (t.shape.size() == 2 && (quantized_at_load(name) || kv_b)) {
+      const DType to = quantized_dtype(q, name);
+      const std::vector<float> v = kv_b ? dequantized_kv_b(matrix_of(t), heads, to)
+                                        : dequantize_int(QuantizedMatrix(matrix_of(t), to).view());
       d.dtype = DType::kF32;
       d.bytes.resize(v.size() * sizeof(float));
       std::memcpy(d.bytes.data(), v.data(), d.bytes.size());
@@ -113,6 +142,57 @@ INSTANTIATE_TEST_SUITE_P(
              (std::get<1>(info.param) == DType::kBF16 ? "_bf16_weights_" : "_f32_weights_") +
              quantization_name(std::get<2>(info.param));
     });
+
+// MLA's kv_b is quantized too, split by head (each head's W_UK transposed, its W_UV as stored):
+// what a load quantized is every loaded matrix quantized_at_load names plus each layer's kv_b,
+// the bytes after it those of the quantized matrices and of kv_b's two parts. Loaded: the layers
+// below n_layer (deepseek_v3's multi-token-prediction layer is not).
+TEST(QuantizedLoadTest, MlaKvBIsSplitByHeadAndQuantized) {
+  for (const char* arch : {"deepseek_v2", "deepseek_v3"}) {
+    const std::string dir = test::tiny_model_dir(arch, DType::kBF16);
+    const ModelConfig c = load_config(dir);
+    const MlaHeads heads{c.n_head, c.qk_head_dim(), c.qk_nope_head_dim, c.v_head_dim,
+                         c.kv_lora_rank};
+    const SafetensorsSet set = SafetensorsSet::open_dir(dir);
+    for (Quantization q : {Quantization::kInt8, Quantization::kInt4}) {
+      std::unique_ptr<Model> m = Model::load(dir, quantized_options(q));
+      int64_t n = 0, n_kv_b = 0;
+      uint64_t before = 0, after = 0;
+      for (const std::string& name : set.names()) {
+        const TensorView& t = set.get(name);
+        if (t.shape.size() != 2) continue;
+        if (name.starts_with("model.layers.") &&
+            std::stoll(name.substr(std::string("model.layers.").size())) >= c.n_layer) {
+          continue;
+        }
+        const DType to = quantized_dtype(q, name);
+        if (name.ends_with("self_attn.kv_b_proj.weight")) {
+          std::vector<float> k_b, v_b;
+          mla_split_kv_b(matrix_of(t), heads, k_b, v_b);
+          after += QuantizedMatrix(
+                       {DType::kF32, c.n_head * c.kv_lora_rank, c.qk_nope_head_dim, k_b.data()}, to)
+                       .view()
+                       .nbytes() +
+                   QuantizedMatrix(
+                       {DType::kF32, c.n_head * c.v_head_dim, c.kv_lora_rank, v_b.data()}, to)
+                       .view()
+                       .nbytes();
+          ++n_kv_b;
+        } else if (quantized_at_load(name)) {
+          after += QuantizedMatrix(matrix_of(t), to).view().nbytes();
+        } else {
+          continue;
+        }
+        ++n;
+        before += t.nbytes();
+      }
+      EXPECT_EQ(n_kv_b, c.n_layer) << arch;
+      EXPECT_EQ(m->quantization().n_matrices, n) << arch << " " << quantization_name(q);
+      EXPECT_EQ(m->quantization().bytes_before, before) << arch << " " << quantization_name(q);
+      EXPECT_EQ(m->quantization().bytes_after, after) << arch << " " << quantization_name(q);
+    }
+  }
+}
 
 // int4's output head is int8 and int4_pure's int4, every other matrix int4 in both: the step's
 // dense bytes differ by exactly the head's two sizes.

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -13,6 +14,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "kernels/matmul_impl.h"
+#include "kernels/quantize.h"
 
 namespace duet {
 namespace {
@@ -76,8 +78,8 @@ TEST(MlaHeadsTest, EveryJobSplitGivesOneJobAHeadsBitsAndThePlainProducts) {
       std::vector<float> first_q, first_o, buf;
       for (int64_t job_heads : {1, 2, 5, 9}) {
         std::vector<float> got_q(want_q.size(), std::nanf("")), got_o(want_o.size(), std::nanf(""));
-        mla_absorb_queries(pool, kv_b, m, q.data(), n, job_heads, got_q.data(), buf);
-        mla_head_outputs(pool, kv_b, m, o_lat.data(), n, job_heads, got_o.data(), buf);
+        mla_absorb_queries(pool, {.kv_b = kv_b}, m, q.data(), n, job_heads, got_q.data(), buf);
+        mla_head_outputs(pool, {.kv_b = kv_b}, m, o_lat.data(), n, job_heads, got_o.data(), buf);
         for (size_t i = 0; i < want_q.size(); ++i)
           ASSERT_NEAR(got_q[i], want_q[i], 1e-4) << "q_lat " << i << " job_heads " << job_heads;
         for (size_t i = 0; i < want_o.size(); ++i)
@@ -90,6 +92,88 @@ TEST(MlaHeadsTest, EveryJobSplitGivesOneJobAHeadsBitsAndThePlainProducts) {
             << "job_heads " << job_heads << " bf16 " << bf16 << " n " << n;
         EXPECT_EQ(0, std::memcmp(got_o.data(), first_o.data(), got_o.size() * sizeof(float)))
             << "job_heads " << job_heads << " bf16 " << bf16 << " n " << n;
+      }
+    }
+  }
+}
+
+// Split by head (as quantized weights are held): k_b's rows are W_UK's columns and v_b's W_UV's
+// rows, so with f32 parts the products are the stored kv_b's up to the order of additions; with
+// int8 parts, the products of the dequantized parts up to the rounding of the inputs to 8 bits.
+TEST(MlaHeadsTest, SplitKvBGivesTheStoredProducts) {
+  ThreadPool pool(2);
+  std::mt19937 rng(78);
+  const MlaHeads m{3, 20, 16, 8, 64};  // 3 heads, q rows of 16 nope + 4 rope, v 8, rank 64
+  const int64_t kv_rows = m.nope + m.v_dim;
+  const std::vector<float> w = random_floats(rng, m.n_head * kv_rows * m.rank);
+  const Matrix kv_b{DType::kF32, m.n_head * kv_rows, m.rank, w.data()};
+  std::vector<float> k_b, v_b;
+  mla_split_kv_b(kv_b, m, k_b, v_b);
+  ASSERT_EQ(k_b.size(), static_cast<size_t>(m.n_head * m.rank * m.nope));
+  ASSERT_EQ(v_b.size(), static_cast<size_t>(m.n_head * m.v_dim * m.rank));
+  for (int64_t h = 0; h < m.n_head; ++h) {
+    for (int64_t l = 0; l < m.rank; ++l) {
+      for (int64_t r = 0; r < m.nope; ++r)
+        ASSERT_EQ(k_b[(h * m.rank + l) * m.nope + r], w[(h * kv_rows + r) * m.rank + l]);
+      for (int64_t r = 0; r < m.v_dim; ++r)
+        ASSERT_EQ(v_b[(h * m.v_dim + r) * m.rank + l], w[(h * kv_rows + m.nope + r) * m.rank + l]);
+    }
+  }
+  const Matrix k_f32{DType::kF32, m.n_head * m.rank, m.nope, k_b.data()};
+  const Matrix v_f32{DType::kF32, m.n_head * m.v_dim, m.rank, v_b.data()};
+  const Q8Matrix k_q8(k_f32), v_q8(v_f32);
+  const std::vector<float> k_deq = dequantize_int(k_q8.view()), v_deq = dequantize_int(v_q8.view());
+  const int64_t n = 2;
+  const std::vector<float> q = random_floats(rng, n * m.n_head * m.qk_dim);
+  const std::vector<float> o_lat = random_floats(rng, m.n_head * n * m.rank);
+  std::vector<float> buf, stored_q(static_cast<size_t>(m.n_head * n * m.rank)),
+      stored_o(static_cast<size_t>(n * m.n_head * m.v_dim));
+  mla_absorb_queries(pool, {.kv_b = kv_b}, m, q.data(), n, 2, stored_q.data(), buf);
+  mla_head_outputs(pool, {.kv_b = kv_b}, m, o_lat.data(), n, 2, stored_o.data(), buf);
+  for (bool quantized : {false, true}) {
+    const MlaKvB split = quantized ? MlaKvB{.k_b = k_q8.view(), .v_b = v_q8.view()}
+                                   : MlaKvB{.k_b = k_f32, .v_b = v_f32};
+    ASSERT_TRUE(split.split());
+    std::vector<float> got_q(stored_q.size(), std::nanf("")), got_o(stored_o.size(), std::nanf(""));
+    mla_absorb_queries(pool, split, m, q.data(), n, 2, got_q.data(), buf);
+    mla_head_outputs(pool, split, m, o_lat.data(), n, 2, got_o.data(), buf);
+    if (!quantized) {
+      for (size_t i = 0; i < got_q.size(); ++i) ASSERT_NEAR(got_q[i], stored_q[i], 1e-4) << i;
+      for (size_t i = 0; i < got_o.size(); ++i) ASSERT_NEAR(got_o[i], stored_o[i], 1e-4) << i;
+      continue;
+    }
+    // Against the dequantized parts in double, within what rounding the inputs to 8 bits per
+    // group of 32 can move a product: half a step (the group's largest |x| / 127) per input,
+    // times |w|.
+    const auto half_step = [](const float* x, int64_t i) {
+      const int64_t g0 = i / 32 * 32;
+      float big = 0;
+      for (int64_t j = g0; j < g0 + 32; ++j) big = std::max(big, std::fabs(x[j]));
+      return big / 127.0 / 2.0;
+    };
+    for (int64_t h = 0; h < m.n_head; ++h) {
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<float> q_nope(32, 0.0f);  // the head's nope part, zero-padded to a group
+        std::copy_n(q.data() + (t * m.n_head + h) * m.qk_dim, m.nope, q_nope.begin());
+        const float* o = o_lat.data() + (h * n + t) * m.rank;
+        for (int64_t l = 0; l < m.rank; ++l) {
+          double sum = 0, bound = 1e-4;
+          for (int64_t r = 0; r < m.nope; ++r) {
+            const double wv = k_deq[(h * m.rank + l) * m.nope + r];
+            sum += q_nope[r] * wv;
+            bound += std::fabs(wv) * half_step(q_nope.data(), r);
+          }
+          ASSERT_NEAR(got_q[(h * n + t) * m.rank + l], sum, bound) << h << " " << t << " " << l;
+        }
+        for (int64_t r = 0; r < m.v_dim; ++r) {
+          double sum = 0, bound = 1e-4;
+          for (int64_t l = 0; l < m.rank; ++l) {
+            const double wv = v_deq[(h * m.v_dim + r) * m.rank + l];
+            sum += wv * o[l];
+            bound += std::fabs(wv) * half_step(o, l);
+          }
+          ASSERT_NEAR(got_o[(t * m.n_head + h) * m.v_dim + r], sum, bound) << h << " " << t;
+        }
       }
     }
   }
@@ -109,8 +193,18 @@ TEST(MlaHeadsTest, RefusesAKvBOfAnotherShape) {
   const MlaHeads m{2, 12, 8, 6, 40};
   std::vector<float> w(static_cast<size_t>(3 * 14 * 40)), q(24), out(80), buf;
   const Matrix kv_b{DType::kF32, 3 * 14, 40, w.data()};  // 3 heads' rows for 2 heads
-  EXPECT_THROW(mla_absorb_queries(pool, kv_b, m, q.data(), 1, 1, out.data(), buf), Error);
-  EXPECT_THROW(mla_head_outputs(pool, kv_b, m, q.data(), 1, 1, out.data(), buf), Error);
+  EXPECT_THROW(mla_absorb_queries(pool, {.kv_b = kv_b}, m, q.data(), 1, 1, out.data(), buf), Error);
+  EXPECT_THROW(mla_head_outputs(pool, {.kv_b = kv_b}, m, q.data(), 1, 1, out.data(), buf), Error);
+  std::vector<float> k(static_cast<size_t>(2 * 40 * 8)), v(static_cast<size_t>(2 * 6 * 40));
+  const Matrix k_b{DType::kF32, 2 * 40, 8, k.data()}, v_b{DType::kF32, 2 * 6, 40, v.data()};
+  const Matrix k_short{DType::kF32, 2 * 40, 6, k.data()}, v_long{DType::kF32, 3 * 6, 40, v.data()};
+  for (const MlaKvB& bad :
+       {MlaKvB{.k_b = k_short, .v_b = v_b}, MlaKvB{.k_b = k_b, .v_b = v_long}}) {
+    EXPECT_THROW(mla_absorb_queries(pool, bad, m, q.data(), 1, 1, out.data(), buf), Error);
+    EXPECT_THROW(mla_head_outputs(pool, bad, m, q.data(), 1, 1, out.data(), buf), Error);
+  }
+  std::vector<float> k_got, v_got;
+  EXPECT_THROW(mla_split_kv_b(kv_b, m, k_got, v_got), Error);
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ prompts need not be its); int4 keeps the output head at int8, int4_pure makes it
 
     /usr/bin/python3 tests/reference/decisive_prompts.py --duet build/duet check
     /usr/bin/python3 tests/reference/decisive_prompts.py --duet build/duet find [--candidates N] \
-        [--quantization int4|int4_pure]
+        [--quantization int4|int4_pure] [--archs deepseek_v2,...]
 """
 
 import argparse
@@ -70,9 +70,23 @@ def make_tiny(duet, tmp, arch, dtype):
 
 
 def quantized_at_load(name):
-    """As model/quantization.cpp: every matrix but embeddings, routers and MLA's kv_b_proj."""
+    """As model/quantization.cpp: every matrix but embeddings, routers and MLA's kv_b_proj (which
+    is quantized split by head: dequantized_kv_b)."""
     return not name.endswith(("embed_tokens.weight", "mlp.gate.weight", "block_sparse_moe.gate.weight",
                               "self_attn.kv_b_proj.weight"))
+
+
+def dequantized_kv_b(w, config, dequantize):
+    """MLA's kv_b [n_head * (nope + v_dim), rank] as --quantization holds it (model/mla_heads.h,
+    MlaKvB): each head's W_UK transposed ([rank, nope], groups along nope) and its W_UV as stored,
+    each quantized by `dequantize`'s rule and back, in kv_b's layout."""
+    nope, v_dim = config["qk_nope_head_dim"], config["v_head_dim"]
+    heads = np.asarray(w, dtype=np.float32).reshape(config["num_attention_heads"], nope + v_dim, -1)
+    out = np.empty_like(heads)
+    for h, rows in enumerate(heads):
+        out[h, :nope] = dequantize(rows[:nope].T).T
+        out[h, nope:] = dequantize(rows[nope:])
+    return out.reshape(w.shape)
 
 
 def groups_of_32(w):
@@ -111,10 +125,13 @@ def make_int4(model_dir, pure):
     out = model_dir + ("-int4_pure" if pure else "-int4")
     if not os.path.exists(out):
         store = TensorStore(model_dir)
+        config = read_config(model_dir)
         tensors = {}
         for name in store.names():
             w = store.get(name, np.float32)
-            if w.ndim != 2 or not quantized_at_load(name):
+            if name.endswith("self_attn.kv_b_proj.weight"):
+                tensors[name] = dequantized_kv_b(w, config, dequantized_int4)
+            elif w.ndim != 2 or not quantized_at_load(name):
                 tensors[name] = w
             elif name == "lm_head.weight" and not pure:
                 tensors[name] = dequantized_int8(w)
@@ -173,12 +190,16 @@ def check(duet):
     return failures
 
 
-def find(duet, n_candidates, quantization):
-    """Searches prompt formulas for each architecture and weight dtype; prints the JSON."""
+ARCHS = ("qwen3_moe", "deepseek_v2", "mixtral")
+
+
+def find(duet, n_candidates, quantization, archs=ARCHS):
+    """Searches prompt formulas for each architecture (of `archs`) and weight dtype; prints the
+    JSON."""
     out = {}
     suffix = "" if quantization == "none" else "_" + quantization
     with tempfile.TemporaryDirectory(prefix="duet_decisive_") as tmp:
-        for arch in ("qwen3_moe", "deepseek_v2", "mixtral"):
+        for arch in archs:
             for dtype in ("f32", "bf16"):
                 model_dir = model_for(duet, tmp, f"{arch}_{dtype}{suffix}")
                 n_vocab = int(read_config(model_dir)["vocab_size"])
@@ -212,11 +233,12 @@ def main():
     ap.add_argument("--candidates", type=int, default=400)
     ap.add_argument("--quantization", choices=["none", "int4", "int4_pure"], default="none",
                     help="find: prompts for the models dequantized from this quantization")
+    ap.add_argument("--archs", default=",".join(ARCHS), help="find: these architectures only")
     args = ap.parse_args()
     if not args.duet:
         ap.error("--duet PATH is needed (make-model writes the tiny models)")
     if args.command == "find":
-        find(os.path.abspath(args.duet), args.candidates, args.quantization)
+        find(os.path.abspath(args.duet), args.candidates, args.quantization, args.archs.split(","))
         return 0
     return 1 if check(os.path.abspath(args.duet)) else 0
 

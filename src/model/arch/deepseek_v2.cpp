@@ -38,7 +38,7 @@ struct MlaWeights {
   Matrix wq_b;                       // [n_head * qk_dim, q_lora_rank]
   Matrix wkv_a;                      // [kv_lora_rank + rope_dim, n_embd]
   const float* kv_a_norm = nullptr;  // [kv_lora_rank]
-  Matrix wkv_b;                      // [n_head * (nope + v_dim), kv_lora_rank]
+  MlaKvB kv_b;                       // kv_b_proj [n_head * (nope + v_dim), kv_lora_rank]
   Matrix wo;                         // [n_embd, n_head * v_dim]
 };
 
@@ -64,6 +64,10 @@ class DeepseekV2 final : public Model {
     return static_cast<float>(scale);
   }
 
+  MlaHeads mla_heads() const {
+    const ModelConfig& c = config_;
+    return {c.n_head, c.qk_head_dim(), c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank};
+  }
   void project_h(ForwardState& s, const MlaWeights& w) const;
   void project_q(ForwardState& s, const MlaWeights& w) const;
   void write_latents(ForwardState& s, int64_t il, const MlaWeights& w) const;
@@ -93,8 +97,7 @@ void DeepseekV2::load_weights(WeightSource& src) {
     a.wkv_a = src.matrix(p + "self_attn.kv_a_proj_with_mqa.weight",
                          c.kv_lora_rank + c.qk_rope_head_dim, D, Layout::kPanels);
     a.kv_a_norm = src.vector(p + "self_attn.kv_a_layernorm.weight", c.kv_lora_rank);
-    a.wkv_b = src.matrix(p + "self_attn.kv_b_proj.weight", H * (c.qk_nope_head_dim + c.v_head_dim),
-                         c.kv_lora_rank, Layout::kPanels);
+    a.kv_b = src.mla_kv_b(p + "self_attn.kv_b_proj.weight", mla_heads());
     a.wo = src.matrix(p + "self_attn.o_proj.weight", D, H * c.v_head_dim, Layout::kPanels);
 
     FfnWeights& f = ffn_[il];
@@ -197,10 +200,10 @@ void DeepseekV2::absorbed_attention(ForwardState& s, int64_t il, const MlaWeight
   std::vector<float>& o_lat = s.scratch2;  // [H, n, L]
   q_lat.resize(static_cast<size_t>(H * n * L));
   o_lat.resize(q_lat.size());
-  const MlaHeads heads{H, qk, nope, vd, L};
+  const MlaHeads heads = mla_heads();
   const int64_t job_heads = mla_heads_per_job(heads, n);
   thread_local std::vector<float> buf;  // the heads' copies, reused across layers and steps
-  mla_absorb_queries(*s.pool, w.wkv_b, heads, s.q.data(), n, job_heads, q_lat.data(), buf);
+  mla_absorb_queries(*s.pool, w.kv_b, heads, s.q.data(), n, job_heads, q_lat.data(), buf);
   // Every head of a token attends over the same latent rows (keys [c_kv | k_pe], values c_kv):
   // a task takes a token and kHeadBlock heads, so each latent row is read once for them.
   const int64_t n_hb = (H + kHeadBlock - 1) / kHeadBlock;
@@ -230,7 +233,7 @@ void DeepseekV2::absorbed_attention(ForwardState& s, int64_t il, const MlaWeight
   });
   // attn_out[t, h] = W_UV[h] · o_lat[h, t], W_UV[h] = the vd rows of kv_b after W_UK[h].
   s.attn_out.resize(static_cast<size_t>(n * H * vd));
-  mla_head_outputs(*s.pool, w.wkv_b, heads, o_lat.data(), n, job_heads, s.attn_out.data(), buf);
+  mla_head_outputs(*s.pool, w.kv_b, heads, o_lat.data(), n, job_heads, s.attn_out.data(), buf);
 }
 
 void DeepseekV2::attention(ForwardState& s, int64_t il) const {
