@@ -130,36 +130,26 @@ std::optional<GenerateResult> generate_served(const GenerateOptions& o, const Mo
   er.max_tokens = req.max_tokens;
   er.sampling = req.sampling;
   er.ignore_eos = o.ignore_eos;
-  const Clock::time_point start = Clock::now();
   std::shared_ptr<RequestStream> stream = engine.submit(er);
   if (!stream) DUET_ERROR("the engine stopped: " << engine.wait_stopped());
   GenerateResult r;
-  // Decode is timed from the first delta read to the last, over the tokens after the first
-  // delta: a delta may carry several tokens when this thread wakes late.
-  Clock::time_point first, last;
-  size_t n_first = 0;
   for (;;) {
     const StreamDelta d = stream->wait(std::chrono::milliseconds(1000));
-    if (!d.tokens.empty()) {
-      last = Clock::now();
-      if (r.tokens.empty()) {
-        first = last;
-        n_first = d.tokens.size();
-      }
-      r.tokens.insert(r.tokens.end(), d.tokens.begin(), d.tokens.end());
-    }
+    r.tokens.insert(r.tokens.end(), d.tokens.begin(), d.tokens.end());
     if (!d.finished) continue;
     if (!d.error.empty()) DUET_ERROR(d.error);
     r.finish_reason = d.finish_reason;
     break;
   }
+  // Timed by the engine as it emits each token (time to the first token, then the gaps between
+  // tokens), not as this thread reads them: a delta carries every token made since the last
+  // read, all of them when the model is fast and this thread wakes late.
+  const EngineMetricsSnapshot m = engine.metrics().snapshot();
   sum.prompt_tokens = static_cast<int64_t>(req.prompt.size());
   sum.generated = static_cast<int64_t>(r.tokens.size());
-  if (!r.tokens.empty()) {
-    sum.prefill_seconds = std::chrono::duration<double>(first - start).count();
-    sum.decode_seconds = std::chrono::duration<double>(last - first).count();
-    sum.decoded = static_cast<int64_t>(r.tokens.size() - n_first);
-  }
+  sum.prefill_seconds = m.ttft.sum;
+  sum.decode_seconds = m.itl.sum;
+  sum.decoded = static_cast<int64_t>(m.itl.count);
   return r;
 }
 
