@@ -65,7 +65,7 @@ void scalar_values(const float* p, const KvSpan& sp, int64_t n, int64_t v_dim, d
 }  // namespace
 
 void attend_scalar(const AttendShape& a, const float* q, const std::vector<KvSpan>& spans,
-                   float* out, std::vector<float>& scores) {
+                   float* out, std::vector<float>& scores, float* lse) {
   const int64_t n_ctx = n_positions(spans);
   check_shape(a, n_ctx);
   scores.resize(static_cast<size_t>(a.n_t * a.n_q * n_ctx));
@@ -81,7 +81,8 @@ void attend_scalar(const AttendShape& a, const float* q, const std::vector<KvSpa
       by_dtype(sp, [&](auto t) { scalar_scores<decltype(t)>(qr, sp, m, a.k_dim, a.scale, s + j); });
       j += m;
     }
-    ops_impl::scalar::softmax(s, n);
+    const float row_lse = ops_impl::scalar::softmax(s, n);
+    if (lse) lse[r] = row_lse;
     std::fill(acc.begin(), acc.end(), 0.0);
     j = 0;
     for (const KvSpan& sp : spans) {
@@ -305,7 +306,7 @@ DUET_TARGET_AVX512 void span_values(const RowPtrs& rows, int64_t n_rows, const K
 
 DUET_TARGET_AVX512 void attend_avx512(const AttendShape& a, const float* q,
                                       const std::vector<KvSpan>& spans, float* out,
-                                      std::vector<float>& scores) {
+                                      std::vector<float>& scores, float* lse) {
   const int64_t n_ctx = n_positions(spans);
   check_shape(a, n_ctx);
   const int64_t n_rows = a.n_t * a.n_q;
@@ -332,7 +333,8 @@ DUET_TARGET_AVX512 void attend_avx512(const AttendShape& a, const float* q,
   // Keys a row must not see get probability 0: its output gains exactly 0 · v from them.
   for (int64_t r = 0; r < n_rows; ++r) {
     const int64_t n = visible(a, n_ctx, r);
-    ops_impl::avx512::softmax(rows.s[r], n);
+    const float row_lse = ops_impl::avx512::softmax(rows.s[r], n);
+    if (lse) lse[r] = row_lse;
     std::fill(rows.s[r] + n, rows.s[r] + n_ctx, 0.0f);
   }
   for (int64_t d0 = 0; d0 < a.v_dim; d0 += kValueVecs * kW) {
@@ -355,20 +357,23 @@ DUET_TARGET_AVX512 void attend_avx512(const AttendShape& a, const float* q,
 #pragma GCC diagnostic pop
 
 void attend_with(simd::Isa isa, const AttendShape& shape, const float* q,
-                 const std::vector<KvSpan>& spans, float* out, std::vector<float>& scores) {
+                 const std::vector<KvSpan>& spans, float* out, std::vector<float>& scores,
+                 float* lse) {
   const bool bf16_rows = std::all_of(spans.begin(), spans.end(),
                                      [](const KvSpan& sp) { return sp.dtype == DType::kBF16; });
   if (simd::has_dpbf16(isa) && bf16_rows) {
-    return attend_impl::attend_pairs(isa, shape, q, spans, out, scores);
+    return attend_impl::attend_pairs(isa, shape, q, spans, out, scores, lse);
   }
   static const bool avx512 = simd::isa_supported(simd::Isa::kAvx512);
-  if (avx512 && isa != simd::Isa::kScalar) return attend_avx512(shape, q, spans, out, scores);
-  attend_scalar(shape, q, spans, out, scores);
+  if (avx512 && isa != simd::Isa::kScalar) {
+    return attend_avx512(shape, q, spans, out, scores, lse);
+  }
+  attend_scalar(shape, q, spans, out, scores, lse);
 }
 
 void attend(const AttendShape& shape, const float* q, const std::vector<KvSpan>& spans, float* out,
-            std::vector<float>& scores) {
-  attend_with(simd::bf16_isa(), shape, q, spans, out, scores);
+            std::vector<float>& scores, float* lse) {
+  attend_with(simd::bf16_isa(), shape, q, spans, out, scores, lse);
 }
 
 }  // namespace duet

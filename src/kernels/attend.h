@@ -52,19 +52,25 @@ struct AttendShape {
 // multiply instructions of f32 products, and the rows never widened). Otherwise f32 products of
 // the rows' exact values (AVX-512 when the CPU has it, else the scalar version): bf16 rows then
 // give the same result, bit for bit, as f32 rows holding their widened values.
+//
+// With lse: lse[r] = log Σ_j exp(scale · q_r · k_j) over the positions row r sees (r = i · n_q +
+// h), so that outputs over disjoint parts of a row's positions combine into the whole's:
+// out = Σ_c exp(lse_c - lse) · out_c with lse = log Σ_c exp(lse_c) (up to the roundings of each
+// part's probabilities; mla_heads.h does this).
 void attend(const AttendShape& shape, const float* q, const std::vector<KvSpan>& spans, float* out,
-            std::vector<float>& scores);
+            std::vector<float>& scores, float* lse = nullptr);
 
 // attend on a given instruction set (kernels/simd_impl.h): its bf16-pair kernel on bf16 rows
 // where isa multiplies bf16 pairs (simd::Isa::kAvx512Bf16Emulated runs it on any AVX-512 CPU);
 // otherwise the f32 one (AVX-512 where the CPU has it, unless isa is kScalar). For tests and
 // benchmarks that compare them.
 void attend_with(simd::Isa isa, const AttendShape& shape, const float* q,
-                 const std::vector<KvSpan>& spans, float* out, std::vector<float>& scores);
+                 const std::vector<KvSpan>& spans, float* out, std::vector<float>& scores,
+                 float* lse = nullptr);
 
 // The plain version (sums in double): the reference for tests and the fallback. bf16 rows give
 // the same result, bit for bit, as f32 rows holding their widened values (for attend too).
 void attend_scalar(const AttendShape& shape, const float* q, const std::vector<KvSpan>& spans,
-                   float* out, std::vector<float>& scores);
+                   float* out, std::vector<float>& scores, float* lse = nullptr);
 
 }  // namespace duet

@@ -112,6 +112,7 @@ DUET_TARGET_AVX512 DUET_ALWAYS_INLINE void store_scores(__m512 (&acc)[J][G], flo
 // attend over bf16 rows on an instruction set that multiplies bf16 pairs (simd::has_dpbf16):
 // q and the probabilities rounded to bf16, products of pairs summed in f32 (attend_pairs.cpp).
 void attend_pairs(simd::Isa isa, const AttendShape& shape, const float* q,
-                  const std::vector<KvSpan>& spans, float* out, std::vector<float>& scores);
+                  const std::vector<KvSpan>& spans, float* out, std::vector<float>& scores,
+                  float* lse);
 
 }  // namespace duet::attend_impl

@@ -31,16 +31,17 @@ namespace {
 namespace attend_impl {
 
 void attend_pairs(simd::Isa isa, const AttendShape& shape, const float* q,
-                  const std::vector<KvSpan>& spans, float* out, std::vector<float>& scores) {
+                  const std::vector<KvSpan>& spans, float* out, std::vector<float>& scores,
+                  float* lse) {
   DUET_CHECK(simd::has_dpbf16(isa) && simd::isa_supported(isa),
              "attend_pairs: instruction set " << simd::isa_name(isa));
   for (const KvSpan& sp : spans) {
     DUET_CHECK(sp.dtype == DType::kBF16, "attend_pairs: KV rows of dtype " << dtype_name(sp.dtype));
   }
   if (isa == simd::Isa::kAvx512Bf16) {
-    avx512bf16::attend(shape, q, spans, out, scores);
+    avx512bf16::attend(shape, q, spans, out, scores, lse);
   } else {
-    avx512bf16_emulated::attend(shape, q, spans, out, scores);
+    avx512bf16_emulated::attend(shape, q, spans, out, scores, lse);
   }
 }
 

@@ -219,7 +219,7 @@ DUET_SIMD_TARGET void store_in_order(const float* acc, int64_t v_dim, float* out
 }
 
 DUET_SIMD_TARGET void attend(const AttendShape& a, const float* q, const std::vector<KvSpan>& spans,
-                             float* out, std::vector<float>& scores) {
+                             float* out, std::vector<float>& scores, float* lse) {
   const int64_t n_ctx = attend_impl::n_positions(spans);
   attend_impl::check_shape(a, n_ctx);
   const int64_t n_rows = a.n_t * a.n_q;
@@ -257,7 +257,8 @@ DUET_SIMD_TARGET void attend(const AttendShape& a, const float* q, const std::ve
   // Positions a row must not see get probability 0: its sums gain exactly 0 from them.
   for (int64_t r = 0; r < n_rows; ++r) {
     const int64_t n = attend_impl::visible(a, n_ctx, r);
-    ops_impl::avx512::softmax(s_rows[r], n);
+    const float row_lse = ops_impl::avx512::softmax(s_rows[r], n);
+    if (lse) lse[r] = row_lse;
     std::fill(s_rows[r] + n, s_rows[r] + n_ctx, 0.0f);
     matmul_impl::round_row(s_rows[r], n_ctx, p_buf.data() + r * p_ld, p_ld);
   }

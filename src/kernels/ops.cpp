@@ -30,7 +30,7 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
   }
 }
 
-void softmax(float* x, int64_t n) {
+float softmax(float* x, int64_t n) {
   float max = x[0];
   for (int64_t i = 1; i < n; ++i) max = std::max(max, x[i]);
   double sum = 0;
@@ -40,6 +40,7 @@ void softmax(float* x, int64_t n) {
   }
   float inv = static_cast<float>(1.0 / sum);
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+  return static_cast<float>(double(max) + std::log(sum));
 }
 
 float dot(const float* a, const float* b, int64_t n) {
@@ -190,7 +191,7 @@ DUET_TARGET_AVX512 void silu_mul(const float* gate, const float* up, int64_t n, 
   }
 }
 
-DUET_TARGET_AVX512 void softmax(float* x, int64_t n) {
+DUET_TARGET_AVX512 float softmax(float* x, int64_t n) {
   __m512 vmax = _mm512_set1_ps(-INFINITY);
   for (int64_t i = 0; i < n; i += kW) {
     __mmask16 m = first(std::min(kW, n - i));
@@ -205,11 +206,13 @@ DUET_TARGET_AVX512 void softmax(float* x, int64_t n) {
     sum = _mm512_add_ps(sum, e);
     _mm512_mask_storeu_ps(x + i, m, e);
   }
-  __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  const float total = _mm512_reduce_add_ps(sum);
+  __m512 inv = _mm512_set1_ps(1.0f / total);
   for (int64_t i = 0; i < n; i += kW) {
     __mmask16 m = first(std::min(kW, n - i));
     _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
   }
+  return _mm512_cvtss_f32(max) + std::log(total);
 }
 
 DUET_TARGET_AVX512 float dot(const float* a, const float* b, int64_t n) {
@@ -396,7 +399,10 @@ void silu_mul(const float* gate, const float* up, int64_t n, float* out) {
 }
 
 void softmax(float* x, int64_t n) {
-  if (use_avx512()) return ops_impl::avx512::softmax(x, n);
+  if (use_avx512()) {
+    ops_impl::avx512::softmax(x, n);
+    return;
+  }
   ops_impl::scalar::softmax(x, n);
 }
 

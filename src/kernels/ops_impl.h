@@ -13,7 +13,8 @@ namespace duet::ops_impl {
 namespace scalar {
 void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y);
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
-void softmax(float* x, int64_t n);
+// Returns the log-sum-exp of the x it was given: max + log(Σ exp(x - max)).
+float softmax(float* x, int64_t n);
 int64_t argmax_finite(const float* x, int64_t n);
 int64_t first_above(const float* x, int64_t n, float t);
 int64_t indices_at_least(const float* x, int64_t n, float t, int32_t* ids);
@@ -31,7 +32,7 @@ void axpy_bf16(float alpha, const uint16_t* x, int64_t n, float* y);
 namespace avx512 {
 void rms_norm(const float* x, const float* w, int64_t n_rows, int64_t n, float eps, float* y);
 void silu_mul(const float* gate, const float* up, int64_t n, float* out);
-void softmax(float* x, int64_t n);
+float softmax(float* x, int64_t n);  // returns the log-sum-exp, as scalar's
 int64_t argmax_finite(const float* x, int64_t n);
 int64_t first_above(const float* x, int64_t n, float t);
 int64_t indices_at_least(const float* x, int64_t n, float t, int32_t* ids);

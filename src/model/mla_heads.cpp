@@ -1,6 +1,7 @@
 #include "model/mla_heads.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "kernels/grouped_matmul.h"
@@ -58,6 +59,70 @@ void mla_split_kv_b(const Matrix& kv_b, const MlaHeads& m, std::vector<float>& k
   }
 }
 
+namespace {
+
+constexpr int64_t kHeadBlock = 4;        // heads a task of a token attended whole
+constexpr int64_t kChunkHeadBlock = 16;  // heads a task of a part of a longer one
+
+// The positions [c0, c1) of `all` (spans in position order) as spans of their own.
+void slice_spans(const std::vector<KvSpan>& all, int64_t c0, int64_t c1, std::vector<KvSpan>& out) {
+  out.clear();
+  int64_t j = 0;
+  for (const KvSpan& sp : all) {
+    const int64_t b = std::max(c0, j), e = std::min(c1, j + sp.n);
+    if (b < e) {
+      KvSpan part = sp;
+      const size_t el = dtype_size(sp.dtype);
+      part.k = static_cast<const char*>(sp.k) + (b - j) * sp.k_stride * el;
+      part.v = static_cast<const char*>(sp.v) + (b - j) * sp.v_stride * el;
+      part.n = e - b;
+      out.push_back(part);
+    }
+    j += sp.n;
+  }
+}
+
+// Floats of one part's results: kChunkHeadBlock rows of `rank` outputs, then their log-sum-exps.
+int64_t part_floats(int64_t rank) {
+  return kChunkHeadBlock * (rank + 1);
+}
+
+// Bytes of parts kept for a merge after the tasks (a token's parts as tasks of their own);
+// beyond them a task attends its token's parts one after another.
+constexpr int64_t kPartBytes = int64_t{8} << 20;
+
+// One task of mla_attend: heads [h0, h0 + nh) of token t over positions [c0, c1), into o_lat
+// (part < 0, c0 == 0 and c1 the token's n_ctx: attended whole; or its parts one after another,
+// part == kSequential) or into part `part` of the partials, merged after the tasks.
+struct MlaTask {
+  static constexpr int64_t kWhole = -1, kSequential = -2;
+  int64_t t, h0, nh, c0, c1, part;
+};
+
+// out row h (at out + h * ldo) = Σ_c exp(lse_c[h] - lse[h]) · part_c row h over the n_parts
+// parts (results of part_floats(rank) floats each, from `parts`), lse = log Σ_c exp(lse_c).
+void merge_parts(const float* parts, int64_t n_parts, int64_t nh, int64_t rank, float* out,
+                 int64_t ldo) {
+  const int64_t stride = part_floats(rank), lse_at = kChunkHeadBlock * rank;
+  for (int64_t h = 0; h < nh; ++h) {
+    float top = -INFINITY;
+    for (int64_t c = 0; c < n_parts; ++c) top = std::max(top, parts[c * stride + lse_at + h]);
+    double total = 0;
+    for (int64_t c = 0; c < n_parts; ++c)
+      total += std::exp(double(parts[c * stride + lse_at + h]) - top);
+    float* o = out + h * ldo;
+    std::fill(o, o + rank, 0.0f);
+    for (int64_t c = 0; c < n_parts; ++c) {
+      const float w =
+          static_cast<float>(std::exp(double(parts[c * stride + lse_at + h]) - top) / total);
+      const float* row = parts + c * stride + h * rank;
+      for (int64_t d = 0; d < rank; ++d) o[d] += w * row[d];
+    }
+  }
+}
+
+}  // namespace
+
 int64_t mla_heads_per_job(const MlaHeads& m, int64_t n_tokens) {
   const int64_t per_head = std::max<int64_t>(1, n_tokens * std::max(m.nope, m.v_dim));
   return std::clamp<int64_t>(kJobFloats / per_head, 1, std::max<int64_t>(1, m.n_head));
@@ -94,6 +159,110 @@ void mla_absorb_queries(ThreadPool& pool, const MlaKvB& w, const MlaHeads& m, co
       matmul_xw_grouped(pool, xw_groups);
     }
   }
+}
+
+void mla_attend(ThreadPool& pool, const MlaHeads& m, const float* q_lat, const float* q,
+                int64_t n_tokens, const std::vector<int64_t>& n_ctx, float scale,
+                const std::function<void(int64_t t, std::vector<KvSpan>& spans)>& spans_of,
+                float* o_lat, std::vector<float>& partials, int64_t chunk_positions) {
+  DUET_CHECK(static_cast<int64_t>(n_ctx.size()) == n_tokens && chunk_positions >= 1,
+             "mla_attend: " << n_ctx.size() << " contexts for " << n_tokens << " tokens, parts of "
+                            << chunk_positions << " positions");
+  const int64_t H = m.n_head, L = m.rank, n = n_tokens, rope = m.qk_dim - m.nope;
+  const int64_t n_blocks = (H + kChunkHeadBlock - 1) / kChunkHeadBlock;
+  const auto parts_of = [&](int64_t t) {
+    return (n_ctx[t] + chunk_positions - 1) / chunk_positions;
+  };
+  // A few tokens (decode) keep every part for a merge after the tasks, so that the parts of one
+  // token go to different threads; many (prefill) have work enough, and a task takes all the
+  // parts of its token and head block.
+  int64_t all_parts = 0;
+  for (int64_t t = 0; t < n; ++t)
+    all_parts += n_ctx[t] > chunk_positions ? parts_of(t) * n_blocks : 0;
+  const bool parts_as_tasks =
+      all_parts * part_floats(L) * static_cast<int64_t>(sizeof(float)) <= kPartBytes;
+  // Reused (a decode step does not allocate); named by reference, as the pool's threads see the
+  // calling thread's copy only that way.
+  thread_local std::vector<MlaTask> task_list;
+  std::vector<MlaTask>& tasks = task_list;
+  tasks.clear();
+  int64_t n_parts = 0;
+  for (int64_t t = 0; t < n; ++t) {
+    if (n_ctx[t] <= chunk_positions) {
+      for (int64_t h0 = 0; h0 < H; h0 += kHeadBlock)
+        tasks.push_back({t, h0, std::min(kHeadBlock, H - h0), 0, n_ctx[t], MlaTask::kWhole});
+      continue;
+    }
+    for (int64_t h0 = 0; h0 < H; h0 += kChunkHeadBlock) {
+      const int64_t nh = std::min(kChunkHeadBlock, H - h0);
+      if (!parts_as_tasks) {
+        tasks.push_back({t, h0, nh, 0, n_ctx[t], MlaTask::kSequential});
+        continue;
+      }
+      for (int64_t c0 = 0; c0 < n_ctx[t]; c0 += chunk_positions)
+        tasks.push_back({t, h0, nh, c0, std::min(n_ctx[t], c0 + chunk_positions), n_parts++});
+    }
+  }
+  partials.resize(static_cast<size_t>(n_parts * part_floats(L)));
+  pool.parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t begin, int64_t end) {
+    std::vector<KvSpan> all, spans;
+    std::vector<float> scores, q_cat;  // q_cat [heads, L + rope]: q_lat | q_pe of each head
+    thread_local std::vector<float> own_parts;  // a kSequential task's parts
+    int64_t spans_of_t = -1;
+    for (int64_t i = begin; i < end; ++i) {
+      const MlaTask& k = tasks[i];
+      if (k.t != spans_of_t) {
+        spans_of(k.t, all);
+        for (KvSpan& sp : all) {  // values: the first L elements of the rows
+          sp.v = sp.k;
+          sp.v_stride = sp.k_stride;
+        }
+        spans_of_t = k.t;
+      }
+      q_cat.resize(static_cast<size_t>(k.nh * (L + rope)));
+      for (int64_t h = 0; h < k.nh; ++h) {
+        const float* ql = q_lat + ((k.h0 + h) * n + k.t) * L;
+        const float* qpe = q + (k.t * H + k.h0 + h) * m.qk_dim + m.nope;
+        std::copy(ql, ql + L, q_cat.data() + h * (L + rope));
+        std::copy(qpe, qpe + rope, q_cat.data() + h * (L + rope) + L);
+      }
+      float* out = o_lat + (k.h0 * n + k.t) * L;
+      if (k.part == MlaTask::kWhole) {
+        attend({k.nh, L + rope, L, L + rope, n * L, scale}, q_cat.data(), all, out, scores);
+        continue;
+      }
+      const AttendShape a{k.nh, L + rope, L, L + rope, L, scale};
+      const auto attend_part = [&](int64_t c0, float* part) {
+        slice_spans(all, c0, std::min(k.c1, c0 + chunk_positions), spans);
+        attend(a, q_cat.data(), spans, part, scores, part + kChunkHeadBlock * L);
+      };
+      if (k.part >= 0) {
+        attend_part(k.c0, partials.data() + k.part * part_floats(L));
+        continue;
+      }
+      const int64_t n_own = (k.c1 + chunk_positions - 1) / chunk_positions;
+      own_parts.resize(static_cast<size_t>(n_own * part_floats(L)));
+      for (int64_t c = 0; c < n_own; ++c)
+        attend_part(c * chunk_positions, own_parts.data() + c * part_floats(L));
+      merge_parts(own_parts.data(), n_own, k.nh, L, out, n * L);
+    }
+  });
+  if (n_parts == 0) return;
+  // The parts of a (token, head block) are consecutive tasks and consecutive parts, in position
+  // order: merged as a kSequential task merges its own.
+  thread_local std::vector<int64_t> first_list;
+  std::vector<int64_t>& firsts = first_list;  // the task of each (token, head block)'s first part
+  firsts.clear();
+  for (int64_t i = 0; i < static_cast<int64_t>(tasks.size()); ++i) {
+    if (tasks[i].part >= 0 && tasks[i].c0 == 0) firsts.push_back(i);
+  }
+  pool.parallel_for(static_cast<int64_t>(firsts.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const MlaTask& k = tasks[firsts[b]];
+      merge_parts(partials.data() + k.part * part_floats(L), parts_of(k.t), k.nh, L,
+                  o_lat + (k.h0 * n + k.t) * L, n * L);
+    }
+  });
 }
 
 void mla_head_outputs(ThreadPool& pool, const MlaKvB& w, const MlaHeads& m, const float* o_lat,

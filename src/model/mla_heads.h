@@ -2,13 +2,16 @@
 // nope part times its W_UK, and each head's attended latent times its W_UV, both slices of
 // kv_b_proj. A head's product is small (64 × 256 weights on the `small` preset, 128 × 512 on
 // DeepSeek-V3), so the heads go to the pool in jobs of many heads rather than one job a head.
+// Between them, the absorbed attention itself over the latent rows (mla_attend).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
 #include "core/thread_pool.h"
+#include "kernels/attend.h"
 
 namespace duet {
 
@@ -54,5 +57,24 @@ void mla_absorb_queries(ThreadPool& pool, const MlaKvB& w, const MlaHeads& m, co
 // [n_tokens, n_head, v_dim] f32.
 void mla_head_outputs(ThreadPool& pool, const MlaKvB& w, const MlaHeads& m, const float* o_lat,
                       int64_t n_tokens, int64_t job_heads, float* out, std::vector<float>& buf);
+
+// Positions of a part of mla_attend's attention for a token that sees more.
+constexpr int64_t kMlaChunkPositions = 512;
+
+// Absorbed attention of every head at every token t < n_tokens: o_lat[h, t, :] = Σ_j p_j ·
+// c_kv_j with p = softmax_j(scale · [q_lat[h, t, :] | q[t, h, nope:]] · row_j) over the latent
+// rows spans_of(t) gives (n_ctx[t] positions; keys the whole rows [c_kv | k_pe], values their
+// first `rank` elements). q: [n_tokens, n_head, qk_dim]; q_lat, o_lat: [n_head, n_tokens, rank].
+// A task takes a token and 4 heads, so each latent row is read once for them. A token that sees
+// more than chunk_positions positions is cut into parts of chunk_positions positions, attended by
+// tasks of up to 16 heads and merged by their log-sum-exp: a long context is read once for 16
+// heads, and one sequence's decode still gives both threads work. The parts depend on the
+// token's positions only, so the bits do not depend on the batch or the threads. `partials` is
+// scratch, reused.
+void mla_attend(ThreadPool& pool, const MlaHeads& m, const float* q_lat, const float* q,
+                int64_t n_tokens, const std::vector<int64_t>& n_ctx, float scale,
+                const std::function<void(int64_t t, std::vector<KvSpan>& spans)>& spans_of,
+                float* o_lat, std::vector<float>& partials,
+                int64_t chunk_positions = kMlaChunkPositions);
 
 }  // namespace duet

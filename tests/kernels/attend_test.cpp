@@ -281,6 +281,69 @@ TEST_P(AttendDtypeTest, CausalBlockMatchesPerPosition) {
   }
 }
 
+// With lse, each row's log-sum-exp of its scaled scores; attention over two parts of the
+// positions, weighted by exp(lse_part - lse), gives attention over all of them.
+TEST_P(AttendDtypeTest, LogSumExpMergesParts) {
+  const Numerics numerics = GetParam();
+  const bool pairs = numerics == Numerics::kBf16Pairs;
+  std::mt19937 rng(2025);
+  const int64_t n_q = 5, k_dim = 40, v_dim = 24, n_ctx = 70, cut = 30;
+  const Cache c = make_cache(rng, n_ctx, k_dim, {16}, false, rows_dtype(numerics));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(n_q * k_dim));
+  for (float& v : q) v = normal(rng);
+  const AttendShape a{n_q, k_dim, v_dim, k_dim, v_dim, 0.3f};
+  // The spans of positions [b, e), cut from c's.
+  const auto part = [&](int64_t b, int64_t e) {
+    std::vector<KvSpan> out;
+    const int64_t row = k_dim * static_cast<int64_t>(dtype_size(rows_dtype(numerics)));
+    for (int64_t j = b; j < e; j += 16) {
+      const KvSpan& sp = c.spans[0];
+      out.push_back({static_cast<const char*>(sp.k) + j * row,
+                     static_cast<const char*>(sp.v) + j * row, k_dim, k_dim,
+                     std::min<int64_t>(16, e - j), sp.dtype});
+    }
+    return out;
+  };
+  for (Isa isa : isas_for(numerics)) {
+    std::vector<float> whole(static_cast<size_t>(n_q * v_dim)), lse(n_q), scores;
+    std::vector<float> p0(whole.size()), p1(whole.size()), lse0(n_q), lse1(n_q);
+    const auto run = [&](const std::vector<KvSpan>& spans, float* out, float* l) {
+      if (isa == Isa::kScalar) {
+        attend_scalar(a, q.data(), spans, out, scores, l);
+      } else {
+        attend_with(isa, a, q.data(), spans, out, scores, l);
+      }
+    };
+    run(c.spans, whole.data(), lse.data());
+    run(part(0, cut), p0.data(), lse0.data());
+    run(part(cut, n_ctx), p1.data(), lse1.data());
+    for (int64_t h = 0; h < n_q; ++h) {
+      double sum = 0;
+      for (int64_t j = 0; j < n_ctx; ++j) {
+        double d = 0;
+        for (int64_t i = 0; i < k_dim; ++i) {
+          const float qi = q[h * k_dim + i];
+          d += double(pairs ? round_bf16(qi) : qi) * c.keys[j * k_dim + i];
+        }
+        sum += std::exp(d * a.scale);
+      }
+      ASSERT_NEAR(lse[h], std::log(sum), 1e-5 * std::max(1.0, std::fabs(std::log(sum))))
+          << simd::isa_name(isa) << " head " << h;
+      const double top = std::max(lse0[h], lse1[h]);
+      const double w0 = std::exp(lse0[h] - top), w1 = std::exp(lse1[h] - top);
+      for (int64_t d = 0; d < v_dim; ++d) {
+        double largest = 0;
+        for (int64_t j = 0; j < n_ctx; ++j)
+          largest = std::max(largest, std::fabs(double(c.values[j * k_dim + d])));
+        const double merged = (w0 * p0[h * v_dim + d] + w1 * p1[h * v_dim + d]) / (w0 + w1);
+        ASSERT_NEAR(merged, whole[h * v_dim + d], (pairs ? 0x1p-7 : 1e-5) * largest)
+            << simd::isa_name(isa) << " head " << h << " dim " << d;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Kernel, AttendDtypeTest,
                          ::testing::Values(Numerics::kF32Rows, Numerics::kBf16Rows,
                                            Numerics::kBf16Pairs),

@@ -15,6 +15,7 @@
 #include "core/thread_pool.h"
 #include "kernels/matmul_impl.h"
 #include "kernels/quantize.h"
+#include "kernels/simd_impl.h"
 
 namespace duet {
 namespace {
@@ -174,6 +175,104 @@ TEST(MlaHeadsTest, SplitKvBGivesTheStoredProducts) {
           }
           ASSERT_NEAR(got_o[(t * m.n_head + h) * m.v_dim + r], sum, bound) << h << " " << t;
         }
+      }
+    }
+  }
+}
+
+// A token that sees more positions than a part holds attends in parts merged by their
+// log-sum-exp: the same outputs as attending whole (up to the roundings of each part's
+// probabilities on the bf16-pair kernel), the same bits on any number of threads, and a token
+// within one part exactly the whole attention's bits. 20 heads: a block of 16 and one of 4.
+TEST(MlaHeadsTest, LongContextsAreAttendedInPartsAndMerged) {
+  std::mt19937 rng(79);
+  const MlaHeads m{20, 16, 8, 6, 40};  // q rows of 8 nope + 8 rope, rank 40
+  const int64_t width = m.rank + (m.qk_dim - m.nope);
+  const std::vector<int64_t> n_ctx = {100, 37, 64, 20, 1};
+  const int64_t n = static_cast<int64_t>(n_ctx.size()), max_ctx = 100;
+  const std::vector<float> q = random_floats(rng, n * m.n_head * m.qk_dim);
+  const std::vector<float> q_lat = random_floats(rng, m.n_head * n * m.rank);
+  std::vector<float> rows = random_floats(rng, n * max_ctx * width);  // each token's own context
+  std::vector<uint16_t> rows_bf16(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) rows_bf16[i] = f32_to_bf16(rows[i]);
+  for (bool bf16 : {false, true}) {
+    const auto spans_of = [&](int64_t t, std::vector<KvSpan>& spans) {
+      spans.clear();
+      for (int64_t j = 0; j < n_ctx[t]; j += 16) {
+        const int64_t at = (t * max_ctx + j) * width;
+        const void* k = bf16 ? static_cast<const void*>(rows_bf16.data() + at) : rows.data() + at;
+        spans.push_back({k, k, width, width, std::min<int64_t>(16, n_ctx[t] - j),
+                         bf16 ? DType::kBF16 : DType::kF32});
+      }
+    };
+    const bool pairs = bf16 && simd::has_dpbf16(simd::bf16_isa());
+    const float scale = 0.2f;
+    std::vector<float> whole(static_cast<size_t>(m.n_head * n * m.rank)), partials;
+    ThreadPool one(1), three(3);
+    mla_attend(one, m, q_lat.data(), q.data(), n, n_ctx, scale, spans_of, whole.data(), partials,
+               int64_t{1} << 30);
+    std::vector<float> first;
+    for (ThreadPool* pool : {&one, &three}) {
+      std::vector<float> got(whole.size(), std::nanf(""));
+      mla_attend(*pool, m, q_lat.data(), q.data(), n, n_ctx, scale, spans_of, got.data(), partials,
+                 32);
+      for (int64_t h = 0; h < m.n_head; ++h) {
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t d = 0; d < m.rank; ++d) {
+            const size_t i = static_cast<size_t>((h * n + t) * m.rank + d);
+            if (n_ctx[t] <= 32) {
+              ASSERT_EQ(got[i], whole[i]) << "bf16 " << bf16 << " head " << h << " token " << t;
+            } else {
+              ASSERT_NEAR(got[i], whole[i], pairs ? 0.04 : 1e-5)
+                  << "bf16 " << bf16 << " head " << h << " token " << t << " dim " << d;
+            }
+          }
+        }
+      }
+      if (first.empty()) {
+        first = got;
+      } else {
+        EXPECT_EQ(0, std::memcmp(first.data(), got.data(), got.size() * sizeof(float)));
+      }
+    }
+  }
+}
+
+// Past 8 MB of parts (many tokens of long contexts: prefill) a task attends all the parts of its
+// token and head block and merges them itself: the bits of the same tokens attended a few at a
+// time (each part a task, merged after).
+TEST(MlaHeadsTest, ManyPartedTokensMergeTheirOwnPartsWithTheSameBits) {
+  std::mt19937 rng(80);
+  const MlaHeads m{20, 16, 8, 6, 40};
+  const int64_t width = m.rank + (m.qk_dim - m.nope), n = 100, ctx = 64, chunk = 2;
+  // 100 tokens × 32 parts × 2 head blocks × 16 × 41 floats: 16.8 MB of parts.
+  const std::vector<float> q = random_floats(rng, n * m.n_head * m.qk_dim);
+  const std::vector<float> q_lat = random_floats(rng, m.n_head * n * m.rank);
+  const std::vector<float> rows = random_floats(rng, n * ctx * width);
+  const auto spans_for = [&](int64_t first) {
+    return [&rows, width, first](int64_t t, std::vector<KvSpan>& spans) {
+      const float* k = rows.data() + (first + t) * ctx * width;
+      spans.assign({KvSpan{k, k, width, width, ctx, DType::kF32}});
+    };
+  };
+  ThreadPool pool(2);
+  std::vector<float> all(static_cast<size_t>(m.n_head * n * m.rank)), partials;
+  mla_attend(pool, m, q_lat.data(), q.data(), n, std::vector<int64_t>(n, ctx), 0.2f, spans_for(0),
+             all.data(), partials, chunk);
+  for (int64_t t0 : {0, 57, 98}) {  // two tokens at a time: each part a task
+    std::vector<float> q2, q_lat2, got(static_cast<size_t>(m.n_head * 2 * m.rank));
+    q2.assign(q.begin() + t0 * m.n_head * m.qk_dim, q.begin() + (t0 + 2) * m.n_head * m.qk_dim);
+    for (int64_t h = 0; h < m.n_head; ++h) {
+      const float* src = q_lat.data() + (h * n + t0) * m.rank;
+      q_lat2.insert(q_lat2.end(), src, src + 2 * m.rank);
+    }
+    mla_attend(pool, m, q_lat2.data(), q2.data(), 2, {ctx, ctx}, 0.2f, spans_for(t0), got.data(),
+               partials, chunk);
+    for (int64_t h = 0; h < m.n_head; ++h) {
+      for (int64_t i = 0; i < 2; ++i) {
+        EXPECT_EQ(0, std::memcmp(got.data() + (h * 2 + i) * m.rank,
+                                 all.data() + (h * n + t0 + i) * m.rank, m.rank * sizeof(float)))
+            << "head " << h << " token " << t0 + i;
       }
     }
   }

@@ -73,8 +73,9 @@ YARN_DS = {"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.70
 
 
 class Case:
-    def __init__(self, name, arch, overrides=None, dtype="f32"):
+    def __init__(self, name, arch, overrides=None, dtype="f32", n_prompt=N_PROMPT):
         self.name, self.arch, self.overrides, self.dtype = name, arch, overrides or {}, dtype
+        self.n_prompt = n_prompt
 
 
 CASES = [
@@ -103,6 +104,8 @@ CASES = [
     Case("deepseek_v3_top3_unnormalised", "deepseek_v3",
          {"num_experts_per_tok": 3, "norm_topk_prob": False, "routed_scaling_factor": 1.5}),
     Case("deepseek_v3_no_mtp", "deepseek_v3", {"num_nextn_predict_layers": 0}),
+    # Past 512 positions MLA attends in parts of 512 merged by their log-sum-exp (mla_attend).
+    Case("deepseek_v3_long_context", "deepseek_v3", n_prompt=600),
     Case("deepseek_v3_bf16", "deepseek_v3", dtype="bf16"),
     Case("qwen3_moe_bf16", "qwen3_moe", dtype="bf16"),
     Case("mixtral_bf16", "mixtral", dtype="bf16"),
@@ -112,9 +115,9 @@ CASES = [
 DUET = None  # path of the engine binary, set by main()
 
 
-def prompt_ids(n_vocab):
-    """A fixed prompt spread over the vocabulary."""
-    return [(7 * i * i + 3 * i + 1) % n_vocab for i in range(N_PROMPT)]
+def prompt_ids(n_vocab, n=N_PROMPT):
+    """A fixed prompt of n ids spread over the vocabulary."""
+    return [(7 * i * i + 3 * i + 1) % n_vocab for i in range(n)]
 
 
 def run(cmd):
@@ -204,7 +207,7 @@ class GoldenTest(unittest.TestCase):
             config = read_config(model_dir)
             for key, value in case.overrides.items():
                 self.assertEqual(config.get(key), value, f"make-model did not apply override {key}")
-            prompt = prompt_ids(int(config["vocab_size"]))
+            prompt = prompt_ids(int(config["vocab_size"]), case.n_prompt)
             dump = os.path.join(tmp, "logits.json")
             run([DUET, "generate", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
                  "--max-tokens", str(MAX_TOKENS), "--temperature", "0", "--dump-logits", dump])

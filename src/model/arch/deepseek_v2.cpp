@@ -28,8 +28,6 @@
 namespace duet {
 namespace {
 
-constexpr int64_t kHeadBlock = 4;  // MLA heads per attention task
-
 struct MlaWeights {
   const float* norm = nullptr;       // [n_embd] input_layernorm
   Matrix wq;                         // [n_head * qk_dim, n_embd] (no q_lora_rank)
@@ -192,9 +190,7 @@ void DeepseekV2::write_latents(ForwardState& s, int64_t il, const MlaWeights& w)
 // s.attn_out = [n_tokens, n_head * v_dim] from s.q and the latent cache.
 void DeepseekV2::absorbed_attention(ForwardState& s, int64_t il, const MlaWeights& w) const {
   const ModelConfig& c = config_;
-  const int64_t n = s.n_tokens(), H = c.n_head, qk = c.qk_head_dim();
-  const int64_t nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, L = c.kv_lora_rank;
-  const int64_t vd = c.v_head_dim;
+  const int64_t n = s.n_tokens(), H = c.n_head, L = c.kv_lora_rank, vd = c.v_head_dim;
   // q_lat [H, n, L] = q_nope[h] · W_UK[h], W_UK[h] = rows [h * (nope + vd), + nope) of kv_b.
   std::vector<float>& q_lat = s.scratch;
   std::vector<float>& o_lat = s.scratch2;  // [H, n, L]
@@ -204,33 +200,18 @@ void DeepseekV2::absorbed_attention(ForwardState& s, int64_t il, const MlaWeight
   const int64_t job_heads = mla_heads_per_job(heads, n);
   thread_local std::vector<float> buf;  // the heads' copies, reused across layers and steps
   mla_absorb_queries(*s.pool, w.kv_b, heads, s.q.data(), n, job_heads, q_lat.data(), buf);
-  // Every head of a token attends over the same latent rows (keys [c_kv | k_pe], values c_kv):
-  // a task takes a token and kHeadBlock heads, so each latent row is read once for them.
-  const int64_t n_hb = (H + kHeadBlock - 1) / kHeadBlock;
-  s.pool->parallel_for(n * n_hb, [&](int64_t begin, int64_t end) {
-    std::vector<KvSpan> spans;
-    std::vector<float> scores;
-    std::vector<float> q_cat;  // [heads, L + rope] q_lat | q_pe of each head
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / n_hb, h0 = task % n_hb * kHeadBlock;
-      const int64_t nh = std::min(kHeadBlock, H - h0);
-      const int32_t seq = s.in->spans[s.in->span_of[t]].seq_id;
-      kv_spans(*s.kv, seq, il, s.in->pos[t] + 1, 0, 0, spans);
-      for (KvSpan& sp : spans) {
-        sp.v = sp.k;
-        sp.v_stride = sp.k_stride;
-      }
-      q_cat.resize(static_cast<size_t>(nh * (L + rope)));
-      for (int64_t i = 0; i < nh; ++i) {
-        const float* ql = q_lat.data() + ((h0 + i) * n + t) * L;
-        const float* qpe = s.q.data() + (t * H + h0 + i) * qk + nope;
-        std::copy(ql, ql + L, q_cat.data() + i * (L + rope));
-        std::copy(qpe, qpe + rope, q_cat.data() + i * (L + rope) + L);
-      }
-      const AttendShape a{nh, L + rope, L, L + rope, n * L, scale_};
-      attend(a, q_cat.data(), spans, o_lat.data() + (h0 * n + t) * L, scores);
-    }
-  });
+  // Every head of a token attends over the same latent rows (keys [c_kv | k_pe], values c_kv).
+  thread_local std::vector<int64_t> n_ctx_list;  // reused; by reference for the pool's threads
+  thread_local std::vector<float> partials;
+  std::vector<int64_t>& n_ctx = n_ctx_list;
+  n_ctx.resize(static_cast<size_t>(n));
+  for (int64_t t = 0; t < n; ++t) n_ctx[t] = s.in->pos[t] + 1;
+  mla_attend(
+      *s.pool, heads, q_lat.data(), s.q.data(), n, n_ctx, scale_,
+      [&](int64_t t, std::vector<KvSpan>& spans) {
+        kv_spans(*s.kv, s.in->spans[s.in->span_of[t]].seq_id, il, n_ctx[t], 0, 0, spans);
+      },
+      o_lat.data(), partials);
   // attn_out[t, h] = W_UV[h] · o_lat[h, t], W_UV[h] = the vd rows of kv_b after W_UK[h].
   s.attn_out.resize(static_cast<size_t>(n * H * vd));
   mla_head_outputs(*s.pool, w.kv_b, heads, o_lat.data(), n, job_heads, s.attn_out.data(), buf);
