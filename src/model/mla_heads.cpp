@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "core/error.h"
 #include "kernels/grouped_matmul.h"
 #include "kernels/matmul.h"
+#include "kernels/matmul_fp8.h"
 
 namespace duet {
 
@@ -57,6 +59,59 @@ void mla_split_kv_b(const Matrix& kv_b, const MlaHeads& m, std::vector<float>& k
         v_b[(h * m.v_dim + r) * m.rank + l] = weight_at(kv_b, h * kv_rows + m.nope + r, l);
     }
   }
+}
+
+Matrix Fp8Part::view() const {
+  Matrix w{DType::kF8E4M3, rows, cols, codes.data()};
+  w.f8 = {scales.data(), block_rows, block_cols, 0};
+  return w;
+}
+
+bool mla_split_kv_b_fp8(const Matrix& kv_b, const MlaHeads& m, Fp8Part& k_b, Fp8Part& v_b) {
+  if (kv_b.dtype != DType::kF8E4M3) return false;
+  check_kv_b(kv_b, m);
+  const int64_t br = kv_b.f8.block_rows, bc = kv_b.f8.block_cols;
+  const int64_t g = std::gcd(br, std::gcd(m.nope, m.v_dim));
+  if (g % 16 != 0) return false;
+  const int64_t H = m.n_head, L = m.rank, kv_rows = m.nope + m.v_dim;
+  const auto* codes = static_cast<const uint8_t*>(kv_b.data);
+  const auto scale_at = [&](int64_t r, int64_t c) { return fp8_impl::scale_row(kv_b, r)[c / bc]; };
+
+  Fp8Part k;  // [H · L, nope], blocks [gcd(bc, L), g]
+  k.rows = H * L;
+  k.cols = m.nope;
+  k.block_rows = std::gcd(bc, L);
+  k.block_cols = g;
+  k.codes.resize(static_cast<size_t>(k.rows * k.cols));
+  for (int64_t h = 0; h < H; ++h) {
+    const uint8_t* w_uk = codes + h * kv_rows * L;   // [nope, L]
+    uint8_t* dst = k.codes.data() + h * L * m.nope;  // [L, nope]
+    for (int64_t r = 0; r < m.nope; ++r)
+      for (int64_t l = 0; l < L; ++l) dst[l * m.nope + r] = w_uk[r * L + l];
+  }
+  for (int64_t rb = 0; rb < k.rows / k.block_rows; ++rb) {
+    const int64_t h = rb * k.block_rows / L, l = rb * k.block_rows % L;
+    for (int64_t cb = 0; cb < m.nope / g; ++cb)
+      k.scales.push_back(scale_at(h * kv_rows + cb * g, l));
+  }
+
+  Fp8Part v;  // [H · v_dim, L], blocks [g, bc]
+  v.rows = H * m.v_dim;
+  v.cols = L;
+  v.block_rows = g;
+  v.block_cols = bc;
+  v.codes.resize(static_cast<size_t>(v.rows * v.cols));
+  for (int64_t h = 0; h < H; ++h) {
+    const uint8_t* w_uv = codes + (h * kv_rows + m.nope) * L;  // [v_dim, L]
+    std::copy(w_uv, w_uv + m.v_dim * L, v.codes.data() + h * m.v_dim * L);
+  }
+  for (int64_t rb = 0; rb < v.rows / g; ++rb) {
+    const int64_t h = rb * g / m.v_dim, i = rb * g % m.v_dim;
+    for (int64_t c = 0; c < L; c += bc) v.scales.push_back(scale_at(h * kv_rows + m.nope + i, c));
+  }
+  k_b = std::move(k);
+  v_b = std::move(v);
+  return true;
 }
 
 namespace {

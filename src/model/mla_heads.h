@@ -25,11 +25,13 @@ struct MlaHeads {
   // its W_UV the v_dim rows after them.
 };
 
-// kv_b_proj as absorbed attention multiplies it. As stored (`kv_b`; the queries' products by
-// matmul_xw, which multiplies it untransposed), or, with quantized weights, split by head (`k_b`
-// and `v_b`; both products by matmul, whose rows the quantized kernels cut into groups along the
-// columns): k_b [n_head · rank, nope], rows [h · rank, + rank) head h's W_UK transposed (row l:
-// column l of W_UK[h]); v_b [n_head · v_dim, rank], rows [h · v_dim, + v_dim) head h's W_UV.
+// kv_b_proj as absorbed attention multiplies it: split by head (`k_b` and `v_b`; both products by
+// matmul, whose rows the quantized and fp8 kernels read in groups or blocks along the columns),
+// as the loader holds every kv_b (in its dtype, quantized, or fp8), or as stored (`kv_b`; the
+// queries' products by matmul_xw, which multiplies it untransposed), as it holds an fp8 kv_b
+// whose blocks do not allow the split. k_b [n_head · rank, nope], rows [h · rank, + rank) head h's
+// W_UK transposed (row l: column l of W_UK[h]); v_b [n_head · v_dim, rank], rows
+// [h · v_dim, + v_dim) head h's W_UV.
 struct MlaKvB {
   Matrix kv_b = {};
   Matrix k_b = {};
@@ -41,6 +43,24 @@ struct MlaKvB {
 // k_b [n_head · rank · nope], v_b [n_head · v_dim · rank].
 void mla_split_kv_b(const Matrix& kv_b, const MlaHeads& m, std::vector<float>& k_b,
                     std::vector<float>& v_b);
+
+// One part of an fp8 kv_b split by head (mla_split_kv_b_fp8): E4M3 codes [rows, cols] and an f32
+// scale per [block_rows, block_cols] block, as Matrix::f8 reads them.
+struct Fp8Part {
+  std::vector<uint8_t> codes;  // [rows, cols] E4M3
+  std::vector<float> scales;   // [rows / block_rows, ceil(cols / block_cols)] f32
+  int64_t rows = 0, cols = 0, block_rows = 0, block_cols = 0;
+  // A matrix over codes and scales (valid while they are).
+  Matrix view() const;
+};
+
+// kv_b in fp8 (an fp8 checkpoint's, DType::kF8E4M3 with block scales [B_r, B_c]) split as
+// MlaKvB's k_b and v_b, still fp8: the codes moved, the scales of their blocks copied. With g =
+// gcd(B_r, nope, v_dim), k_b's blocks are [gcd(B_c, rank), g] and v_b's [g, B_c]: each block of a
+// part lies inside one block of kv_b, so every weight keeps its value exactly. Returns false
+// (and leaves k_b and v_b alone) where g is not a multiple of 16, the fp8 kernels' least block
+// width, or kv_b is not fp8.
+bool mla_split_kv_b_fp8(const Matrix& kv_b, const MlaHeads& m, Fp8Part& k_b, Fp8Part& v_b);
 
 // Heads per pool job for n_tokens: every head at a few tokens (a pool synchronisation per head
 // cost more than a small head's product), in prefill as many as keep the job's copies of the

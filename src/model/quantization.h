@@ -29,8 +29,8 @@ DType quantized_dtype(Quantization q, const std::string& name);
 // shared experts, dense MLPs, attention projections, the output head) except those read other
 // than by matmul: the embedding table (gathered row by row; so also a tied output head), the
 // routers (a few rows, whose rounding would move the choice of experts) and MLA's kv_b_proj
-// (multiplied untransposed as stored: CheckpointSource::mla_kv_b quantizes it split by head, as
-// quantized_dtype says for its name).
+// (CheckpointSource::mla_kv_b quantizes it after splitting it by head, as quantized_dtype says
+// for its name).
 bool quantized_at_load(const std::string& name);
 
 // What a load quantized: the matrices, and their bytes before (as stored, or as converted from

@@ -178,12 +178,13 @@ MlaKvB WeightSource::mla_kv_b(const std::string& name, const MlaHeads& m) {
 }
 
 MlaKvB CheckpointSource::mla_kv_b(const std::string& name, const MlaHeads& m) {
+  if (set_.get(name).dtype == DType::kF8E4M3) return fp8_kv_b(name, m);
   const std::string k_name = name + " (W_UK of each head, transposed)";
   const std::string v_name = name + " (W_UV of each head)";
   // Split at row blocks of the quantized layout: every head's rows start one.
-  if (quantized_.quantization == Quantization::kNone || set_.get(name).dtype == DType::kF8E4M3 ||
-      m.rank % kQ8BlockRows != 0 || m.v_dim % kQ8BlockRows != 0) {
-    return WeightSource::mla_kv_b(name, m);
+  if (quantized_.quantization == Quantization::kNone || m.rank % kQ8BlockRows != 0 ||
+      m.v_dim % kQ8BlockRows != 0) {
+    return split_kv_b(name, m);
   }
   if (auto k = quantized_copies_.find(k_name); k != quantized_copies_.end())
     return {.k_b = k->second.view(), .v_b = quantized_copies_.at(v_name).view()};
@@ -208,6 +209,62 @@ MlaKvB CheckpointSource::mla_kv_b(const std::string& name, const MlaHeads& m) {
   quantized_.bytes_after += after;
   bytes_by_name_[name] = after;
   return {.k_b = k.view(), .v_b = v.view()};
+}
+
+MlaKvB CheckpointSource::split_kv_b(const std::string& name, const MlaHeads& m) {
+  if (auto it = split_kv_b_.find(name); it != split_kv_b_.end()) return it->second;
+  const Matrix stored = view(name, m.n_head * (m.nope + m.v_dim), m.rank);
+  std::vector<float> k_b, v_b;
+  mla_split_kv_b(stored, m, k_b, v_b);
+  // Each part in huge pages in kv_b's dtype (f32, or bf16: the values were bf16), with panels
+  // where matmul reads them, as every attention projection.
+  const auto place = [&](const std::vector<float>& values, int64_t rows, int64_t cols,
+                         const std::string& part) {
+    Matrix w{stored.dtype, rows, cols};
+    void* p = nullptr;
+    try {
+      p = arena_.allocate(w.nbytes());
+    } catch (const Error& e) {
+      throw Error(set_.file_of(name) + ": tensor '" + name + "': splitting it: " + e.what());
+    }
+    if (w.dtype == DType::kBF16) {
+      auto* out = static_cast<uint16_t*>(p);
+      for (size_t i = 0; i < values.size(); ++i) out[i] = f32_to_bf16(values[i]);
+    } else {
+      std::memcpy(p, values.data(), values.size() * sizeof(float));
+    }
+    w.data = p;
+    if (opt_.repack && matmul_reads_panels(w.dtype)) w = with_panels(part, w);
+    return w;
+  };
+  const MlaKvB split{.k_b = place(k_b, m.n_head * m.rank, m.nope, name + " (W_UK, transposed)"),
+                     .v_b = place(v_b, m.n_head * m.v_dim, m.rank, name + " (W_UV)")};
+  if (converted_.count(name) == 0) release_pages(stored.data, stored.nbytes());
+  return split_kv_b_.emplace(name, split).first->second;
+}
+
+MlaKvB CheckpointSource::fp8_kv_b(const std::string& name, const MlaHeads& m) {
+  if (auto it = split_kv_b_.find(name); it != split_kv_b_.end()) return it->second;
+  const Matrix stored = view(name, m.n_head * (m.nope + m.v_dim), m.rank);
+  Fp8Part k, v;
+  if (!mla_split_kv_b_fp8(stored, m, k, v)) return WeightSource::mla_kv_b(name, m);
+  bytes_by_name_[name] = k.codes.size() + v.codes.size();
+  bytes_by_name_[name + "_scale_inv"] = (k.scales.size() + v.scales.size()) * sizeof(float);
+  // The codes into huge pages as every matrix's copy; the scales beside the other f32 copies.
+  const auto place = [&](Fp8Part& part) {
+    Matrix w = part.view();
+    try {
+      w.data = arena_.allocate(part.codes.size());
+    } catch (const Error& e) {
+      throw Error(set_.file_of(name) + ": tensor '" + name + "': splitting it: " + e.what());
+    }
+    std::memcpy(const_cast<void*>(w.data), part.codes.data(), part.codes.size());
+    w.f8.scale_inv = owned_.emplace_back(std::move(part.scales)).data();
+    return w;
+  };
+  const MlaKvB split{.k_b = place(k), .v_b = place(v)};
+  release_pages(stored.data, stored.nbytes());
+  return split_kv_b_.emplace(name, split).first->second;
 }
 
 Matrix RecordingSource::matrix(const std::string& name, int64_t rows, int64_t cols,

@@ -62,19 +62,22 @@ struct SourceOptions {
 // Each matrix (bf16, f32 or fp8 as stored) is copied once, when first asked for, into huge pages
 // and the mapped pages it came from are given back: decode streams every matrix once per step,
 // and in the mapping's 4 KiB pages it did so 1.25-1.3x slower (bf16 `small`, batch 1, Zen 4).
-// SourceOptions::mmap keeps them in the mapping. Layout::kPanels is honoured when `repack` is set
-// and matmul reads panels on this CPU (matmul_reads_panels). With a quantization, the matrices
-// quantized_at_load names are quantized instead (and have no panels), and MLA's kv_b_proj split
-// by head (MlaKvB::k_b, v_b) and quantized likewise, unless it is fp8. The copies are owned here.
+// SourceOptions::mmap keeps them in the mapping (but for MLA's kv_b_proj, split by head into
+// copies: mla_kv_b). Layout::kPanels is honoured when `repack` is set and matmul reads panels on
+// this CPU (matmul_reads_panels). With a quantization, the matrices quantized_at_load names are
+// quantized instead (and have no panels), and kv_b's parts likewise. The copies are owned here.
 class CheckpointSource final : public WeightSource {
  public:
   explicit CheckpointSource(const std::string& dir, const SourceOptions& opt = {});
   Matrix matrix(const std::string& name, int64_t rows, int64_t cols,
                 Layout layout = Layout::kAsStored) override;
   const float* vector(const std::string& name, int64_t n) override;
-  // With a quantization (and kv_b bf16, f16 or f32): k_b and v_b, quantized as the attention
-  // projections are (quantized_dtype of `name`); counted as one quantized matrix, `name`'s bytes
-  // those of the two. Otherwise as matrix() gives it.
+  // Split by head (MlaKvB::k_b, v_b), in huge pages; `name`'s bytes those of the two. With a
+  // quantization (and kv_b bf16, f16 or f32): quantized as the attention projections are
+  // (quantized_dtype of `name`), counted as one quantized matrix. Without one: in kv_b's dtype
+  // (f16 widened to f32), with panels as Layout::kPanels gives them. An fp8 kv_b (with or without
+  // a quantization): in fp8, the same weights (mla_split_kv_b_fp8), or as matrix() gives it where
+  // its blocks do not allow the split.
   MlaKvB mla_kv_b(const std::string& name, const MlaHeads& heads) override;
   // Bytes of weights this source handed out (views, conversions and packed copies), for memory
   // reports.
@@ -97,6 +100,10 @@ class CheckpointSource final : public WeightSource {
   Matrix with_panels(const std::string& name, Matrix m);
   // m quantized (kQ8 or kQ4, as the quantization), once per name.
   Matrix quantized(const std::string& name, const Matrix& m);
+  // mla_kv_b of an fp8 kv_b: split once per name, or as stored.
+  MlaKvB fp8_kv_b(const std::string& name, const MlaHeads& m);
+  // mla_kv_b of a bf16 or f32 kv_b without a quantization: split once per name, in its dtype.
+  MlaKvB split_kv_b(const std::string& name, const MlaHeads& m);
 
   SafetensorsSet set_;
   SourceOptions opt_;
@@ -110,6 +117,8 @@ class CheckpointSource final : public WeightSource {
   uint64_t packed_bytes_ = 0;
   std::map<std::string, uint64_t> bytes_by_name_;
   std::map<std::string, QuantizedMatrix> quantized_copies_;  // by name
+  std::map<std::string, MlaKvB>
+      split_kv_b_;  // kv_b split by head in its dtype (in arena_), by name
   QuantizationReport quantized_;
 };
 

@@ -4,6 +4,7 @@
 // with quantized experts gives the single-rank tokens.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <mutex>
 
@@ -16,6 +17,7 @@
 #include "model/mla_heads.h"
 #include "model/quantization.h"
 #include "model/safetensors.h"
+#include "model/weight_source.h"
 #include "moe/borrowed_dispatcher.h"
 #include "moe/ep_dispatcher.h"
 #include "tiny_models.h"
@@ -191,6 +193,46 @@ TEST(QuantizedLoadTest, MlaKvBIsSplitByHeadAndQuantized) {
       EXPECT_EQ(m->quantization().bytes_before, before) << arch << " " << quantization_name(q);
       EXPECT_EQ(m->quantization().bytes_after, after) << arch << " " << quantization_name(q);
     }
+  }
+}
+
+// Without a quantization kv_b is split by head all the same, in its own dtype (bf16 or f32):
+// each part's elements the stored ones, bit for bit, and `name`'s bytes the stored bytes; so
+// both of absorbed attention's products are plain products (the inputs rounded where the kernels
+// round them, as for every other matrix).
+TEST(QuantizedLoadTest, MlaKvBIsSplitByHeadAsStoredWithoutAQuantization) {
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    const std::string dir = test::tiny_model_dir("deepseek_v2", dtype);
+    const ModelConfig c = load_config(dir);
+    const MlaHeads heads{c.n_head, c.qk_head_dim(), c.qk_nope_head_dim, c.v_head_dim,
+                         c.kv_lora_rank};
+    const int64_t kv_rows = heads.nope + heads.v_dim, size = dtype_size(dtype);
+    CheckpointSource src(dir);
+    const std::string name = "model.layers.0.self_attn.kv_b_proj.weight";
+    const MlaKvB w = src.mla_kv_b(name, heads);
+    ASSERT_TRUE(w.split());
+    ASSERT_EQ(w.k_b.dtype, dtype);
+    ASSERT_EQ(w.v_b.dtype, dtype);
+    const SafetensorsSet set = SafetensorsSet::open_dir(dir);
+    const TensorView& t = set.get(name);
+    const auto* stored = static_cast<const char*>(t.data);
+    const auto* k_b = static_cast<const char*>(w.k_b.data);
+    const auto* v_b = static_cast<const char*>(w.v_b.data);
+    for (int64_t h = 0; h < heads.n_head; ++h) {
+      for (int64_t l = 0; l < heads.rank; ++l) {
+        for (int64_t r = 0; r < heads.nope; ++r)
+          ASSERT_EQ(std::memcmp(k_b + ((h * heads.rank + l) * heads.nope + r) * size,
+                                stored + ((h * kv_rows + r) * heads.rank + l) * size, size),
+                    0);
+        for (int64_t r = 0; r < heads.v_dim; ++r)
+          ASSERT_EQ(
+              std::memcmp(v_b + ((h * heads.v_dim + r) * heads.rank + l) * size,
+                          stored + ((h * kv_rows + heads.nope + r) * heads.rank + l) * size, size),
+              0);
+      }
+    }
+    EXPECT_EQ(src.bytes_by_name().at(name), t.nbytes());
+    EXPECT_EQ(src.mla_kv_b(name, heads).k_b.data, w.k_b.data);
   }
 }
 

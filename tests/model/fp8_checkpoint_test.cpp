@@ -20,6 +20,7 @@
 #include "kernels/simd_impl.h"
 #include "model/config.h"
 #include "model/make_model.h"
+#include "model/mla_heads.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "model/weight_source.h"
@@ -189,6 +190,45 @@ TEST(Fp8LoaderTest, KnownBlockScalesDequantizeExactly) {
   req.prompt = {1, 2, 3};
   req.max_tokens = 2;
   EXPECT_EQ(gen.generate({req})[0].tokens.size(), 2u);
+}
+
+// An fp8 checkpoint's MLA kv_b is split by head at load, in fp8 (mla_split_kv_b_fp8): every
+// weight as the file's code and block scale give it, the same bytes of codes, and one copy however
+// often it is asked for. A `tiny` deepseek_v3's heads (16 + 16 rows) take 16-column blocks of k_b.
+TEST(Fp8LoaderTest, MlaKvBIsSplitByHeadInFp8) {
+  const std::string dir = fresh_model("deepseek_v3", DType::kF8E4M3);
+  const ModelConfig c = load_config(dir);
+  const MlaHeads heads{c.n_head, c.qk_head_dim(), c.qk_nope_head_dim, c.v_head_dim, c.kv_lora_rank};
+  const int64_t kv_rows = heads.nope + heads.v_dim;
+  SourceOptions opt;
+  opt.fp8 = c.fp8;
+  CheckpointSource src(dir, opt);
+  const std::string name = "model.layers.0.self_attn.kv_b_proj.weight";
+  const MlaKvB w = src.mla_kv_b(name, heads);
+  ASSERT_TRUE(w.split());
+  EXPECT_EQ(w.k_b.dtype, DType::kF8E4M3);
+  EXPECT_EQ(w.v_b.dtype, DType::kF8E4M3);
+  EXPECT_EQ(w.k_b.f8.block_cols, 16);
+  const SafetensorsSet set = SafetensorsSet::open_dir(dir);
+  const TensorView& t = set.get(name);
+  const TensorView& s = set.get(name + "_scale_inv");
+  std::vector<float> scales(static_cast<size_t>(s.numel()));
+  std::memcpy(scales.data(), s.data, scales.size() * 4);
+  Matrix stored{DType::kF8E4M3, t.dim(0), t.dim(1), t.data};
+  stored.f8 = {scales.data(), 128, 128, 0};
+  for (int64_t h = 0; h < heads.n_head; ++h) {
+    for (int64_t l = 0; l < heads.rank; ++l) {
+      for (int64_t r = 0; r < heads.nope; ++r)
+        ASSERT_EQ(fp8_weight(w.k_b, h * heads.rank + l, r), fp8_weight(stored, h * kv_rows + r, l));
+      for (int64_t r = 0; r < heads.v_dim; ++r)
+        ASSERT_EQ(fp8_weight(w.v_b, h * heads.v_dim + r, l),
+                  fp8_weight(stored, h * kv_rows + heads.nope + r, l));
+    }
+  }
+  EXPECT_EQ(src.bytes_by_name().at(name), t.nbytes());
+  const MlaKvB again = src.mla_kv_b(name, heads);
+  EXPECT_EQ(again.k_b.data, w.k_b.data);
+  EXPECT_EQ(again.v_b.data, w.v_b.data);
 }
 
 TEST(Fp8LoaderTest, MissingScalesAreRefusedByName) {

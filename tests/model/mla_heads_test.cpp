@@ -13,6 +13,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "kernels/matmul_fp8.h"
 #include "kernels/matmul_impl.h"
 #include "kernels/quantize.h"
 #include "kernels/simd_impl.h"
@@ -178,6 +179,106 @@ TEST(MlaHeadsTest, SplitKvBGivesTheStoredProducts) {
       }
     }
   }
+}
+
+// An fp8 kv_b split by head keeps every weight, its code and its block's scale: k_b (h·rank + l,
+// r) = kv_b (h·(nope + v) + r, l) and v_b (h·v + r, l) = kv_b (h·(nope + v) + nope + r, l), for
+// DeepSeek-V3's heads (128 + 128 rows, rank 512), duet's `small` (64 + 64, 256) and `tiny` (16 +
+// 16, 32) under 128 × 128 blocks, and rank 96 under 64 × 128 blocks; the products are the stored
+// kv_b's up to the order of additions and the rounding of their inputs to bf16 where the fp8
+// kernels round them. Refused where no block of 16 columns keeps a head's parts apart, and for
+// a kv_b that is not fp8.
+TEST(MlaHeadsTest, SplitFp8KvBKeepsEveryWeight) {
+  struct Case {
+    MlaHeads m;
+    int64_t block_rows, block_cols;
+    int64_t k_block_rows, g;  // k_b's blocks [k_block_rows, g], v_b's [g, block_cols]
+  };
+  ThreadPool pool(2);
+  std::mt19937 rng(91);
+  for (const Case& c :
+       {Case{{2, 192, 128, 128, 512}, 128, 128, 128, 128},
+        Case{{3, 96, 64, 64, 256}, 128, 128, 128, 64}, Case{{4, 24, 16, 16, 32}, 128, 128, 32, 16},
+        Case{{2, 96, 64, 64, 96}, 64, 128, 32, 64}}) {
+    const MlaHeads& m = c.m;
+    const int64_t kv_rows = m.nope + m.v_dim, rows = m.n_head * kv_rows;
+    std::vector<uint8_t> codes(static_cast<size_t>(rows * m.rank));
+    for (uint8_t& b : codes) {
+      b = static_cast<uint8_t>(rng());
+      if ((b & 0x7f) == 0x7f) b ^= 0x01;  // no NaN
+    }
+    const int64_t n_cb = (m.rank + c.block_cols - 1) / c.block_cols;
+    std::vector<float> scales(static_cast<size_t>((rows + c.block_rows - 1) / c.block_rows * n_cb));
+    for (float& f : scales) f = std::ldexp(1.0f + float(rng() % 256) / 256, int(rng() % 9) - 14);
+    Matrix kv_b{DType::kF8E4M3, rows, m.rank, codes.data()};
+    kv_b.f8 = {scales.data(), c.block_rows, c.block_cols, 0};
+    Fp8Part k, v;
+    ASSERT_TRUE(mla_split_kv_b_fp8(kv_b, m, k, v)) << m.nope;
+    EXPECT_EQ(k.block_rows, c.k_block_rows);
+    EXPECT_EQ(k.block_cols, c.g);
+    EXPECT_EQ(v.block_rows, c.g);
+    EXPECT_EQ(v.block_cols, c.block_cols);
+    const Matrix k_b = k.view(), v_b = v.view();
+    ASSERT_EQ(k_b.rows, m.n_head * m.rank);
+    ASSERT_EQ(k_b.cols, m.nope);
+    ASSERT_EQ(v_b.rows, m.n_head * m.v_dim);
+    ASSERT_EQ(v_b.cols, m.rank);
+    for (int64_t h = 0; h < m.n_head; ++h) {
+      for (int64_t l = 0; l < m.rank; ++l) {
+        for (int64_t r = 0; r < m.nope; ++r)
+          ASSERT_EQ(fp8_weight(k_b, h * m.rank + l, r), fp8_weight(kv_b, h * kv_rows + r, l))
+              << m.nope << ": head " << h << " " << l << " " << r;
+        for (int64_t r = 0; r < m.v_dim; ++r)
+          ASSERT_EQ(fp8_weight(v_b, h * m.v_dim + r, l),
+                    fp8_weight(kv_b, h * kv_rows + m.nope + r, l))
+              << m.nope << ": head " << h << " " << l << " " << r;
+      }
+    }
+    // The products, against the stored kv_b's: each output within 2^-8 of Σ |w · x| (bf16
+    // rounding of x moves a term by at most 2^-9 of itself).
+    const int64_t n = 2;
+    const std::vector<float> q = random_floats(rng, n * m.n_head * m.qk_dim);
+    const std::vector<float> o_lat = random_floats(rng, m.n_head * n * m.rank);
+    std::vector<float> buf, want_q(static_cast<size_t>(m.n_head * n * m.rank)),
+        want_o(static_cast<size_t>(n * m.n_head * m.v_dim)), got_q(want_q.size()),
+        got_o(want_o.size());
+    mla_absorb_queries(pool, {.kv_b = kv_b}, m, q.data(), n, 2, want_q.data(), buf);
+    mla_head_outputs(pool, {.kv_b = kv_b}, m, o_lat.data(), n, 2, want_o.data(), buf);
+    mla_absorb_queries(pool, {.k_b = k_b, .v_b = v_b}, m, q.data(), n, 2, got_q.data(), buf);
+    mla_head_outputs(pool, {.k_b = k_b, .v_b = v_b}, m, o_lat.data(), n, 2, got_o.data(), buf);
+    for (int64_t h = 0; h < m.n_head; ++h) {
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t l = 0; l < m.rank; ++l) {
+          double size = 1e-6;
+          for (int64_t r = 0; r < m.nope; ++r)
+            size += std::fabs(q[(t * m.n_head + h) * m.qk_dim + r] *
+                              fp8_weight(kv_b, h * kv_rows + r, l));
+          const int64_t i = (h * n + t) * m.rank + l;
+          ASSERT_NEAR(got_q[i], want_q[i], size / 256) << m.nope << ": " << h << " " << t;
+        }
+        for (int64_t r = 0; r < m.v_dim; ++r) {
+          double size = 1e-6;
+          for (int64_t l = 0; l < m.rank; ++l)
+            size += std::fabs(o_lat[(h * n + t) * m.rank + l] *
+                              fp8_weight(kv_b, h * kv_rows + m.nope + r, l));
+          const int64_t i = (t * m.n_head + h) * m.v_dim + r;
+          ASSERT_NEAR(got_o[i], want_o[i], size / 256) << m.nope << ": " << h << " " << t;
+        }
+      }
+    }
+  }
+  // g = gcd(128, 24, 40) = 8: a block of k_b's 16 columns would hold two heads' weights.
+  const MlaHeads narrow{2, 40, 24, 40, 64};
+  std::vector<uint8_t> codes(static_cast<size_t>(2 * 64 * 64));
+  std::vector<float> scales(1, 1.0f);
+  Matrix kv_b{DType::kF8E4M3, 2 * 64, 64, codes.data()};
+  kv_b.f8 = {scales.data(), 128, 128, 0};
+  Fp8Part k, v;
+  EXPECT_FALSE(mla_split_kv_b_fp8(kv_b, narrow, k, v));
+  EXPECT_TRUE(k.codes.empty() && v.codes.empty());
+  std::vector<float> w(static_cast<size_t>(3 * 128 * 256));
+  const Matrix f32{DType::kF32, 3 * 128, 256, w.data()};
+  EXPECT_FALSE(mla_split_kv_b_fp8(f32, {3, 96, 64, 64, 256}, k, v));
 }
 
 // A token that sees more positions than a part holds attends in parts merged by their

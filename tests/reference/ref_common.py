@@ -284,7 +284,7 @@ class DecoderModel:
         # Round the input of every product with a bf16 weight to bf16 (nearest even) before
         # multiplying, as duet's kernels do on CPUs with AVX-512 BF16 (vdpbf16ps multiplies bf16
         # pairs; DUET_MATMUL_ISA=avx512bf16 or its emulation), and as llama.cpp and oneDNN do there.
-        # Products with f32 weights, and MLA's q·W_UK (duet's matmul_xw), keep their input.
+        # Products with f32 weights keep their input.
         self.act_bf16 = False
 
     @property

@@ -141,9 +141,12 @@ class DeepseekV2(DecoderModel):
         ckv_all = extend_or_pass(cache, "ckv", ckv, axis=0)  # [n_kv, kv_lora_rank]
         rounds_lat = self.act_bf16 and self.store.dtype(p + "kv_b_proj.weight") == "BF16"
         if self.attn_bf16 or rounds_lat:
-            # duet attends in the latent space and multiplies the attended latent, rounded like
-            # any product's input where kv_b is bf16, by each head's W_UV; unrounded, that is the
-            # same as P·v.
+            # duet attends in the latent space: each head's q_nope times its W_UK, and the attended
+            # latent times its W_UV, both inputs rounded like any product's where kv_b is bf16;
+            # unrounded, that is the same as q·k and P·v.
+            if rounds_lat:
+                q_nope = bf16_round(q_nope)
+                query = np.concatenate([q_nope, q_pe], axis=-1)
             if self.attn_bf16:
                 # Its query [q_nope · W_UK | q_pe] against the cached [ckv | k_pe], that query
                 # and the probabilities rounded to bf16 (attn_bf16).
