@@ -1,11 +1,14 @@
 #include "kernels/quantize.h"
 
+#include "kernels/matmul_fp8.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 
 #include "core/error.h"
+#include "kernels/matmul_fp8.h"
 
 namespace duet {
 
@@ -186,9 +189,16 @@ QuantizedMatrix::QuantizedMatrix(const Matrix& w, DType to, HugePageArena* arena
   const size_t elem = dtype_size(w.dtype);
   std::vector<int8_t> row_q(static_cast<size_t>(ld));
   std::vector<uint16_t> row_s(static_cast<size_t>(n_groups));
+  std::vector<float> widened(w.dtype == DType::kF8E4M3 ? static_cast<size_t>(w.cols) : 0);
   for (int64_t r = 0; r < w.rows; ++r) {
     const void* row = static_cast<const char*>(w.data) + r * w.cols * elem;
-    quantize_row(to, w.dtype, row, w.cols, row_q.data(), row_s.data(), row_scales[r]);
+    if (w.dtype == DType::kF8E4M3) {  // each weight's value, as fp8_weight gives it
+      for (int64_t c = 0; c < w.cols; ++c) widened[c] = fp8_weight(w, r, c);
+      quantize_row(to, DType::kF32, widened.data(), w.cols, row_q.data(), row_s.data(),
+                   row_scales[r]);
+    } else {
+      quantize_row(to, w.dtype, row, w.cols, row_q.data(), row_s.data(), row_scales[r]);
+    }
     if (q4) {
       for (int64_t k = 0; k < ld; ++k) {
         uint8_t& b = q[q4_offset(ld, r, k)];

@@ -85,8 +85,9 @@ float q8_row_scale(const Matrix& w, int64_t r);
 // A quantized copy of a weight matrix, in memory of its own or an arena's (64-byte aligned).
 class QuantizedMatrix {
  public:
-  // w (kF32 or kBF16, rows as stored; panels ignored) quantized row by row to `to` (kQ8, kQ4),
-  // into memory of its own or, given an arena, into the arena's (which must outlive this).
+  // w (kF32, kBF16 or kF8E4M3 with its block scales, rows as stored; panels ignored) quantized
+  // row by row to `to` (kQ8, kQ4), into memory of its own or, given an arena, into the arena's
+  // (which must outlive this). An fp8 weight is quantized as its value (fp8_weight) in f32.
   QuantizedMatrix(const Matrix& w, DType to, HugePageArena* arena = nullptr);
   // The kQ8 or kQ4 view, valid as long as this lives.
   const Matrix& view() const { return view_; }

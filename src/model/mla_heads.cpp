@@ -34,6 +34,7 @@ void check_heads(const MlaKvB& w, const MlaHeads& m, int64_t job_heads) {
 }
 
 float weight_at(const Matrix& w, int64_t r, int64_t c) {
+  if (w.dtype == DType::kF8E4M3) return fp8_weight(w, r, c);
   const int64_t i = r * w.cols + c;
   return w.dtype == DType::kBF16 ? bf16_to_f32(static_cast<const uint16_t*>(w.data)[i])
                                  : static_cast<const float*>(w.data)[i];
@@ -44,7 +45,8 @@ float weight_at(const Matrix& w, int64_t r, int64_t c) {
 void mla_split_kv_b(const Matrix& kv_b, const MlaHeads& m, std::vector<float>& k_b,
                     std::vector<float>& v_b) {
   check_kv_b(kv_b, m);
-  DUET_CHECK(kv_b.dtype == DType::kF32 || kv_b.dtype == DType::kBF16,
+  DUET_CHECK(kv_b.dtype == DType::kF32 || kv_b.dtype == DType::kBF16 ||
+                 kv_b.dtype == DType::kF8E4M3,
              "MLA heads: kv_b of dtype " << dtype_name(kv_b.dtype) << " cannot be split");
   const int64_t kv_rows = m.nope + m.v_dim;
   k_b.resize(static_cast<size_t>(m.n_head * m.rank * m.nope));

@@ -39,7 +39,8 @@ struct MlaKvB {
   bool split() const { return k_b.data != nullptr; }
 };
 
-// kv_b (kF32 or kBF16, [n_head · (nope + v_dim), rank]) split as MlaKvB's k_b and v_b, in f32:
+// kv_b (kF32, kBF16 or kF8E4M3 with its block scales, [n_head · (nope + v_dim), rank]; each
+// weight's value) split as MlaKvB's k_b and v_b, in f32:
 // k_b [n_head · rank · nope], v_b [n_head · v_dim · rank].
 void mla_split_kv_b(const Matrix& kv_b, const MlaHeads& m, std::vector<float>& k_b,
                     std::vector<float>& v_b);

@@ -56,6 +56,11 @@ bool quantized_at_load(const std::string& name) {
          !ends_with("block_sparse_moe.gate.weight") && !ends_with("self_attn.kv_b_proj.weight");
 }
 
+bool quantizes_stored(Quantization q, DType stored) {
+  if (q == Quantization::kNone) return false;
+  return stored != DType::kF8E4M3 || q == Quantization::kInt4 || q == Quantization::kInt4Pure;
+}
+
 std::string describe(const QuantizationReport& r) {
   if (r.quantization == Quantization::kNone) return "none";
   char buf[160];

@@ -33,6 +33,11 @@ DType quantized_dtype(Quantization q, const std::string& name);
 // for its name).
 bool quantized_at_load(const std::string& name);
 
+// Whether q quantizes a matrix quantized_at_load names that the checkpoint stores as `stored`:
+// bf16, f16 and f32 ones under every quantization; fp8 ones (a byte a weight already) only under
+// the 4-bit ones (each weight's value, code × block scale, quantized as a bf16 one's).
+bool quantizes_stored(Quantization q, DType stored);
+
 // What a load quantized: the matrices, and their bytes before (as stored, or as converted from
 // f16) and after.
 struct QuantizationReport {

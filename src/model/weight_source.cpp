@@ -137,9 +137,9 @@ Matrix CheckpointSource::quantized(const std::string& name, const Matrix& m) {
 Matrix CheckpointSource::matrix(const std::string& name, int64_t rows, int64_t cols,
                                 Layout layout) {
   Matrix m = view(name, rows, cols);
-  // An fp8 checkpoint's fp8 weights are one byte each already: left as they are.
-  if (quantized_.quantization != Quantization::kNone && quantized_at_load(name) &&
-      m.dtype != DType::kF8E4M3) {
+  // An fp8 checkpoint's fp8 weights are a byte each already: quantized to 4 bits only.
+  if (quantized_at_load(name) && quantizes_stored(quantized_.quantization, m.dtype)) {
+    if (m.dtype == DType::kF8E4M3) bytes_by_name_.erase(name + "_scale_inv");
     return quantized(name, m);
   }
   // f16 matrices were widened into memory of their own already.
@@ -178,7 +178,9 @@ MlaKvB WeightSource::mla_kv_b(const std::string& name, const MlaHeads& m) {
 }
 
 MlaKvB CheckpointSource::mla_kv_b(const std::string& name, const MlaHeads& m) {
-  if (set_.get(name).dtype == DType::kF8E4M3) return fp8_kv_b(name, m);
+  const DType stored_dtype = set_.get(name).dtype;
+  if (stored_dtype == DType::kF8E4M3 && !quantizes_stored(quantized_.quantization, stored_dtype))
+    return fp8_kv_b(name, m);
   const std::string k_name = name + " (W_UK of each head, transposed)";
   const std::string v_name = name + " (W_UV of each head)";
   // Split at row blocks of the quantized layout: every head's rows start one.
@@ -191,6 +193,7 @@ MlaKvB CheckpointSource::mla_kv_b(const std::string& name, const MlaHeads& m) {
   const Matrix stored = view(name, m.n_head * (m.nope + m.v_dim), m.rank);
   std::vector<float> k_b, v_b;
   mla_split_kv_b(stored, m, k_b, v_b);
+  if (stored.dtype == DType::kF8E4M3) bytes_by_name_.erase(name + "_scale_inv");
   const DType to = quantized_dtype(quantized_.quantization, name);
   const QuantizedMatrix& k =
       quantized_copies_

@@ -65,7 +65,8 @@ struct SourceOptions {
 // SourceOptions::mmap keeps them in the mapping (but for MLA's kv_b_proj, split by head into
 // copies: mla_kv_b). Layout::kPanels is honoured when `repack` is set and matmul reads panels on
 // this CPU (matmul_reads_panels). With a quantization, the matrices quantized_at_load names are
-// quantized instead (and have no panels), and kv_b's parts likewise. The copies are owned here.
+// quantized instead (and have no panels), and kv_b's parts likewise; fp8 ones only under the
+// 4-bit quantizations (quantizes_stored). The copies are owned here.
 class CheckpointSource final : public WeightSource {
  public:
   explicit CheckpointSource(const std::string& dir, const SourceOptions& opt = {});
@@ -75,9 +76,9 @@ class CheckpointSource final : public WeightSource {
   // Split by head (MlaKvB::k_b, v_b), in huge pages; `name`'s bytes those of the two. With a
   // quantization (and kv_b bf16, f16 or f32): quantized as the attention projections are
   // (quantized_dtype of `name`), counted as one quantized matrix. Without one: in kv_b's dtype
-  // (f16 widened to f32), with panels as Layout::kPanels gives them. An fp8 kv_b (with or without
-  // a quantization): in fp8, the same weights (mla_split_kv_b_fp8), or as matrix() gives it where
-  // its blocks do not allow the split.
+  // (f16 widened to f32), with panels as Layout::kPanels gives them. An fp8 kv_b under int4 or
+  // int4_pure is quantized as a bf16 one is (quantizes_stored); otherwise kept in fp8, the same
+  // weights (mla_split_kv_b_fp8), or as matrix() gives it where its blocks do not allow the split.
   MlaKvB mla_kv_b(const std::string& name, const MlaHeads& heads) override;
   // Bytes of weights this source handed out (views, conversions and packed copies), for memory
   // reports.

@@ -475,6 +475,36 @@ TEST(Fp8GenerateInt8Test, Int8LeavesTheFp8WeightsAlone) {
   EXPECT_EQ(got[0].tokens.size(), 4u);
 }
 
+// --quantization int4 (and int4_pure) on an fp8 checkpoint quantizes its fp8 weights too, each
+// weight's value (code × block scale) as the f32 weight of the dequantized copy is quantized: the
+// same quantized matrices, MLA's kv_b split by head among them, so the same greedy tokens and
+// prompt logits, bit for bit, as that copy under the same quantization; the report counts the same
+// matrices and bytes after, and the fp8 ones' bytes before as their codes.
+TEST(Fp8GenerateInt4Test, FourBitsQuantizeTheFp8WeightsAsTheirValues) {
+  for (const char* arch : {"qwen3_moe", "deepseek_v3"}) {
+    const std::string fp8 = fresh_model(arch, DType::kF8E4M3);
+    const std::string deq = dequantized_copy(fp8, DType::kF32);
+    if (HasFatalFailure()) return;
+    for (Quantization q : {Quantization::kInt4, Quantization::kInt4Pure}) {
+      LoadOptions opt;
+      opt.quantization = q;
+      std::unique_ptr<Model> a = Model::load(fp8, opt), b = Model::load(deq, opt);
+      EXPECT_EQ(a->quantization().n_matrices, b->quantization().n_matrices) << arch;
+      EXPECT_EQ(a->quantization().bytes_after, b->quantization().bytes_after) << arch;
+      EXPECT_LT(a->quantization().bytes_before, b->quantization().bytes_before) << arch;
+      ThreadPool pool(2);
+      GenerateRequest r;
+      r.prompt = {7, 300, 11, 42, 8, 9, 100, 3, 55};
+      r.max_tokens = 6;
+      r.prompt_logits = true;
+      const GenerateResult got = Generator(*a, pool).generate({r})[0];
+      const GenerateResult want = Generator(*b, pool).generate({r})[0];
+      EXPECT_EQ(got.tokens, want.tokens) << arch << " " << quantization_name(q);
+      EXPECT_EQ(got.prompt_logits, want.prompt_logits) << arch << " " << quantization_name(q);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, Fp8GenerateTest,
                          ::testing::Values("qwen3_moe", "deepseek_v3", "mixtral"));
 
