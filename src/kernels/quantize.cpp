@@ -1,7 +1,5 @@
 #include "kernels/quantize.h"
 
-#include "kernels/matmul_fp8.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>

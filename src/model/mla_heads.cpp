@@ -45,9 +45,9 @@ float weight_at(const Matrix& w, int64_t r, int64_t c) {
 void mla_split_kv_b(const Matrix& kv_b, const MlaHeads& m, std::vector<float>& k_b,
                     std::vector<float>& v_b) {
   check_kv_b(kv_b, m);
-  DUET_CHECK(kv_b.dtype == DType::kF32 || kv_b.dtype == DType::kBF16 ||
-                 kv_b.dtype == DType::kF8E4M3,
-             "MLA heads: kv_b of dtype " << dtype_name(kv_b.dtype) << " cannot be split");
+  DUET_CHECK(
+      kv_b.dtype == DType::kF32 || kv_b.dtype == DType::kBF16 || kv_b.dtype == DType::kF8E4M3,
+      "MLA heads: kv_b of dtype " << dtype_name(kv_b.dtype) << " cannot be split");
   const int64_t kv_rows = m.nope + m.v_dim;
   k_b.resize(static_cast<size_t>(m.n_head * m.rank * m.nope));
   v_b.resize(static_cast<size_t>(m.n_head * m.v_dim * m.rank));

@@ -186,7 +186,7 @@ MlaKvB CheckpointSource::mla_kv_b(const std::string& name, const MlaHeads& m) {
   // Split at row blocks of the quantized layout: every head's rows start one.
   if (quantized_.quantization == Quantization::kNone || m.rank % kQ8BlockRows != 0 ||
       m.v_dim % kQ8BlockRows != 0) {
-    return split_kv_b(name, m);
+    return stored_dtype == DType::kF8E4M3 ? fp8_kv_b(name, m) : split_kv_b(name, m);
   }
   if (auto k = quantized_copies_.find(k_name); k != quantized_copies_.end())
     return {.k_b = k->second.view(), .v_b = quantized_copies_.at(v_name).view()};
@@ -217,6 +217,8 @@ MlaKvB CheckpointSource::mla_kv_b(const std::string& name, const MlaHeads& m) {
 MlaKvB CheckpointSource::split_kv_b(const std::string& name, const MlaHeads& m) {
   if (auto it = split_kv_b_.find(name); it != split_kv_b_.end()) return it->second;
   const Matrix stored = view(name, m.n_head * (m.nope + m.v_dim), m.rank);
+  DUET_CHECK(stored.dtype == DType::kBF16 || stored.dtype == DType::kF32,
+             name << ": split in its dtype " << dtype_name(stored.dtype));
   std::vector<float> k_b, v_b;
   mla_split_kv_b(stored, m, k_b, v_b);
   // Each part in huge pages in kv_b's dtype (f32, or bf16: the values were bf16), with panels
