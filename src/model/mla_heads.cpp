@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "core/error.h"
@@ -63,6 +64,27 @@ void mla_split_kv_b(const Matrix& kv_b, const MlaHeads& m, std::vector<float>& k
   }
 }
 
+void mla_split_kv_b_elements(const Matrix& kv_b, const MlaHeads& m, void* k_b, void* v_b) {
+  check_kv_b(kv_b, m);
+  DUET_CHECK(
+      kv_b.dtype == DType::kF32 || kv_b.dtype == DType::kBF16 || kv_b.dtype == DType::kF8E4M3,
+      "MLA heads: kv_b of dtype " << dtype_name(kv_b.dtype) << " cannot be split");
+  const size_t el = dtype_size(kv_b.dtype);
+  const int64_t L = m.rank, kv_rows = m.nope + m.v_dim;
+  const auto* src = static_cast<const char*>(kv_b.data);
+  auto* k = static_cast<char*>(k_b);
+  auto* v = static_cast<char*>(v_b);
+  for (int64_t h = 0; h < m.n_head; ++h) {
+    const char* w_uk = src + h * kv_rows * L * el;  // [nope, L]
+    char* k_h = k + h * L * m.nope * el;            // [L, nope]
+    for (int64_t r = 0; r < m.nope; ++r)
+      for (int64_t l = 0; l < L; ++l)
+        std::memcpy(k_h + (l * m.nope + r) * el, w_uk + (r * L + l) * el, el);
+    const char* w_uv = w_uk + m.nope * L * el;  // [v_dim, L], as stored
+    std::memcpy(v + h * m.v_dim * L * el, w_uv, m.v_dim * L * el);
+  }
+}
+
 Matrix Fp8Part::view() const {
   Matrix w{DType::kF8E4M3, rows, cols, codes.data()};
   w.f8 = {scales.data(), block_rows, block_cols, 0};
@@ -76,7 +98,6 @@ bool mla_split_kv_b_fp8(const Matrix& kv_b, const MlaHeads& m, Fp8Part& k_b, Fp8
   const int64_t g = std::gcd(br, std::gcd(m.nope, m.v_dim));
   if (g % 16 != 0) return false;
   const int64_t H = m.n_head, L = m.rank, kv_rows = m.nope + m.v_dim;
-  const auto* codes = static_cast<const uint8_t*>(kv_b.data);
   const auto scale_at = [&](int64_t r, int64_t c) { return fp8_impl::scale_row(kv_b, r)[c / bc]; };
 
   Fp8Part k;  // [H · L, nope], blocks [gcd(bc, L), g]
@@ -85,12 +106,6 @@ bool mla_split_kv_b_fp8(const Matrix& kv_b, const MlaHeads& m, Fp8Part& k_b, Fp8
   k.block_rows = std::gcd(bc, L);
   k.block_cols = g;
   k.codes.resize(static_cast<size_t>(k.rows * k.cols));
-  for (int64_t h = 0; h < H; ++h) {
-    const uint8_t* w_uk = codes + h * kv_rows * L;   // [nope, L]
-    uint8_t* dst = k.codes.data() + h * L * m.nope;  // [L, nope]
-    for (int64_t r = 0; r < m.nope; ++r)
-      for (int64_t l = 0; l < L; ++l) dst[l * m.nope + r] = w_uk[r * L + l];
-  }
   for (int64_t rb = 0; rb < k.rows / k.block_rows; ++rb) {
     const int64_t h = rb * k.block_rows / L, l = rb * k.block_rows % L;
     for (int64_t cb = 0; cb < m.nope / g; ++cb)
@@ -103,10 +118,7 @@ bool mla_split_kv_b_fp8(const Matrix& kv_b, const MlaHeads& m, Fp8Part& k_b, Fp8
   v.block_rows = g;
   v.block_cols = bc;
   v.codes.resize(static_cast<size_t>(v.rows * v.cols));
-  for (int64_t h = 0; h < H; ++h) {
-    const uint8_t* w_uv = codes + (h * kv_rows + m.nope) * L;  // [v_dim, L]
-    std::copy(w_uv, w_uv + m.v_dim * L, v.codes.data() + h * m.v_dim * L);
-  }
+  mla_split_kv_b_elements(kv_b, m, k.codes.data(), v.codes.data());
   for (int64_t rb = 0; rb < v.rows / g; ++rb) {
     const int64_t h = rb * g / m.v_dim, i = rb * g % m.v_dim;
     for (int64_t c = 0; c < L; c += bc) v.scales.push_back(scale_at(h * kv_rows + m.nope + i, c));

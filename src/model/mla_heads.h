@@ -45,6 +45,11 @@ struct MlaKvB {
 void mla_split_kv_b(const Matrix& kv_b, const MlaHeads& m, std::vector<float>& k_b,
                     std::vector<float>& v_b);
 
+// kv_b's elements as stored (bf16, f32 or fp8 codes; no f16 or int layouts) moved to MlaKvB's
+// layout in the same dtype: k_b [n_head · rank, nope] and v_b [n_head · v_dim, rank] elements,
+// each dtype_size(kv_b.dtype) bytes. Bit for bit; an fp8 kv_b's scales are not touched.
+void mla_split_kv_b_elements(const Matrix& kv_b, const MlaHeads& m, void* k_b, void* v_b);
+
 // One part of an fp8 kv_b split by head (mla_split_kv_b_fp8): E4M3 codes [rows, cols] and an f32
 // scale per [block_rows, block_cols] block, as Matrix::f8 reads them.
 struct Fp8Part {

@@ -82,16 +82,19 @@ void release_pages(const void* data, size_t bytes) {
 
 }  // namespace
 
+void* CheckpointSource::allocate(const std::string& name, const char* doing, size_t bytes) {
+  try {
+    return arena_.allocate(bytes);
+  } catch (const Error& e) {
+    throw Error(set_.file_of(name) + ": tensor '" + name + "': " + doing + ": " + e.what());
+  }
+}
+
 Matrix CheckpointSource::resident(const std::string& name, Matrix m) {
   auto it = copies_.find(name);
   if (it == copies_.end()) {
     const size_t bytes = m.nbytes();
-    void* p = nullptr;
-    try {
-      p = arena_.allocate(bytes);
-    } catch (const Error& e) {
-      throw Error(set_.file_of(name) + ": tensor '" + name + "': copying it: " + e.what());
-    }
+    void* p = allocate(name, "copying it", bytes);
     std::memcpy(p, m.data, bytes);
     release_pages(m.data, bytes);
     it = copies_.emplace(name, p).first;
@@ -104,12 +107,7 @@ Matrix CheckpointSource::with_panels(const std::string& name, Matrix m) {
   auto it = panels_.find(name);
   if (it == panels_.end()) {
     const size_t bytes = static_cast<size_t>(panel_elems(m)) * dtype_size(m.dtype);
-    void* p = nullptr;
-    try {
-      p = arena_.allocate(bytes);
-    } catch (const Error& e) {
-      throw Error(set_.file_of(name) + ": tensor '" + name + "': packing it: " + e.what());
-    }
+    void* p = allocate(name, "packing it", bytes);
     pack_panels(m, p);
     it = panels_.emplace(name, p).first;
     packed_bytes_ += bytes;
@@ -219,31 +217,19 @@ MlaKvB CheckpointSource::split_kv_b(const std::string& name, const MlaHeads& m) 
   const Matrix stored = view(name, m.n_head * (m.nope + m.v_dim), m.rank);
   DUET_CHECK(stored.dtype == DType::kBF16 || stored.dtype == DType::kF32,
              name << ": split in its dtype " << dtype_name(stored.dtype));
-  std::vector<float> k_b, v_b;
-  mla_split_kv_b(stored, m, k_b, v_b);
-  // Each part in huge pages in kv_b's dtype (f32, or bf16: the values were bf16), with panels
-  // where matmul reads them, as every attention projection.
-  const auto place = [&](const std::vector<float>& values, int64_t rows, int64_t cols,
-                         const std::string& part) {
-    Matrix w{stored.dtype, rows, cols};
-    void* p = nullptr;
-    try {
-      p = arena_.allocate(w.nbytes());
-    } catch (const Error& e) {
-      throw Error(set_.file_of(name) + ": tensor '" + name + "': splitting it: " + e.what());
-    }
-    if (w.dtype == DType::kBF16) {
-      auto* out = static_cast<uint16_t*>(p);
-      for (size_t i = 0; i < values.size(); ++i) out[i] = f32_to_bf16(values[i]);
-    } else {
-      std::memcpy(p, values.data(), values.size() * sizeof(float));
-    }
-    w.data = p;
-    if (opt_.repack && matmul_reads_panels(w.dtype)) w = with_panels(part, w);
-    return w;
+  // Both parts in huge pages in kv_b's dtype, with panels where matmul reads them, as every
+  // attention projection.
+  const size_t el = dtype_size(stored.dtype);
+  void* k_b = allocate(name, "splitting it", m.n_head * m.rank * m.nope * el);
+  void* v_b = allocate(name, "splitting it", m.n_head * m.v_dim * m.rank * el);
+  mla_split_kv_b_elements(stored, m, k_b, v_b);
+  const auto with_layout = [&](Matrix w, const std::string& part) {
+    return opt_.repack && matmul_reads_panels(w.dtype) ? with_panels(part, w) : w;
   };
-  const MlaKvB split{.k_b = place(k_b, m.n_head * m.rank, m.nope, name + " (W_UK, transposed)"),
-                     .v_b = place(v_b, m.n_head * m.v_dim, m.rank, name + " (W_UV)")};
+  const MlaKvB split{
+      .k_b =
+          with_layout({stored.dtype, m.n_head * m.rank, m.nope, k_b}, name + " (W_UK, transposed)"),
+      .v_b = with_layout({stored.dtype, m.n_head * m.v_dim, m.rank, v_b}, name + " (W_UV)")};
   if (converted_.count(name) == 0) release_pages(stored.data, stored.nbytes());
   return split_kv_b_.emplace(name, split).first->second;
 }
@@ -258,12 +244,9 @@ MlaKvB CheckpointSource::fp8_kv_b(const std::string& name, const MlaHeads& m) {
   // The codes into huge pages as every matrix's copy; the scales beside the other f32 copies.
   const auto place = [&](Fp8Part& part) {
     Matrix w = part.view();
-    try {
-      w.data = arena_.allocate(part.codes.size());
-    } catch (const Error& e) {
-      throw Error(set_.file_of(name) + ": tensor '" + name + "': splitting it: " + e.what());
-    }
-    std::memcpy(const_cast<void*>(w.data), part.codes.data(), part.codes.size());
+    void* codes = allocate(name, "splitting it", part.codes.size());
+    std::memcpy(codes, part.codes.data(), part.codes.size());
+    w.data = codes;
     w.f8.scale_inv = owned_.emplace_back(std::move(part.scales)).data();
     return w;
   };

@@ -95,6 +95,9 @@ class CheckpointSource final : public WeightSource {
   Matrix view(const std::string& name, int64_t rows, int64_t cols);
   // An F8_E4M3 tensor with its block scales (weight_source_fp8.cpp).
   Matrix fp8_view(const std::string& name, const TensorView& t, int64_t rows, int64_t cols);
+  // `bytes` of arena_ for the tensor `name`; running out is an error naming it and what was
+  // `doing` ("copying it").
+  void* allocate(const std::string& name, const char* doing, size_t bytes);
   // m with its weights in arena_: copied from the mapping once per name.
   Matrix resident(const std::string& name, Matrix m);
   // m with panels: packed once per name, into arena_.
