@@ -114,7 +114,9 @@ void run_bench_tokenizer(const BenchTokenizerOptions& o) {
 void add_bench_tokenizer(CLI::App& bench) {
   auto o = std::make_shared<BenchTokenizerOptions>();
   CLI::App* cmd = bench.add_subcommand("tokenizer", "Encode throughput (MB/s) on one core");
-  cmd->add_option("model_dir", o->model_dir, "Directory with tokenizer.json")->required();
+  cmd->add_option("model_dir", o->model_dir,
+                  "Directory with tokenizer.json (or Kimi's tiktoken.model)")
+      ->required();
   cmd->add_option("--mb", o->mb, "Megabytes of built-in English prose (default 8)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--file", o->file, "Encode this file instead");

@@ -13,8 +13,8 @@ void add_make_model_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "make-model", "Write a Hugging Face-style model directory with seeded random weights");
   cmd->add_option("dir", opt->dir, "Output directory")->required();
-  cmd->add_option("--arch", opt->arch, "qwen3_moe | deepseek_v2 | deepseek_v3 | mixtral")
-      ->check(CLI::IsMember({"qwen3_moe", "deepseek_v2", "deepseek_v3", "mixtral"}));
+  cmd->add_option("--arch", opt->arch, "qwen3_moe | deepseek_v2 | deepseek_v3 | kimi_k2 | mixtral")
+      ->check(CLI::IsMember({"qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "mixtral"}));
   cmd->add_option("--preset", opt->preset, "tiny (tests) | small (benchmarks)")
       ->check(CLI::IsMember({"tiny", "small"}));
   cmd->add_option("--seed", opt->seed, "Random seed");

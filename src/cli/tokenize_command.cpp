@@ -176,7 +176,9 @@ void add_tokenize_command(CLI::App& app) {
       app.add_subcommand("tokenize",
                          "Encode standard input to token ids, decode ids (--decode) or render chat "
                          "messages with the chat template (--chat)");
-  cmd->add_option("model_dir", o->model_dir, "Directory with tokenizer.json")->required();
+  cmd->add_option("model_dir", o->model_dir,
+                  "Directory with tokenizer.json (or Kimi's tiktoken.model)")
+      ->required();
   auto* decode = cmd->add_flag("--decode", o->decode, "Read token ids, print text");
   auto* chat = cmd->add_flag("--chat", o->chat, "Read messages JSON, print the rendered prompt");
   decode->excludes(chat);

@@ -159,9 +159,10 @@ RopeScaling parse_rope_scaling(const Fields& f, const json& j, const std::string
   // Missing original_max_position_embeddings: DeepSeek's code assumes 4096, HF falls back to
   // max_position_embeddings.
   const std::string model_type = f.string("model_type", "");
-  const int64_t orig_default = model_type == "deepseek_v2" || model_type == "deepseek_v3"
-                                   ? 4096
-                                   : f.integer("max_position_embeddings", 4096);
+  const int64_t orig_default =
+      model_type == "deepseek_v2" || model_type == "deepseek_v3" || model_type == "kimi_k2"
+          ? 4096
+          : f.integer("max_position_embeddings", 4096);
   rs.original_max_position = rf.integer("original_max_position_embeddings", orig_default);
   rs.mscale = rf.number("mscale", 1.0);
   rs.mscale_all_dim = rf.number("mscale_all_dim", 0.0);
@@ -340,14 +341,14 @@ ModelConfig parse_config(const json& j, const std::string& source) {
     c.arch = Arch::kQwen3Moe;
   } else if (type == "deepseek_v2") {
     c.arch = Arch::kDeepseekV2;
-  } else if (type == "deepseek_v3") {
+  } else if (type == "deepseek_v3" || type == "kimi_k2") {  // Kimi K2: DeepseekV3ForCausalLM
     c.arch = Arch::kDeepseekV3;
   } else if (type == "mixtral") {
     c.arch = Arch::kMixtral;
   } else {
     f.fail("model_type", "is '" + type +
-                             "'; duet supports 'qwen3_moe', 'deepseek_v2', 'deepseek_v3' and "
-                             "'mixtral'");
+                             "'; duet supports 'qwen3_moe', 'deepseek_v2', 'deepseek_v3' (and "
+                             "Kimi K2's 'kimi_k2') and 'mixtral'");
   }
   parse_common(f, c);
   c.rope_scaling = parse_rope_scaling(f, j, source);

@@ -103,6 +103,21 @@ json deepseek_v3_config(bool small) {
   return c;
 }
 
+// Kimi K2's layout (model_type kimi_k2, DeepseekV3ForCausalLM) on the V3 shapes: one expert group,
+// no multi-token prediction, its routed scaling; a tiktoken tokenizer whose 256 special tokens
+// follow the ranks (so tiny's vocab holds 512 ranks besides them).
+json kimi_k2_config(bool small) {
+  json c = deepseek_v3_config(small);
+  c["model_type"] = "kimi_k2";
+  c["n_group"] = 1;
+  c["topk_group"] = 1;
+  c["num_nextn_predict_layers"] = 0;
+  c["routed_scaling_factor"] = 2.827;
+  c["rope_theta"] = 50000.0;
+  if (!small) c["vocab_size"] = 768;
+  return c;
+}
+
 json mixtral_config(bool small) {
   return {{"architectures", {"MixtralForCausalLM"}},
           {"model_type", "mixtral"},
@@ -128,13 +143,46 @@ struct Specials {
   std::vector<std::string> tokens;
   int bos = -1;
   int eos = 0;
+  int turn_end = -1;  // generation_config.json's end of turn where it differs from eos
   bool add_bos = false;
   std::string chat_template;
 };
 
-Specials specials_for(const std::string& arch) {
+// Kimi K2's named special tokens, at their offsets past the ranks (tokenizer_config.json's
+// added_tokens_decoder: 163584 + offset in the real checkpoint); the rest of the 256 are reserved.
+constexpr std::pair<int, const char*> kKimiSpecials[] = {{0, "[BOS]"},
+                                                         {1, "[EOS]"},
+                                                         {2, "<|im_end|>"},
+                                                         {3, "<|im_user|>"},
+                                                         {4, "<|im_assistant|>"},
+                                                         {6, "<|start_header_id|>"},
+                                                         {7, "<|end_header_id|>"},
+                                                         {9, "[EOT]"},
+                                                         {10, "<|im_system|>"},
+                                                         {17, "<|im_middle|>"},
+                                                         {254, "[UNK]"},
+                                                         {255, "[PAD]"}};
+constexpr int kKimiReserved = 256;
+
+Specials specials_for(const std::string& arch, int64_t n_vocab) {
   Specials s;
-  if (arch == "qwen3_moe") {
+  if (arch == "kimi_k2") {
+    const int64_t first = n_vocab - kKimiReserved;
+    for (int i = 0; i < kKimiReserved; ++i)
+      s.tokens.push_back("<|reserved_token_" + std::to_string(first + i) + "|>");
+    for (const auto& [offset, name] : kKimiSpecials) s.tokens[offset] = name;
+    s.bos = 0;
+    s.eos = 1;       // [EOS] in config.json; generation_config.json adds <|im_end|>
+    s.turn_end = 2;  // <|im_end|>
+    s.chat_template =
+        "{% for message in messages %}{% if message['role'] == 'system' %}"
+        "{{ '<|im_system|>system<|im_middle|>' }}{% elif message['role'] == 'user' %}"
+        "{{ '<|im_user|>user<|im_middle|>' }}{% else %}{{ '<|im_assistant|>assistant<|im_middle|>' "
+        "}}"
+        "{% endif %}{{ message['content'] + '<|im_end|>' }}{% endfor %}{% if add_generation_prompt "
+        "%}"
+        "{{ '<|im_assistant|>assistant<|im_middle|>' }}{% endif %}";
+  } else if (arch == "qwen3_moe") {
     s.tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
     s.bos = 0;
     s.eos = 2;
@@ -221,9 +269,10 @@ json preset_config(const std::string& arch, const std::string& preset) {
   if (arch == "qwen3_moe") return qwen3_moe_config(small);
   if (arch == "deepseek_v2") return deepseek_v2_config(small);
   if (arch == "deepseek_v3") return deepseek_v3_config(small);
+  if (arch == "kimi_k2") return kimi_k2_config(small);
   if (arch == "mixtral") return mixtral_config(small);
   throw Error("unknown architecture '" + arch +
-              "' (expected qwen3_moe, deepseek_v2, deepseek_v3 or mixtral)");
+              "' (expected qwen3_moe, deepseek_v2, deepseek_v3, kimi_k2 or mixtral)");
 }
 
 void make_model(const MakeModelOptions& opt) {
@@ -234,8 +283,8 @@ void make_model(const MakeModelOptions& opt) {
       throw Error("--hf-overrides: expected a JSON object, got: " + opt.hf_overrides);
     for (auto& [k, v] : over.items()) cfg[k] = v;
   }
-  const Specials sp = specials_for(opt.arch);
   const int64_t n_vocab = cfg.at("vocab_size").get<int64_t>();
+  const Specials sp = specials_for(opt.arch, n_vocab);
   const int64_t first_special = n_vocab - static_cast<int64_t>(sp.tokens.size());
   if (sp.bos >= 0) cfg["bos_token_id"] = first_special + sp.bos;
   cfg["eos_token_id"] = first_special + sp.eos;
@@ -281,12 +330,10 @@ void make_model(const MakeModelOptions& opt) {
   write_json(opt.dir + "/config.json", cfg);
 
   json gen = {{"eos_token_id", first_special + sp.eos}, {"do_sample", false}};
+  if (sp.turn_end >= 0) gen["eos_token_id"] = {first_special + sp.eos, first_special + sp.turn_end};
   if (sp.bos >= 0) gen["bos_token_id"] = first_special + sp.bos;
   write_json(opt.dir + "/generation_config.json", gen);
 
-  std::ofstream tok(opt.dir + "/tokenizer.json");
-  tok << build_bpe_tokenizer_json(static_cast<int32_t>(n_vocab), sp.tokens);
-  if (!tok) throw Error(opt.dir + "/tokenizer.json: cannot write");
   json tc = {{"add_bos_token", sp.add_bos},
              {"add_eos_token", false},
              {"bos_token", sp.bos >= 0 ? json(sp.tokens[sp.bos]) : json(nullptr)},
@@ -294,6 +341,24 @@ void make_model(const MakeModelOptions& opt) {
              {"model_max_length", config.max_position_embeddings},
              {"tokenizer_class", "PreTrainedTokenizerFast"},
              {"chat_template", sp.chat_template}};
+  if (opt.arch == "kimi_k2") {  // Kimi's tiktoken.model, its class named for trust_remote_code
+    std::ofstream ranks(opt.dir + "/tiktoken.model");
+    ranks << build_tiktoken_ranks(static_cast<int32_t>(first_special));
+    if (!ranks) throw Error(opt.dir + "/tiktoken.model: cannot write");
+    tc["tokenizer_class"] = "TikTokenTokenizer";
+    tc["auto_map"] = {{"AutoTokenizer", {"tokenization_kimi.TikTokenTokenizer", nullptr}}};
+    json added = json::object();
+    for (const auto& [offset, name] : kKimiSpecials) {
+      added[std::to_string(first_special + offset)] = {{"content", name},      {"lstrip", false},
+                                                       {"normalized", false},  {"rstrip", false},
+                                                       {"single_word", false}, {"special", true}};
+    }
+    tc["added_tokens_decoder"] = added;
+  } else {
+    std::ofstream tok(opt.dir + "/tokenizer.json");
+    tok << build_bpe_tokenizer_json(static_cast<int32_t>(n_vocab), sp.tokens);
+    if (!tok) throw Error(opt.dir + "/tokenizer.json: cannot write");
+  }
   write_json(opt.dir + "/tokenizer_config.json", tc);
 }
 

@@ -13,7 +13,7 @@ namespace duet {
 
 struct MakeModelOptions {
   std::string dir;
-  std::string arch = "qwen3_moe";  // qwen3_moe | deepseek_v2 | mixtral
+  std::string arch = "qwen3_moe";  // qwen3_moe | deepseek_v2 | deepseek_v3 | kimi_k2 | mixtral
   std::string preset = "tiny";     // tiny | small
   uint64_t seed = 0;
   DType dtype = DType::kBF16;  // kF32, kBF16 or kF8E4M3 (fp8: projections in E4M3, the rest bf16)

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <deque>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string_view>
@@ -14,12 +15,12 @@
 #include "core/error.h"
 #include "text/tokenizer_added.h"
 #include "text/tokenizer_decoder.h"
+#include "text/tokenizer_json.h"
 #include "text/tokenizer_model.h"
 #include "text/tokenizer_normalizer.h"
 #include "text/tokenizer_pretokenizer.h"
 #include "text/tokenizer_regex.h"
 #include "text/tokenizer_vocab.h"
-#include "text/tokenizer_json.h"
 
 namespace duet {
 
@@ -192,9 +193,64 @@ void Tokenizer::Impl::encode_words(std::string_view text, bool at_input_start,
 Tokenizer::Tokenizer() : impl_(std::make_unique<Impl>()) {}
 Tokenizer::~Tokenizer() = default;
 
+namespace {
+
+// Kimi's tiktoken tokenizer (no tokenizer.json; its class in Python code): the tokenizer.json
+// text equal to it, from dir/tiktoken.model and the tokenizer_config.json that names the class.
+std::string kimi_tokenizer_json(const std::string& dir, const std::string& ranks_path) {
+  constexpr int32_t kReservedSpecials = 256;  // tokenization_kimi.py's num_reserved_special_tokens
+  const std::string config_path = dir + "/tokenizer_config.json";
+  if (!std::ifstream(config_path)) {
+    DUET_ERROR(ranks_path << ": there is no tokenizer.json, and no tokenizer_config.json to say "
+                             "which tiktoken tokenizer this is (duet reads Kimi's)");
+  }
+  std::map<int64_t, std::string> named;
+  try {
+    const json config = json::parse(read_file(config_path));
+    std::string cls;
+    const json* am =
+        config.is_object() && config.contains("auto_map") ? &config.at("auto_map") : nullptr;
+    if (am && am->is_object() && am->contains("AutoTokenizer")) {
+      const json& at = am->at("AutoTokenizer");
+      const json& first = at.is_array() && !at.empty() ? at[0] : at;
+      if (first.is_string()) cls = first.get<std::string>();
+    }
+    if (cls != "tokenization_kimi.TikTokenTokenizer") {
+      DUET_ERROR(config_path << ": auto_map.AutoTokenizer is '" << cls
+                             << "'; of the tiktoken tokenizers duet reads Kimi's "
+                                "(tokenization_kimi.TikTokenTokenizer), whose regex it knows");
+    }
+    if (config.contains("added_tokens_decoder")) {
+      for (const auto& [key, v] : config.at("added_tokens_decoder").items()) {
+        const std::string name = config_token_name(v);
+        size_t used = 0;
+        int64_t id = -1;
+        try {
+          id = std::stoll(key, &used);
+        } catch (const std::exception&) {
+        }
+        if (used != key.size() || id < 0 || name.empty()) {
+          DUET_ERROR(config_path << ": added_tokens_decoder entry '" << key
+                                 << "' is not an id with a content");
+        }
+        named[id] = name;
+      }
+    }
+  } catch (const json::exception& e) {
+    DUET_ERROR(config_path << ": malformed JSON: " << e.what());
+  }
+  return tiktoken_tokenizer_json(read_file(ranks_path), ranks_path, named, kReservedSpecials,
+                                 kKimiPattern);
+}
+
+}  // namespace
+
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
-  std::unique_ptr<Tokenizer> tok = from_json(read_file(path), path);
+  const std::string ranks_path = dir + "/tiktoken.model";
+  std::unique_ptr<Tokenizer> tok = !std::ifstream(path) && std::ifstream(ranks_path)
+                                       ? from_json(kimi_tokenizer_json(dir, ranks_path), ranks_path)
+                                       : from_json(read_file(path), path);
   const std::string config_path = dir + "/tokenizer_config.json";
   if (!std::ifstream(config_path)) return tok;
   try {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -18,7 +19,10 @@ namespace duet {
 
 class Tokenizer {
  public:
-  // Reads dir/tokenizer.json (and dir/tokenizer_config.json for bos/eos names if present).
+  // Reads dir/tokenizer.json (and dir/tokenizer_config.json for bos/eos names if present), or,
+  // where there is no tokenizer.json, Kimi's tiktoken tokenizer: dir/tiktoken.model with the
+  // tokenizer_config.json whose auto_map names tokenization_kimi's TikTokenTokenizer (its 256
+  // special tokens after the ranks, named by added_tokens_decoder; Kimi's pre-tokenizer regex).
   // Throws duet::Error naming the file and the unsupported component.
   static std::unique_ptr<Tokenizer> load(const std::string& dir);
   static std::unique_ptr<Tokenizer> from_json(const std::string& tokenizer_json_text,
@@ -81,6 +85,21 @@ class IncrementalDecoder {
 // `bytes` with every invalid UTF-8 sequence replaced by U+FFFD, as Hugging Face's decode
 // (from_utf8_lossy) does; for printing whole decoded texts.
 std::string utf8_lossy(const std::string& bytes);
+
+// tiktoken's BPE as a tokenizer.json text, which Tokenizer::from_json reads: ranks_text is a
+// tiktoken.model (a line "<base64 token bytes> <rank>" per token, ranks 0..n-1, all 256 bytes
+// among the tokens); each token's id is its rank, and the n_reserved special tokens follow them,
+// named by named_specials (id -> text) or "<|reserved_token_ID|>". Pre-tokenized by `pattern`
+// (Oniguruma syntax) and ByteLevel; encodes as tiktoken does: a pre-token that is a token is
+// taken whole, else its bytes are joined pair by pair, the join of the lowest rank first (every
+// split of a token into two tokens is a merge of the token's rank, as in Hugging Face's
+// TikTokenConverter). Throws duet::Error naming `source` and the line for malformed ranks.
+std::string tiktoken_tokenizer_json(const std::string& ranks_text, const std::string& source,
+                                    const std::map<int64_t, std::string>& named_specials,
+                                    int32_t n_reserved, const char* pattern);
+// A tiktoken.model text of n_tokens ranks for a generated model: the tokens of
+// build_bpe_tokenizer_json's BPE, in the order it learns them.
+std::string build_tiktoken_ranks(int32_t n_tokens);
 
 // Builds the tokenizer.json text for a generated model: byte-level BPE whose merges are learned
 // deterministically from a built-in corpus, with exactly `vocab_size` ids in total, of which the

@@ -5,6 +5,8 @@
 // Ids: 0..255 are the single bytes (id == byte value), then one id per new token string in merge
 // order, then the specials. Everything is deterministic: the same arguments give the same text.
 #include <algorithm>
+#include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <queue>
 #include <sstream>
@@ -310,7 +312,11 @@ constexpr const char* kByteLevelFalse =
     R"({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, )"
     R"("use_regex": false})";
 
-std::string to_tokenizer_json(const VocabBuilder& vocab, const std::vector<std::string>& specials) {
+// The tokenizer.json of `vocab` (ids in order) with `specials` after it, pre-tokenized by
+// `pattern` and ByteLevel. With `tiktoken`, a word that is a token is taken whole
+// (ignore_merges), as tiktoken takes a pre-token that has a rank.
+std::string to_tokenizer_json(const VocabBuilder& vocab, const std::vector<std::string>& specials,
+                              const char* pattern, bool tiktoken) {
   std::ostringstream os;
   os << "{\n  \"version\": \"1.0\",\n  \"truncation\": null,\n  \"padding\": null,\n"
      << "  \"added_tokens\": [";
@@ -322,14 +328,14 @@ std::string to_tokenizer_json(const VocabBuilder& vocab, const std::vector<std::
   }
   os << (specials.empty() ? "],\n" : "\n  ],\n") << "  \"normalizer\": null,\n"
      << "  \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [\n"
-     << "    {\"type\": \"Split\", \"pattern\": {\"Regex\": " << quoted(kQwen2Pattern)
+     << "    {\"type\": \"Split\", \"pattern\": {\"Regex\": " << quoted(pattern)
      << "}, \"behavior\": \"Isolated\", \"invert\": false},\n    " << kByteLevelFalse << "]},\n"
      << "  \"post_processor\": " << kByteLevelFalse << ",\n"
      << "  \"decoder\": " << kByteLevelFalse << ",\n"
      << "  \"model\": {\n    \"type\": \"BPE\",\n    \"dropout\": null,\n    \"unk_token\": null,\n"
      << "    \"continuing_subword_prefix\": \"\",\n    \"end_of_word_suffix\": \"\",\n"
-     << "    \"fuse_unk\": false,\n    \"byte_fallback\": false,\n    \"ignore_merges\": false,\n"
-     << "    \"vocab\": {";
+     << "    \"fuse_unk\": false,\n    \"byte_fallback\": false,\n    \"ignore_merges\": "
+     << (tiktoken ? "true" : "false") << ",\n    \"vocab\": {";
   std::vector<std::string> mapped(vocab.tokens.size());
   for (size_t id = 0; id < vocab.tokens.size(); ++id) {
     mapped[id] = byte_level::encode_bytes(vocab.tokens[id]);
@@ -345,12 +351,12 @@ std::string to_tokenizer_json(const VocabBuilder& vocab, const std::vector<std::
   return os.str();
 }
 
-}  // namespace
-
-std::string build_bpe_tokenizer_json(int32_t vocab_size, const std::vector<std::string>& specials) {
-  const int64_t n_model_ids = int64_t(vocab_size) - int64_t(specials.size());
-  if (n_model_ids < 256) {
-    DUET_ERROR("tokenizer vocab_size " << vocab_size << " is too small: it needs 256 byte tokens + "
+// 256 single-byte tokens (id == byte), then merges learned from the corpus and synthetic ones up
+// to n_ids tokens in all, none of them equal to a special.
+VocabBuilder learned_vocab(int64_t n_ids, const std::vector<std::string>& specials) {
+  if (n_ids < 256) {
+    DUET_ERROR("tokenizer vocab_size " << n_ids + int64_t(specials.size())
+                                       << " is too small: it needs 256 byte tokens + "
                                        << specials.size() << " special tokens");
   }
   std::unordered_set<std::string> special_set;
@@ -365,9 +371,142 @@ std::string build_bpe_tokenizer_json(int32_t vocab_size, const std::vector<std::
     vocab.tokens.emplace_back(1, char(b));
     vocab.ids.emplace(vocab.tokens.back(), b);
   }
-  const std::vector<Word> words = learn_merges(int32_t(n_model_ids), &vocab);
-  add_synthetic_merges(int32_t(n_model_ids), words, special_set, &vocab);
-  return to_tokenizer_json(vocab, specials);
+  const std::vector<Word> words = learn_merges(int32_t(n_ids), &vocab);
+  add_synthetic_merges(int32_t(n_ids), words, special_set, &vocab);
+  return vocab;
+}
+
+constexpr char kBase64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string base64_encode(std::string_view raw) {
+  std::string out;
+  for (size_t i = 0; i < raw.size(); i += 3) {
+    uint32_t v = uint32_t(static_cast<unsigned char>(raw[i])) << 16;
+    if (i + 1 < raw.size()) v |= uint32_t(static_cast<unsigned char>(raw[i + 1])) << 8;
+    if (i + 2 < raw.size()) v |= static_cast<unsigned char>(raw[i + 2]);
+    for (size_t k = 0; k < 4; ++k)
+      out += i + k <= raw.size() ? kBase64[(v >> (18 - 6 * k)) & 63] : '=';
+  }
+  return out;
+}
+
+// Standard base64 with its '=' padding; false on any other character or a bad length.
+bool base64_decode(std::string_view text, std::string* out) {
+  out->clear();
+  if (text.size() % 4 != 0) return false;
+  for (size_t i = 0; i < text.size(); i += 4) {
+    uint32_t v = 0;
+    int pad = 0;
+    for (size_t k = 0; k < 4; ++k) {
+      const char c = text[i + k];
+      const char* at = c == '=' ? nullptr : std::strchr(kBase64, c);
+      if (c == '=' && i + 4 == text.size() && k >= 2) {
+        ++pad;
+      } else if (at == nullptr || c == '\0' || pad > 0) {
+        return false;
+      }
+      v = v << 6 | (at ? uint32_t(at - kBase64) : 0);
+    }
+    for (int k = 0; k < 3 - pad; ++k) out->push_back(char(v >> (16 - 8 * k)));
+  }
+  return true;
+}
+
+}  // namespace
+
+std::string build_bpe_tokenizer_json(int32_t vocab_size, const std::vector<std::string>& specials) {
+  const VocabBuilder vocab =
+      learned_vocab(int64_t(vocab_size) - int64_t(specials.size()), specials);
+  return to_tokenizer_json(vocab, specials, kQwen2Pattern, false);
+}
+
+std::string build_tiktoken_ranks(int32_t n_tokens) {
+  const VocabBuilder vocab = learned_vocab(n_tokens, {});
+  std::string out;
+  for (size_t rank = 0; rank < vocab.tokens.size(); ++rank) {
+    out += base64_encode(vocab.tokens[rank]) + " " + std::to_string(rank) + "\n";
+  }
+  return out;
+}
+
+std::string tiktoken_tokenizer_json(const std::string& ranks_text, const std::string& source,
+                                    const std::map<int64_t, std::string>& named_specials,
+                                    int32_t n_reserved, const char* pattern) {
+  // The ranks: one "<base64 bytes> <rank>" a line, every rank 0..n-1 once.
+  std::vector<std::pair<int64_t, std::string>> ranked;  // (rank, bytes)
+  size_t line_no = 0;
+  for (size_t begin = 0; begin < ranks_text.size();) {
+    size_t end = ranks_text.find('\n', begin);
+    if (end == std::string::npos) end = ranks_text.size();
+    std::string_view line(ranks_text.data() + begin, end - begin);
+    begin = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty()) continue;
+    const size_t space = line.find(' ');
+    std::string bytes;
+    int64_t rank = -1;
+    if (space != std::string_view::npos && space + 1 < line.size() && line.size() - space < 12 &&
+        std::all_of(line.begin() + space + 1, line.end(),
+                    [](char c) { return c >= '0' && c <= '9'; })) {
+      rank = std::stoll(std::string(line.substr(space + 1)));
+    }
+    if (rank < 0 || !base64_decode(line.substr(0, space), &bytes) || bytes.empty()) {
+      DUET_ERROR(source << ":" << line_no << ": expected '<base64 token bytes> <rank>', found '"
+                        << std::string(line.substr(0, 80)) << "'");
+    }
+    ranked.emplace_back(rank, std::move(bytes));
+  }
+  std::sort(ranked.begin(), ranked.end());
+  VocabBuilder vocab;
+  for (size_t i = 0; i < ranked.size(); ++i) {
+    if (ranked[i].first != int64_t(i)) {
+      DUET_ERROR(source << ": the ranks are not 0.." << ranked.size() - 1 << ": "
+                        << (ranked[i].first < int64_t(i)
+                                ? "rank " + std::to_string(i - 1) + " is given twice"
+                                : "rank " + std::to_string(i) + " is missing"));
+    }
+    if (!vocab.ids.emplace(ranked[i].second, int32_t(i)).second) {
+      DUET_ERROR(source << ": ranks " << vocab.ids.at(ranked[i].second) << " and " << i
+                        << " are the same token ('" << base64_encode(ranked[i].second) << "')");
+    }
+    vocab.tokens.push_back(std::move(ranked[i].second));
+  }
+  for (int b = 0; b < 256; ++b) {
+    if (vocab.ids.count(std::string(1, char(b))) == 0) {
+      DUET_ERROR(source << ": byte " << b << " has no rank (tiktoken needs all 256 bytes)");
+    }
+  }
+  // Every split of a token into two tokens is a merge, ranked by the token's rank, then by the
+  // two parts' ranks: tiktoken joins any two adjacent parts whose bytes together have a rank,
+  // the lowest first (the order Hugging Face's TikTokenConverter writes; checked against
+  // tiktoken itself in tests/npm/tokenizer).
+  for (size_t id = 0; id < vocab.tokens.size(); ++id) {
+    const std::string& t = vocab.tokens[id];
+    const size_t first = vocab.merges.size();
+    for (size_t k = 1; k < t.size(); ++k) {
+      auto l = vocab.ids.find(t.substr(0, k));
+      if (l == vocab.ids.end()) continue;
+      auto r = vocab.ids.find(t.substr(k));
+      if (r != vocab.ids.end()) vocab.merges.emplace_back(l->second, r->second);
+    }
+    std::sort(vocab.merges.begin() + first, vocab.merges.end());
+  }
+  const int64_t n_base = int64_t(vocab.tokens.size());
+  std::vector<std::string> specials;
+  for (int64_t id = n_base; id < n_base + n_reserved; ++id) {
+    auto it = named_specials.find(id);
+    specials.push_back(
+        it != named_specials.end() ? it->second : "<|reserved_token_" + std::to_string(id) + "|>");
+  }
+  for (const auto& [id, name] : named_specials) {
+    if (id < n_base || id >= n_base + n_reserved) {
+      DUET_ERROR(source << ": special token " << id << " ('" << name << "') is outside [" << n_base
+                        << ", " << n_base + n_reserved << "), where the special tokens follow the "
+                        << n_base << " ranks");
+    }
+  }
+  return to_tokenizer_json(vocab, specials, pattern, true);
 }
 
 }  // namespace duet

@@ -2,6 +2,8 @@
 #include "text/tokenizer_regex.h"
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
@@ -43,7 +45,127 @@ size_t valid_utf8_prefix(std::string_view s) {
   return n;
 }
 
-TokenRegex::TokenRegex(const std::string& pattern, bool literal, const std::string& source_name) {
+namespace {
+
+// One bracket class of an Oniguruma pattern, read from just past its '['.
+struct ClassReader {
+  const std::string& p;
+  const std::string& source_name;
+  size_t i;  // the next character to read
+
+  [[noreturn]] void fail(const std::string& why) const {
+    DUET_ERROR(source_name << ": bad regex '" << p << "': " << why << " at offset " << i);
+  }
+
+  // Reads up to and past the class's closing ']'; returns its PCRE2 form.
+  std::string read() {
+    const size_t open = i - 1;
+    const bool negated = i < p.size() && p[i] == '^';
+    if (negated) ++i;
+    std::vector<std::string> operands(1);  // the items between "&&"s, as PCRE2 classes' insides
+    std::vector<bool> nested(1, false);    // operand k is one nested class (kept whole)
+    bool first = true;                     // a ']' first in the class is a literal
+    for (;;) {
+      if (i >= p.size()) {
+        i = open;
+        fail("unterminated character class");
+      }
+      const char c = p[i];
+      if (c == ']' && !first) {
+        ++i;
+        break;
+      }
+      first = false;
+      if (c == '\\') {
+        if (i + 1 >= p.size()) fail("'\\' at the end of a class");
+        operands.back() += p.substr(i, 2);
+        i += 2;
+      } else if (c == '[' && i + 1 < p.size() && p[i + 1] == ':') {  // [:alpha:] stays as it is
+        const size_t end = p.find(":]", i + 2);
+        if (end == std::string::npos) fail("unterminated POSIX class");
+        operands.back() += p.substr(i, end + 2 - i);
+        i = end + 2;
+      } else if (c == '[') {  // a nested class: only as a whole operand of an intersection
+        if (!operands.back().empty()) fail("a nested class beside other items (a union)");
+        ++i;
+        operands.back() = ClassReader{p, source_name, i}.read_nested(&i);
+        nested.back() = true;
+      } else if (c == '&' && i + 1 < p.size() && p[i + 1] == '&') {
+        operands.emplace_back();
+        nested.push_back(false);
+        i += 2;
+      } else {
+        if (nested.back()) fail("a nested class beside other items (a union)");
+        operands.back() += c;
+        ++i;
+      }
+    }
+    auto as_class = [&](size_t k) { return nested[k] ? operands[k] : "[" + operands[k] + "]"; };
+    if (operands.size() == 1) {
+      if (nested[0]) fail("a nested class as a whole class");
+      return p.substr(open, i - open);  // no intersection: as written
+    }
+    for (size_t k = 0; k < operands.size(); ++k) {
+      if (operands[k].empty()) fail("an empty operand of '&&'");
+    }
+    std::string one = "(?:";  // one character in every operand: the others as look-aheads
+    for (size_t k = 1; k < operands.size(); ++k) one += "(?=" + as_class(k) + ")";
+    one += as_class(0) + ")";
+    return negated ? "(?:(?!" + one + ")(?s:.))" : one;
+  }
+
+  // A class nested in another, from just past its '[': no intersection or nesting inside.
+  std::string read_nested(size_t* end) {
+    const size_t open = i - 1;
+    bool first = true;
+    if (i < p.size() && p[i] == '^') ++i;
+    for (; i < p.size(); ++i) {
+      const char c = p[i];
+      if (c == '\\') {
+        ++i;
+      } else if (c == '[' && i + 1 < p.size() && p[i + 1] == ':') {
+        const size_t e = p.find(":]", i + 2);
+        if (e == std::string::npos) fail("unterminated POSIX class");
+        i = e + 1;
+      } else if (c == '[' || (c == '&' && i + 1 < p.size() && p[i + 1] == '&')) {
+        fail("a class nested two deep or an intersection inside a nested class");
+      } else if (c == ']' && !first) {
+        *end = i + 1;
+        return p.substr(open, i + 1 - open);
+      }
+      first = false;
+    }
+    i = open;
+    fail("unterminated character class");
+  }
+};
+
+}  // namespace
+
+std::string oniguruma_classes(const std::string& pattern, const std::string& source_name) {
+  if (pattern.find('[') == std::string::npos) return pattern;
+  std::string out;
+  out.reserve(pattern.size());
+  for (size_t i = 0; i < pattern.size();) {
+    const char c = pattern[i];
+    if (c == '\\') {
+      out += pattern.substr(i, 2);
+      i += 2;
+    } else if (c == '[') {
+      ClassReader r{pattern, source_name, i + 1};
+      out += r.read();
+      i = r.i;
+    } else {
+      out += c;
+      ++i;
+    }
+  }
+  return out;
+}
+
+TokenRegex::TokenRegex(const std::string& pattern_in, bool literal,
+                       const std::string& source_name) {
+  const std::string pattern = literal ? pattern_in : oniguruma_classes(pattern_in, source_name);
   // PCRE2_UCP may not be combined with PCRE2_LITERAL (and a literal needs no classes anyway).
   uint32_t options = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   int err = 0;

@@ -21,6 +21,25 @@ inline constexpr const char* kQwen2Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|)"
     R"(\s*[\r\n]+|\s+(?!\S)|\s+)";
 
+// Kimi K2's pre-tokenizer regex (tiktoken's pat_str in its tokenization_kimi.py): runs of Han
+// characters are pre-tokens of their own, and the letter branches take every letter but Han
+// (Oniguruma's class intersection, `[...&&[^\p{Han}]]`, rewritten by oniguruma_classes below).
+inline constexpr const char* kKimiPattern =
+    R"([\p{Han}]+)"
+    R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*)"
+    R"([\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+    R"(|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+)"
+    R"([\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?)"
+    R"(|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// `pattern` as Hugging Face's tokenizers (Oniguruma) and tiktoken (Rust's regex) read it, with
+// the bracket classes that PCRE2 would read otherwise made explicit: an intersection
+// `[A&&B&&...]` (each operand items or one nested class) becomes `(?:(?=[B])...[A])`, and
+// `[^A&&B]` one character outside the intersection. Other classes are left as written.
+// Throws duet::Error "<source_name>: bad regex '<pattern>': ..." for a nested class outside an
+// intersection (PCRE2 reads its `[` as a literal) or an unterminated class.
+std::string oniguruma_classes(const std::string& pattern, const std::string& source_name);
+
 // Byte range [begin, end) of a match inside the searched text.
 struct TextSpan {
   size_t begin;

@@ -17,6 +17,7 @@
 #include "kernels/bandwidth.h"
 #include "kernels/matmul.h"
 #include "test_util.h"
+#include "text/tokenizer.h"
 
 namespace duet {
 namespace {
@@ -78,6 +79,39 @@ TEST_F(CliTest, GenerateFromTextPrompt) {
                              " --prompt 'Hello there' --max-tokens 5 "
                              "--temperature 0.8 --top-p 0.9 --top-k 50 --seed 1");
   EXPECT_EQ(again.out.substr(0, again.out.find("prompt: ")), completion) << "seeded run repeats";
+}
+
+// Kimi K2's layout: config.json's model_type kimi_k2 runs as deepseek_v3, and text goes through
+// its tiktoken.model (there is no tokenizer.json) with Kimi's regex, Han runs apart.
+TEST_F(CliTest, KimiK2DirectoryRunsOnItsTiktokenTokenizer) {
+  const std::string dir = dir_ + "/../kimi";
+  ASSERT_EQ(run_duet("make-model " + dir + " --arch kimi_k2 --preset tiny --seed 3").exit_code, 0);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/tokenizer.json"));
+  const std::string text = "Hello 中文English混合 there";
+  std::vector<int32_t> ids = Tokenizer::load(dir)->encode(text);
+  const std::string dump = dir + "/../kimi-text.json", dump_ids = dir + "/../kimi-ids.json";
+  RunResult r = run_duet("generate " + dir + " --prompt '" + text +
+                         "' --max-tokens 4 --ignore-eos --dump-logits " + dump);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  auto from_text = nlohmann::json::parse(test::read_file(dump));
+  EXPECT_EQ(from_text["tokens"], nlohmann::json(ids));
+  std::string list;
+  for (int32_t id : ids) list += (list.empty() ? "" : ",") + std::to_string(id);
+  r = run_duet("generate " + dir + " --prompt-ids " + list +
+               " --max-tokens 4 --ignore-eos --dump-logits " + dump_ids);
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(test::read_file(dump_ids))["generated"], from_text["generated"]);
+  // The chat template writes Kimi's markers, and each encodes as its special token.
+  test::write_file(dir + "/../chat.json", R"([{"role": "user", "content": "hi"}])");
+  r = run_duet("tokenize " + dir + " --chat --add-generation-prompt < " + dir + "/../chat.json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_EQ(r.out.substr(0, 41), "<|im_user|>user<|im_middle|>hi<|im_end|><") << r.out;
+  const auto tok = Tokenizer::load(dir);
+  ids = tok->encode(r.out.substr(0, 40));
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.front(), tok->token_to_id("<|im_user|>"));
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), tok->token_to_id("<|im_middle|>")), 1);
+  EXPECT_EQ(ids.back(), tok->token_to_id("<|im_end|>"));
 }
 
 void expect_error(const RunResult& r, const std::string& needle) {

@@ -107,6 +107,9 @@ CASES = [
     # Past 512 positions MLA attends in parts of 512 merged by their log-sum-exp (mla_attend).
     Case("deepseek_v3_long_context", "deepseek_v3", n_prompt=600),
     Case("deepseek_v3_bf16", "deepseek_v3", dtype="bf16"),
+    # Kimi K2's layout (model_type kimi_k2): one expert group, no MTP layer, scaling 2.827, rope
+    # theta 50000, and a tiktoken tokenizer (prompts here are ids).
+    Case("deepseek_v3_kimi_k2", "kimi_k2"),
     Case("qwen3_moe_bf16", "qwen3_moe", dtype="bf16"),
     Case("mixtral_bf16", "mixtral", dtype="bf16"),
     Case("deepseek_v2_bf16", "deepseek_v2", dtype="bf16"),

@@ -32,6 +32,7 @@ ARCHS = {
     "DeepseekV2ForCausalLM": DeepseekV2,
     "deepseek_v3": DeepseekV3,
     "DeepseekV3ForCausalLM": DeepseekV3,
+    "kimi_k2": DeepseekV3,  # Kimi K2: DeepseekV3ForCausalLM's code under its own model_type
     "mixtral": Mixtral,
     "MixtralForCausalLM": Mixtral,
 }
