@@ -101,9 +101,8 @@ void run_bench_tokenizer(const BenchTokenizerOptions& o) {
   std::sort(seconds.begin(), seconds.end());
   const double s = seconds[1];
   const double mb = double(text.size()) / 1e6;
-  std::printf(
-      "tokenizer %s/tokenizer.json: %.1f MB of English text, %zu tokens (%.2f bytes/token)\n",
-      o.model_dir.c_str(), mb, n_tokens, double(text.size()) / double(n_tokens));
+  std::printf("tokenizer %s: %.1f MB of English text, %zu tokens (%.2f bytes/token)\n",
+              o.model_dir.c_str(), mb, n_tokens, double(text.size()) / double(n_tokens));
   std::printf("encode, 1 thread: %.3f s median of 3 = %.2f MB/s, %.0f tokens/s\n", s, mb / s,
               double(n_tokens) / s);
   std::printf("target %.1f MB/s: ratio %.2f\n", kTargetMbPerSecond, mb / s / kTargetMbPerSecond);

@@ -191,7 +191,7 @@ void run_generate_rank(const GenerateOptions& o, DistContext* ctx) {
   const GenerateResult& r = *out;
   if (r.finish_reason == "error") DUET_ERROR(r.error);
 
-  if (!tok && std::ifstream(o.model_dir + "/tokenizer.json")) tok = Tokenizer::load(o.model_dir);
+  if (!tok && Tokenizer::exists(o.model_dir)) tok = Tokenizer::load(o.model_dir);
   if (tok) {
     std::printf("%s\n", utf8_lossy(tok->decode(r.tokens, /*skip_special=*/true)).c_str());
   } else {

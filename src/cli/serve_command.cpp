@@ -54,7 +54,7 @@ void run_serve_rank(const ServeOptions& o, DistContext* ctx) {
   RankModel rm = load_rank_model(o.model_dir, o.dist, ctx);
   const std::unique_ptr<Model>& model = rm.model;
   std::unique_ptr<Tokenizer> tokenizer;
-  if (std::ifstream(o.model_dir + "/tokenizer.json")) tokenizer = Tokenizer::load(o.model_dir);
+  if (Tokenizer::exists(o.model_dir)) tokenizer = Tokenizer::load(o.model_dir);
   std::unique_ptr<ChatTemplate> chat_template;
   try {
     chat_template = ChatTemplate::load(o.model_dir);

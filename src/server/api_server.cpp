@@ -186,12 +186,15 @@ EngineRequest ApiServer::to_engine_request(const ApiRequest& a) const {
   EngineRequest r;
   if (a.chat) {
     if (!chat_template_) throw ApiError(400, "this model has no chat template; use /v1/completions");
-    if (!tokenizer_) throw ApiError(400, "this model has no tokenizer.json");
+    if (!tokenizer_)
+      throw ApiError(400, "this model has no tokenizer (tokenizer.json or tiktoken.model)");
     r.prompt = tokenizer_->encode(chat_template_->render(a.messages, /*add_generation_prompt=*/true));
   } else if (a.prompt_is_ids) {
     r.prompt = a.prompt_ids;
   } else {
-    if (!tokenizer_) throw ApiError(400, "this model has no tokenizer.json; send token ids");
+    if (!tokenizer_)
+      throw ApiError(
+          400, "this model has no tokenizer (tokenizer.json or tiktoken.model); send token ids");
     if (opt_.add_bos && opt_.bos_id >= 0) r.prompt.push_back(opt_.bos_id);
     std::vector<int32_t> ids = tokenizer_->encode(a.prompt_text);
     r.prompt.insert(r.prompt.end(), ids.begin(), ids.end());

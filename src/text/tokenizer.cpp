@@ -245,6 +245,10 @@ std::string kimi_tokenizer_json(const std::string& dir, const std::string& ranks
 
 }  // namespace
 
+bool Tokenizer::exists(const std::string& dir) {
+  return std::ifstream(dir + "/tokenizer.json") || std::ifstream(dir + "/tiktoken.model");
+}
+
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
   const std::string ranks_path = dir + "/tiktoken.model";

@@ -25,6 +25,8 @@ class Tokenizer {
   // special tokens after the ranks, named by added_tokens_decoder; Kimi's pre-tokenizer regex).
   // Throws duet::Error naming the file and the unsupported component.
   static std::unique_ptr<Tokenizer> load(const std::string& dir);
+  // Whether dir has a tokenizer for load(): a tokenizer.json or a tiktoken.model.
+  static bool exists(const std::string& dir);
   static std::unique_ptr<Tokenizer> from_json(const std::string& tokenizer_json_text,
                                               const std::string& source_name);
   ~Tokenizer();

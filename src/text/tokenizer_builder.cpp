@@ -432,9 +432,12 @@ std::string build_tiktoken_ranks(int32_t n_tokens) {
 std::string tiktoken_tokenizer_json(const std::string& ranks_text, const std::string& source,
                                     const std::map<int64_t, std::string>& named_specials,
                                     int32_t n_reserved, const char* pattern) {
-  // The ranks: one "<base64 bytes> <rank>" a line, every rank 0..n-1 once.
-  std::vector<std::pair<int64_t, std::string>> ranked;  // (rank, bytes)
-  size_t line_no = 0;
+  // The ranks: one "<base64 bytes> <rank>" a line, every rank 0..n-1 once (n lines).
+  const int64_t n_lines = std::count(ranks_text.begin(), ranks_text.end(), '\n') +
+                          (!ranks_text.empty() && ranks_text.back() != '\n');
+  VocabBuilder vocab;            // tokens only: ids and merges below work on views of them
+  std::vector<int64_t> line_of;  // [rank] the line that gave it, 0 if none yet
+  int64_t line_no = 0, n_ranks = 0;
   for (size_t begin = 0; begin < ranks_text.size();) {
     size_t end = ranks_text.find('\n', begin);
     if (end == std::string::npos) end = ranks_text.size();
@@ -455,25 +458,39 @@ std::string tiktoken_tokenizer_json(const std::string& ranks_text, const std::st
       DUET_ERROR(source << ":" << line_no << ": expected '<base64 token bytes> <rank>', found '"
                         << std::string(line.substr(0, 80)) << "'");
     }
-    ranked.emplace_back(rank, std::move(bytes));
+    if (rank >= n_lines) {
+      DUET_ERROR(source << ":" << line_no << ": rank " << rank << " in a file of " << n_lines
+                        << " lines (the ranks must be 0, 1, ... one a token)");
+    }
+    if (rank >= int64_t(vocab.tokens.size())) {
+      vocab.tokens.resize(rank + 1);
+      line_of.resize(rank + 1, 0);
+    }
+    if (line_of[rank] != 0) {
+      DUET_ERROR(source << ":" << line_no << ": rank " << rank << " is given twice (line "
+                        << line_of[rank] << " first)");
+    }
+    line_of[rank] = line_no;
+    vocab.tokens[rank] = std::move(bytes);
+    ++n_ranks;
   }
-  std::sort(ranked.begin(), ranked.end());
-  VocabBuilder vocab;
-  for (size_t i = 0; i < ranked.size(); ++i) {
-    if (ranked[i].first != int64_t(i)) {
-      DUET_ERROR(source << ": the ranks are not 0.." << ranked.size() - 1 << ": "
-                        << (ranked[i].first < int64_t(i)
-                                ? "rank " + std::to_string(i - 1) + " is given twice"
-                                : "rank " + std::to_string(i) + " is missing"));
+  if (n_ranks != int64_t(vocab.tokens.size())) {
+    const int64_t missing = std::find(line_of.begin(), line_of.end(), 0) - line_of.begin();
+    DUET_ERROR(source << ": the ranks are not 0.." << vocab.tokens.size() - 1 << ": rank "
+                      << missing << " is missing");
+  }
+  std::unordered_map<std::string_view, int32_t> ids;  // token bytes -> rank
+  ids.reserve(vocab.tokens.size());
+  for (size_t rank = 0; rank < vocab.tokens.size(); ++rank) {
+    auto [it, inserted] = ids.emplace(vocab.tokens[rank], int32_t(rank));
+    if (!inserted) {
+      DUET_ERROR(source << ": ranks " << it->second << " and " << rank << " are the same token ('"
+                        << base64_encode(vocab.tokens[rank]) << "')");
     }
-    if (!vocab.ids.emplace(ranked[i].second, int32_t(i)).second) {
-      DUET_ERROR(source << ": ranks " << vocab.ids.at(ranked[i].second) << " and " << i
-                        << " are the same token ('" << base64_encode(ranked[i].second) << "')");
-    }
-    vocab.tokens.push_back(std::move(ranked[i].second));
   }
   for (int b = 0; b < 256; ++b) {
-    if (vocab.ids.count(std::string(1, char(b))) == 0) {
+    const char byte = char(b);
+    if (ids.count(std::string_view(&byte, 1)) == 0) {
       DUET_ERROR(source << ": byte " << b << " has no rank (tiktoken needs all 256 bytes)");
     }
   }
@@ -481,14 +498,14 @@ std::string tiktoken_tokenizer_json(const std::string& ranks_text, const std::st
   // two parts' ranks: tiktoken joins any two adjacent parts whose bytes together have a rank,
   // the lowest first (the order Hugging Face's TikTokenConverter writes; checked against
   // tiktoken itself in tests/npm/tokenizer).
-  for (size_t id = 0; id < vocab.tokens.size(); ++id) {
-    const std::string& t = vocab.tokens[id];
+  for (const std::string& token : vocab.tokens) {
+    const std::string_view t(token);
     const size_t first = vocab.merges.size();
     for (size_t k = 1; k < t.size(); ++k) {
-      auto l = vocab.ids.find(t.substr(0, k));
-      if (l == vocab.ids.end()) continue;
-      auto r = vocab.ids.find(t.substr(k));
-      if (r != vocab.ids.end()) vocab.merges.emplace_back(l->second, r->second);
+      auto l = ids.find(t.substr(0, k));
+      if (l == ids.end()) continue;
+      auto r = ids.find(t.substr(k));
+      if (r != ids.end()) vocab.merges.emplace_back(l->second, r->second);
     }
     std::sort(vocab.merges.begin() + first, vocab.merges.end());
   }

@@ -101,12 +101,17 @@ TEST_F(CliTest, KimiK2DirectoryRunsOnItsTiktokenTokenizer) {
                " --max-tokens 4 --ignore-eos --dump-logits " + dump_ids);
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(nlohmann::json::parse(test::read_file(dump_ids))["generated"], from_text["generated"]);
+  r = run_duet("generate " + dir + " --prompt-ids " + list + " --max-tokens 4 --ignore-eos");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto tok = Tokenizer::load(dir);
+  std::vector<int32_t> generated = from_text["generated"].get<std::vector<int32_t>>();
+  EXPECT_EQ(r.out.substr(0, r.out.find('\n')), utf8_lossy(tok->decode(generated, true)))
+      << "ids in, the completion printed as text";
   // The chat template writes Kimi's markers, and each encodes as its special token.
   test::write_file(dir + "/../chat.json", R"([{"role": "user", "content": "hi"}])");
   r = run_duet("tokenize " + dir + " --chat --add-generation-prompt < " + dir + "/../chat.json");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   EXPECT_EQ(r.out.substr(0, 41), "<|im_user|>user<|im_middle|>hi<|im_end|><") << r.out;
-  const auto tok = Tokenizer::load(dir);
   ids = tok->encode(r.out.substr(0, 40));
   ASSERT_FALSE(ids.empty());
   EXPECT_EQ(ids.front(), tok->token_to_id("<|im_user|>"));

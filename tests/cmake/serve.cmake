@@ -29,6 +29,13 @@ set_tests_properties(serve_openai_client_plain_schedule serve_openai_client_mult
                      serve_openai_client_multistep_plain serve_openai_client_stream_interval
                      PROPERTIES TIMEOUT 600 LABELS "npm")
 
+# The same client on Kimi K2's layout (model_type kimi_k2, tiktoken.model and no tokenizer.json):
+# completions and chat through its tokenizer and its markers' template.
+add_test(NAME serve_openai_client_kimi_k2
+         COMMAND bash ${CMAKE_SOURCE_DIR}/tests/npm/serve/run_serve_test.sh $<TARGET_FILE:duet>)
+set_tests_properties(serve_openai_client_kimi_k2 PROPERTIES TIMEOUT 600 LABELS "npm"
+                     ENVIRONMENT "DUET_SERVE_TEST_ARCH=kimi_k2")
+
 # The same client against two ranks (data-parallel attention, experts split over the ranks),
 # started by duet itself under mpirun: requests spread over the ranks get their single-rank
 # tokens, aborts reach the rank that holds the request.

@@ -146,8 +146,14 @@ TEST(TiktokenTokenizerTest, MalformedRanksAreRefusedByLine) {
   EXPECT_NE(message(good + "not-base64! 257\n").find("tiktoken.model:258: expected"),
             std::string::npos);
   EXPECT_NE(message(good + "YWJj\n").find("tiktoken.model:258: expected"), std::string::npos);
-  EXPECT_NE(message(good + "YWJj 258\n").find("rank 257 is missing"), std::string::npos);
-  EXPECT_NE(message(good + "YWJj 256\n").find("rank 256 is given twice"), std::string::npos);
+  EXPECT_NE(
+      message(good + "YWJj 258\n").find("tiktoken.model:258: rank 258 in a file of 258 lines"),
+      std::string::npos);
+  EXPECT_NE(
+      message(good + "YWJj 256\n").find("tiktoken.model:258: rank 256 is given twice (line 257"),
+      std::string::npos);
+  EXPECT_NE(message(good + "\nYWJj 258\n").find("the ranks are not 0..258: rank 257 is missing"),
+            std::string::npos);
   EXPECT_NE(message(good + "YWI= 257\n").find("ranks 256 and 257 are the same token"),
             std::string::npos);
   std::string no_z = good;  // "abc" where 'z' was: every rank once, but byte 122 has none

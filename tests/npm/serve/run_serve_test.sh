@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs serve.test.mjs (node:test + the official openai client) against a real `duet serve` on a
-# tiny model. Usage: run_serve_test.sh DUET_BINARY [EXTRA SERVE FLAGS...]
+# tiny model (qwen3_moe, or the architecture in $DUET_SERVE_TEST_ARCH: kimi_k2 serves through its
+# tiktoken tokenizer). Usage: run_serve_test.sh DUET_BINARY [EXTRA SERVE FLAGS...]
 # (e.g. --data-parallel-size 2 --enable-expert-parallel to serve from two MPI ranks).
 # The npm packages go to ${DUET_NPM_CACHE:-$HOME/.cache/duet-npm}/serve, never into the repo. If
 # npm cannot install them the test fails: it never skips. The server listens on 127.0.0.1 on a
@@ -26,7 +27,7 @@ cp "$here/serve.test.mjs" "$cache/serve.test.mjs"
 source "$here/../../server/serve_lib.sh"
 serve_test_setup duet-serve-test
 
-"$duet" make-model "$work/model" --arch qwen3_moe --preset tiny --seed 7 >/dev/null
+"$duet" make-model "$work/model" --arch "${DUET_SERVE_TEST_ARCH:-qwen3_moe}" --preset tiny --seed 7 >/dev/null
 # A small KV pool so that the cache limits are reachable: the tiny model's block (16 positions x
 # 2 layers x (32 + 32) values, bf16 like its weights under the default --kv-cache-dtype auto) is
 # 4 KiB, so 0.25 MiB is 64 blocks = 1024 positions, half the context; 16 concurrent requests
