@@ -8,7 +8,7 @@ fuzz/build.sh > /dev/null
 seconds=${FUZZ_SECONDS:-10}
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
-for t in api_request config safetensors tokenizer_json chat_template tokenize; do
+for t in api_request config safetensors tokenizer_json chat_template tokenize tiktoken; do
   echo "== $t: replaying $(ls "fuzz/corpus/$t" | wc -l) seeds, then fuzzing ${seconds} s"
   "build-fuzz/fuzz_$t" -runs=0 "fuzz/corpus/$t" 2>&1 | tail -1
   mkdir -p "$scratch/$t"
