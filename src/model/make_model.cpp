@@ -176,12 +176,11 @@ Specials specials_for(const std::string& arch, int64_t n_vocab) {
     s.turn_end = 2;  // <|im_end|>
     s.chat_template =
         "{% for message in messages %}{% if message['role'] == 'system' %}"
-        "{{ '<|im_system|>system<|im_middle|>' }}{% elif message['role'] == 'user' %}"
-        "{{ '<|im_user|>user<|im_middle|>' }}{% else %}{{ '<|im_assistant|>assistant<|im_middle|>' "
-        "}}"
-        "{% endif %}{{ message['content'] + '<|im_end|>' }}{% endfor %}{% if add_generation_prompt "
-        "%}"
-        "{{ '<|im_assistant|>assistant<|im_middle|>' }}{% endif %}";
+        "{{ '<|im_system|>system<|im_middle|>' }}"
+        "{% elif message['role'] == 'user' %}{{ '<|im_user|>user<|im_middle|>' }}"
+        "{% else %}{{ '<|im_assistant|>assistant<|im_middle|>' }}{% endif %}"
+        "{{ message['content'] + '<|im_end|>' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|im_assistant|>assistant<|im_middle|>' }}{% endif %}";
   } else if (arch == "qwen3_moe") {
     s.tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
     s.bos = 0;

@@ -76,6 +76,8 @@ struct ClassReader {
         break;
       }
       first = false;
+      const bool and_and = c == '&' && i + 1 < p.size() && p[i + 1] == '&';
+      if (nested.back() && !and_and) fail("a nested class beside other items (a union)");
       if (c == '\\') {
         if (i + 1 >= p.size()) fail("'\\' at the end of a class");
         operands.back() += p.substr(i, 2);
@@ -90,12 +92,11 @@ struct ClassReader {
         ++i;
         operands.back() = ClassReader{p, source_name, i}.read_nested(&i);
         nested.back() = true;
-      } else if (c == '&' && i + 1 < p.size() && p[i + 1] == '&') {
+      } else if (and_and) {
         operands.emplace_back();
         nested.push_back(false);
         i += 2;
       } else {
-        if (nested.back()) fail("a nested class beside other items (a union)");
         operands.back() += c;
         ++i;
       }
