@@ -12,7 +12,9 @@ namespace duet {
 // kQ8 and kQ4 are weight layouts of their own (--quantization int8 | int4, kernels/quantize.h),
 // never a file's: int8 or int4 values in groups of kQ8Group columns, each group with one f16
 // scale relative to an f32 factor per row.
-enum class DType { kF32, kF16, kBF16, kF8E4M3, kQ8, kQ4 };
+// kI32, kI64: a file's integers only (compressed-tensors' weight_packed, weight_shape), never a
+// matrix the kernels read.
+enum class DType { kF32, kF16, kBF16, kF8E4M3, kQ8, kQ4, kI32, kI64 };
 
 // The weights quantized at load, whose products quantize x to int8 (kernels/matmul_q8_impl.h).
 inline bool is_int_quantized(DType t) {
@@ -23,7 +25,8 @@ inline bool is_int_quantized(DType t) {
 // kQ4 packs two values in a byte and is sized by Matrix::nbytes alone (1 here).
 inline size_t dtype_size(DType t) {
   if (t == DType::kF8E4M3 || is_int_quantized(t)) return 1;
-  return t == DType::kF32 ? 4 : 2;
+  if (t == DType::kI64) return 8;
+  return t == DType::kF32 || t == DType::kI32 ? 4 : 2;
 }
 
 // kQ8: columns per group (one scale each), as llama.cpp's Q8_0; rows are padded with zeros to a
@@ -38,7 +41,7 @@ inline int64_t q8_ld(int64_t cols) {
   return (cols + kQ8Align - 1) / kQ8Align * kQ8Align;
 }
 
-// The safetensors spelling: "F32", "F16", "BF16", "F8_E4M3".
+// The safetensors spelling: "F32", "F16", "BF16", "F8_E4M3", "I32", "I64".
 inline const char* dtype_name(DType t) {
   switch (t) {
     case DType::kF32: return "F32";
@@ -50,6 +53,10 @@ inline const char* dtype_name(DType t) {
       return "Q8";
     case DType::kQ4:
       return "Q4";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
   }
   return "?";
 }

@@ -165,12 +165,48 @@ void QuantizedMatrix::FreeAligned::operator()(void* p) const {
 }
 
 QuantizedMatrix::QuantizedMatrix(const Matrix& w, DType to, HugePageArena* arena) {
-  DUET_CHECK(is_int_quantized(to), "QuantizedMatrix: to " << dtype_name(to));
   DUET_CHECK(w.rows >= 0 && w.cols >= 0 && (w.rows * w.cols == 0 || w.data),
              "QuantizedMatrix: [" << w.rows << ", " << w.cols << "] at " << w.data);
+  const size_t elem = dtype_size(w.dtype);
+  std::vector<float> widened(w.dtype == DType::kF8E4M3 ? static_cast<size_t>(w.cols) : 0);
+  build(to, w.rows, w.cols, arena,
+        [&](int64_t r, int8_t* row_q, uint16_t* row_s, float& row_scale) {
+          const void* row = static_cast<const char*>(w.data) + r * w.cols * elem;
+          if (w.dtype == DType::kF8E4M3) {  // each weight's value, as fp8_weight gives it
+            for (int64_t c = 0; c < w.cols; ++c) widened[c] = fp8_weight(w, r, c);
+            quantize_row(to, DType::kF32, widened.data(), w.cols, row_q, row_s, row_scale);
+          } else {
+            quantize_row(to, w.dtype, row, w.cols, row_q, row_s, row_scale);
+          }
+        });
+}
+
+QuantizedMatrix::QuantizedMatrix(DType to, int64_t rows, int64_t cols, const RowValues& values,
+                                 const std::string& what, HugePageArena* arena) {
+  const int64_t n_groups = q8_ld(cols) / kQ8Group;
+  std::vector<float> d(static_cast<size_t>(n_groups));
+  build(to, rows, cols, arena,
+        [&](int64_t r, int8_t* row_q, uint16_t* row_s, float& row_scale) {
+          std::fill(d.begin(), d.end(), 0.0f);
+          values(r, row_q, d.data());
+          row_scale = row_scale_for(d.data(), n_groups);
+          for (int64_t g = 0; g < n_groups; ++g) {
+            row_s[g] = row_scale != 0.0f ? f32_to_f16(d[g] / row_scale) : 0;
+            if (row_scale * f16_to_f32(row_s[g]) != d[g]) {
+              DUET_ERROR(what << ": the scale " << d[g] << " of row " << r << ", columns "
+                              << g * kQ8Group << ".., is not one the 16-bit scales hold exactly "
+                              << "(11 significant bits, down to 2^-28 of the row's largest)");
+            }
+          }
+        });
+}
+
+void QuantizedMatrix::build(DType to, int64_t rows, int64_t cols, HugePageArena* arena,
+                            const RowFill& fill) {
+  DUET_CHECK(is_int_quantized(to), "QuantizedMatrix: to " << dtype_name(to));
   const bool q4 = to == DType::kQ4;
-  const int64_t ld = q8_ld(w.cols), n_groups = ld / kQ8Group;
-  const int64_t padded_rows = (w.rows + kQ8BlockRows - 1) / kQ8BlockRows * kQ8BlockRows;
+  const int64_t ld = q8_ld(cols), n_groups = ld / kQ8Group;
+  const int64_t padded_rows = (rows + kQ8BlockRows - 1) / kQ8BlockRows * kQ8BlockRows;
   const size_t q_bytes = static_cast<size_t>(padded_rows * ld / (q4 ? 2 : 1));
   const size_t scale_bytes = static_cast<size_t>(padded_rows * n_groups) * sizeof(uint16_t);
   const size_t bytes = q_bytes + scale_bytes + static_cast<size_t>(padded_rows) * sizeof(float);
@@ -184,19 +220,11 @@ QuantizedMatrix::QuantizedMatrix(const Matrix& w, DType to, HugePageArena* arena
   std::memset(q, q4 ? 0x88 : 0x80, q_bytes);  // padding: value 0
   std::fill_n(scales, padded_rows * n_groups, uint16_t{0});
   std::fill_n(row_scales, padded_rows, 0.0f);
-  const size_t elem = dtype_size(w.dtype);
   std::vector<int8_t> row_q(static_cast<size_t>(ld));
   std::vector<uint16_t> row_s(static_cast<size_t>(n_groups));
-  std::vector<float> widened(w.dtype == DType::kF8E4M3 ? static_cast<size_t>(w.cols) : 0);
-  for (int64_t r = 0; r < w.rows; ++r) {
-    const void* row = static_cast<const char*>(w.data) + r * w.cols * elem;
-    if (w.dtype == DType::kF8E4M3) {  // each weight's value, as fp8_weight gives it
-      for (int64_t c = 0; c < w.cols; ++c) widened[c] = fp8_weight(w, r, c);
-      quantize_row(to, DType::kF32, widened.data(), w.cols, row_q.data(), row_s.data(),
-                   row_scales[r]);
-    } else {
-      quantize_row(to, w.dtype, row, w.cols, row_q.data(), row_s.data(), row_scales[r]);
-    }
+  for (int64_t r = 0; r < rows; ++r) {
+    std::fill(row_q.begin(), row_q.end(), int8_t{0});
+    fill(r, row_q.data(), row_s.data(), row_scales[r]);
     if (q4) {
       for (int64_t k = 0; k < ld; ++k) {
         uint8_t& b = q[q4_offset(ld, r, k)];
@@ -209,8 +237,8 @@ QuantizedMatrix::QuantizedMatrix(const Matrix& w, DType to, HugePageArena* arena
     for (int64_t g = 0; g < n_groups; ++g) scales[scale_offset(ld, r, g * kQ8Group)] = row_s[g];
   }
   view_.dtype = to;
-  view_.rows = w.rows;
-  view_.cols = w.cols;
+  view_.rows = rows;
+  view_.cols = cols;
   view_.data = q;
   view_.scales = scales;
   view_.row_scales = row_scales;

@@ -39,7 +39,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/huge_pages.h"
@@ -89,10 +91,22 @@ class QuantizedMatrix {
   // row by row to `to` (kQ8, kQ4), into memory of its own or, given an arena, into the arena's
   // (which must outlive this). An fp8 weight is quantized as its value (fp8_weight) in f32.
   QuantizedMatrix(const Matrix& w, DType to, HugePageArena* arena = nullptr);
+  // Row r's values q [q8_ld(cols)] (in [-8, 7] for kQ4, [-127, 127] for kQ8; zero past cols,
+  // which they are on entry) and its group scales d [q8_ld(cols) / kQ8Group] (f32, zero on entry).
+  using RowValues = std::function<void(int64_t r, int8_t* q, float* d)>;
+  // A matrix of given values and scales (a checkpoint's, quantized already): weight (r, k) is
+  // d[k / kQ8Group] · q[k] of row r, exactly. Throws duet::Error naming `what` for a scale the
+  // layout's 16-bit scales cannot hold exactly (one below 2^-28 of its row's largest).
+  QuantizedMatrix(DType to, int64_t rows, int64_t cols, const RowValues& values,
+                  const std::string& what, HugePageArena* arena = nullptr);
   // The kQ8 or kQ4 view, valid as long as this lives.
   const Matrix& view() const { return view_; }
 
  private:
+  // Writes row r's values, f16 scales and row factor (the layouts above).
+  using RowFill = std::function<void(int64_t r, int8_t* q, uint16_t* s, float& row_scale)>;
+  void build(DType to, int64_t rows, int64_t cols, HugePageArena* arena, const RowFill& fill);
+
   struct FreeAligned {
     void operator()(void* p) const;
   };

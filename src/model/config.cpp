@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace duet {
@@ -176,7 +177,51 @@ RopeScaling parse_rope_scaling(const Fields& f, const json& j, const std::string
 }
 
 // quantization_config: fp8 with block scales (DeepSeek-V3, Qwen3-FP8), or refused.
-Fp8Quant parse_quantization_config(const Fields& f, const json& config, const std::string& source) {
+// compressed-tensors' int4 weights (pack-quantized, symmetric, groups of a multiple of 32):
+// every config group's "weights" must be those, with no activation quantization.
+PackedInt4Quant parse_compressed_tensors(const Fields& qf, const json& j) {
+  const std::string format = qf.string("format", "");
+  qf.require(format == "pack-quantized", "format",
+             "is '" + format + "'; of compressed-tensors duet reads 'pack-quantized' int4 weights");
+  qf.require(qf.has("config_groups") && j.at("config_groups").is_object() &&
+                 !j.at("config_groups").empty(),
+             "config_groups", "must be an object of one or more quantization groups");
+  PackedInt4Quant q;
+  q.enabled = true;
+  for (const auto& [name, group] : j.at("config_groups").items()) {
+    const std::string at = "config_groups." + name;
+    qf.require(group.is_object() && group.contains("weights") && group.at("weights").is_object(),
+               at, "must have a \"weights\" object");
+    for (const char* key : {"input_activations", "output_activations"}) {
+      qf.require(!group.contains(key) || group.at(key).is_null(), at + "." + key,
+                 "is set; duet quantizes weights only (W4A16)");
+    }
+    const json& w = group.at("weights");
+    const auto value = [&](const char* key) { return w.contains(key) ? w.at(key) : json(); };
+    const auto want = [&](const char* key, const json& expected, const std::string& why) {
+      qf.require(value(key) == expected, at + ".weights." + key,
+                 "is " + value(key).dump() + "; " + why);
+    };
+    want("num_bits", 4, "duet reads 4-bit weights");
+    want("type", "int", "duet reads integer weights");
+    want("symmetric", true, "duet reads symmetric weights (no zero point)");
+    want("strategy", "group", "duet reads group-wise scales");
+    qf.require(!value("dynamic").is_boolean() || !value("dynamic").get<bool>(),
+               at + ".weights.dynamic", "is true; duet reads stored scales");
+    const json g = value("group_size");
+    qf.require(g.is_number_integer() && g.get<int64_t>() > 0 && g.get<int64_t>() % kQ8Group == 0,
+               at + ".weights.group_size",
+               "is " + g.dump() + "; duet reads groups of a multiple of " +
+                   std::to_string(kQ8Group) + " columns");
+    qf.require(name == j.at("config_groups").begin().key() || g.get<int64_t>() == q.group_size,
+               at + ".weights.group_size", "differs from another group's");
+    q.group_size = g.get<int64_t>();
+  }
+  return q;
+}
+
+Fp8Quant parse_quantization_config(const Fields& f, const json& config, const std::string& source,
+                                   PackedInt4Quant* packed_int4) {
   Fp8Quant q;
   if (!f.has("quantization_config")) return q;
   const json& j = config.at("quantization_config");
@@ -184,10 +229,14 @@ Fp8Quant parse_quantization_config(const Fields& f, const json& config, const st
   const std::string at = source + ": 'quantization_config'";  // qf keeps a reference
   const Fields qf(j, at);
   const std::string method = qf.string("quant_method", "");
+  if (method == "compressed-tensors") {
+    *packed_int4 = parse_compressed_tensors(qf, j);
+    return q;
+  }
   qf.require(method == "fp8", "quant_method",
              "is '" + method +
-                 "'; duet reads fp8 checkpoints (quant_method 'fp8') and "
-                 "unquantized bf16/f16/f32 ones");
+                 "'; duet reads fp8 checkpoints (quant_method 'fp8'), compressed-tensors' int4 "
+                 "ones and unquantized bf16/f16/f32 ones");
   const std::string fmt = qf.string("fmt", "e4m3");
   qf.require(fmt == "e4m3", "fmt", "is '" + fmt + "'; duet reads fp8 weights in 'e4m3'");
   const std::string act = qf.string("activation_scheme", "dynamic");
@@ -352,7 +401,7 @@ ModelConfig parse_config(const json& j, const std::string& source) {
   }
   parse_common(f, c);
   c.rope_scaling = parse_rope_scaling(f, j, source);
-  c.fp8 = parse_quantization_config(f, j, source);
+  c.fp8 = parse_quantization_config(f, j, source, &c.packed_int4);
   switch (c.arch) {
     case Arch::kQwen3Moe: parse_qwen3_moe(f, c); break;
     case Arch::kDeepseekV2:

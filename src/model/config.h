@@ -49,6 +49,17 @@ struct Fp8Quant {
   std::vector<std::string> modules_to_not_convert;
 };
 
+// quantization_config of a compressed-tensors int4 checkpoint as Kimi K2 Thinking publishes it
+// ({"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {...:
+// {"weights": {"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group",
+// "group_size": 32}}}}): a quantized Linear's weight is `<name>_packed` (I32 [rows, cols / 8],
+// eight 4-bit values q + 8 a word, the first in the low bits), `<name>_scale` (one scale a group
+// of a row) and `<name>_shape` ([rows, cols]); w = scale · q. Absent: no weight may be packed.
+struct PackedInt4Quant {
+  bool enabled = false;
+  int64_t group_size = 32;  // columns per scale: a multiple of 32 (duet's int4 groups)
+};
+
 struct ModelConfig {
   Arch arch = Arch::kQwen3Moe;
   int64_t n_vocab = 0;          // vocab_size
@@ -87,7 +98,8 @@ struct ModelConfig {
   int64_t topk_group = 1;
   int64_t n_nextn_layers = 0;  // deepseek_v3 num_nextn_predict_layers: MTP layers, never loaded
 
-  Fp8Quant fp8;  // quantization_config
+  Fp8Quant fp8;                // quantization_config (quant_method fp8)
+  PackedInt4Quant packed_int4;  // quantization_config (compressed-tensors, pack-quantized)
 
   int32_t bos_token_id = -1;
   std::vector<int32_t> eos_token_ids;

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "model/config.h"
 #include "model/fp8_checkpoint.h"
+#include "model/int4_checkpoint.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "text/tokenizer.h"
@@ -289,6 +290,7 @@ void make_model(const MakeModelOptions& opt) {
   cfg["eos_token_id"] = first_special + sp.eos;
   cfg["torch_dtype"] = opt.dtype == DType::kF32 ? "float32" : "bfloat16";
   if (opt.dtype == DType::kF8E4M3) cfg["quantization_config"] = fp8_quantization_config();  // fp8
+  if (opt.dtype == DType::kQ4) cfg["quantization_config"] = int4_quantization_config();
   const ModelConfig config = parse_config(cfg, "make-model config");
   if (opt.dtype == DType::kF16) throw Error("make-model writes f32, bf16 or fp8 weights, not f16");
 
@@ -319,6 +321,13 @@ void make_model(const MakeModelOptions& opt) {
     if (opt.dtype == DType::kF8E4M3) {  // fp8: the f32 weights quantized, as published
       for (TensorData& t : fp8_checkpoint_tensors(
                random_tensor(r.name, r.shape, DType::kF32, opt.seed, mean, std))) {
+        tensors.push_back(std::move(t));
+      }
+      continue;
+    }
+    if (opt.dtype == DType::kQ4) {  // int4: the routed experts' bf16 weights packed, as published
+      for (TensorData& t : int4_checkpoint_tensors(
+               random_tensor(r.name, r.shape, DType::kBF16, opt.seed, mean, std))) {
         tensors.push_back(std::move(t));
       }
       continue;

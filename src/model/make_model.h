@@ -16,7 +16,9 @@ struct MakeModelOptions {
   std::string arch = "qwen3_moe";  // qwen3_moe | deepseek_v2 | deepseek_v3 | kimi_k2 | mixtral
   std::string preset = "tiny";     // tiny | small
   uint64_t seed = 0;
-  DType dtype = DType::kBF16;  // kF32, kBF16 or kF8E4M3 (fp8: projections in E4M3, the rest bf16)
+  // kF32, kBF16, kF8E4M3 (fp8: projections in E4M3, the rest bf16) or kQ4 (int4: the routed
+  // experts in compressed-tensors' packed int4, the rest bf16)
+  DType dtype = DType::kBF16;
   std::string hf_overrides;        // JSON object merged into config.json (top-level keys)
   uint64_t max_shard_bytes = 512ull << 20;
 };

@@ -29,6 +29,7 @@ std::unique_ptr<Model> Model::load(const std::string& model_dir, const LoadOptio
   auto src =
       std::make_unique<CheckpointSource>(model_dir, SourceOptions{.repack = opt.repack,
                                                                   .fp8 = config.fp8,
+                                                                  .packed_int4 = config.packed_int4,
                                                                   .quantization = opt.quantization,
                                                                   .mmap = opt.mmap});
   model->load_weights(*src);

@@ -76,7 +76,8 @@ std::string join_path(const std::string& dir, const std::string& name) {
 }
 
 bool parse_dtype(const std::string& s, DType* out) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3}) {
+  for (DType t :
+       {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kI32, DType::kI64}) {
     if (s == dtype_name(t)) {
       *out = t;
       return true;
@@ -129,7 +130,7 @@ Entry parse_entry(const std::string& path, const std::string& name, const json& 
   if (!dtype.is_string()) DUET_ERROR(at << ": \"dtype\" must be a string, got " << clip(dtype));
   if (!parse_dtype(dtype.get<std::string>(), &e.dtype)) {
     DUET_ERROR(at << ": unsupported dtype " << quote(dtype.get<std::string>())
-                  << " (expected F32, F16, BF16 or F8_E4M3)");
+                  << " (expected F32, F16, BF16, F8_E4M3, I32 or I64)");
   }
 
   e.shape = parse_shape(at, field(at, j, "shape"));

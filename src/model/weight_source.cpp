@@ -62,6 +62,11 @@ Matrix CheckpointSource::view(const std::string& name, int64_t rows, int64_t col
     }
     case DType::kF8E4M3:
       return fp8_view(name, t, rows, cols);
+    case DType::kI32:
+    case DType::kI64:
+      throw Error(set_.file_of(name) + ": tensor '" + name + "': is " + dtype_name(t.dtype) +
+                  ", which no weight matrix is (compressed-tensors' int4 weights are "
+                  "'<name>_packed' beside their scales)");
     case DType::kQ8:
     case DType::kQ4:
       break;  // never a file's dtype
@@ -134,6 +139,7 @@ Matrix CheckpointSource::quantized(const std::string& name, const Matrix& m) {
 
 Matrix CheckpointSource::matrix(const std::string& name, int64_t rows, int64_t cols,
                                 Layout layout) {
+  if (!set_.has(name) && set_.has(name + "_packed")) return packed_int4(name, rows, cols);
   Matrix m = view(name, rows, cols);
   // An fp8 checkpoint's fp8 weights are a byte each already: quantized to 4 bits only.
   if (quantized_at_load(name) && quantizes_stored(quantized_.quantization, m.dtype)) {
@@ -160,8 +166,10 @@ const float* CheckpointSource::vector(const std::string& name, int64_t n) {
       case DType::kBF16: std::memcpy(&h, src + 2 * i, 2); buf[i] = bf16_to_f32(h); break;
       case DType::kF16: std::memcpy(&h, src + 2 * i, 2); buf[i] = f16_to_f32(h); break;
       case DType::kF8E4M3:
-        throw Error(set_.file_of(name) + ": tensor '" + name +
-                    "': is F8_E4M3; fp8 checkpoints keep vectors (norms, biases) in bf16 or f32");
+      case DType::kI32:
+      case DType::kI64:
+        throw Error(set_.file_of(name) + ": tensor '" + name + "': is " + dtype_name(t.dtype) +
+                    "; vectors (norms, biases) must be bf16, f16 or f32");
       case DType::kQ8:
       case DType::kQ4:
         break;  // never a file's dtype

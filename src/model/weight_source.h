@@ -51,6 +51,9 @@ struct SourceOptions {
   // The checkpoint's quantization_config (ModelConfig::fp8); F8_E4M3 tensors are refused unless
   // it is enabled.
   Fp8Quant fp8;
+  // The checkpoint's compressed-tensors int4 config (ModelConfig::packed_int4): a matrix stored
+  // as `<name>_packed` is read into an int4 matrix of the same values, refused unless enabled.
+  PackedInt4Quant packed_int4;
   // The matrices quantized_at_load names are quantized when first asked for.
   Quantization quantization = Quantization::kNone;
   // Hand out the matrices in place in the file's mapping (4 KiB pages, shared with the page cache
@@ -95,6 +98,9 @@ class CheckpointSource final : public WeightSource {
   Matrix view(const std::string& name, int64_t rows, int64_t cols);
   // An F8_E4M3 tensor with its block scales (weight_source_fp8.cpp).
   Matrix fp8_view(const std::string& name, const TensorView& t, int64_t rows, int64_t cols);
+  // A compressed-tensors int4 weight (`name` stored as name_packed, name_scale, name_shape) as
+  // an int4 matrix of its values, once per name (weight_source_int4.cpp).
+  Matrix packed_int4(const std::string& name, int64_t rows, int64_t cols);
   // `bytes` of arena_ for the tensor `name`; running out is an error naming it and what was
   // `doing` ("copying it").
   void* allocate(const std::string& name, const char* doing, size_t bytes);
