@@ -179,6 +179,26 @@ TEST_F(CliTest, ExpertParallelGenerateMatchesSingleRank) {
   }
 }
 
+// A compressed-tensors int4 checkpoint (Kimi K2's layout, experts packed) split over two ranks
+// gives the single rank's tokens and prompt logits exactly: each rank reads its experts' packed
+// weights alone.
+TEST_F(CliTest, Int4CheckpointExpertParallelGivesTheSingleRankLogits) {
+  const std::string dir = dir_ + "/../kimi-int4";
+  ASSERT_EQ(run_duet("make-model " + dir + " --arch kimi_k2 --preset tiny --dtype int4").exit_code,
+            0);
+  const std::string args = "generate " + dir + " --prompt-ids 5,6,7,8,300 --max-tokens 6 ";
+  RunResult r = run_duet(args + "--dump-logits " + dir + "/../one.json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  r = run_duet(args +
+               "--data-parallel-size 2 --enable-expert-parallel --distributed-backend inproc "
+               "--dump-logits " + dir + "/../two.json");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  const auto one = nlohmann::json::parse(test::read_file(dir + "/../one.json"));
+  const auto two = nlohmann::json::parse(test::read_file(dir + "/../two.json"));
+  EXPECT_EQ(two["generated"], one["generated"]);
+  EXPECT_EQ(two["logits"], one["logits"]);
+}
+
 // generate runs the serving engine under every scheduler mode (the overlapped scheduler by
 // default, --disable-overlap-schedule, --num-scheduler-steps N, on one rank and on two) and
 // gives the completion of the reference path (--dump-logits: one step at a time), greedy and
