@@ -137,7 +137,9 @@ TEST(Int4CheckpointTest, PackedWeightsLoadValueForValue) {
   const std::string name = "model.layers.1.mlp.experts.3.gate_proj.weight";
   const int64_t rows = config.n_ff_exp, cols = config.n_embd;  // two groups of 32 a row
   const std::vector<TensorData> ts = read_tensors(dir);
-  CheckpointSource src(dir, SourceOptions{.packed_int4 = config.packed_int4});
+  SourceOptions options;
+  options.packed_int4 = config.packed_int4;
+  CheckpointSource src(dir, options);
   const Matrix m = src.matrix(name, rows, cols, Layout::kAsStored);
   ASSERT_EQ(m.dtype, DType::kQ4);
   const std::vector<float> got = dequantize_int(m);
@@ -165,7 +167,8 @@ TEST(Int4CheckpointTest, PackedWeightsLoadValueForValue) {
         }
       },
       [](json& j) { j["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 64; });
-  CheckpointSource src64(g64, SourceOptions{.packed_int4 = load_config(g64).packed_int4});
+  options.packed_int4 = load_config(g64).packed_int4;
+  CheckpointSource src64(g64, options);
   const Matrix m64 = src64.matrix(name, rows, cols, Layout::kAsStored);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t k = 0; k < cols; ++k) {
