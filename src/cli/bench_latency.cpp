@@ -230,6 +230,8 @@ void run_latency_single(const LatencyOptions& o) {
     std::printf("weights: quantization %s, kernel %s\n", describe(model->quantization()).c_str(),
                 matmul_int_kernel());
   }
+  if (const std::string s = describe_stored_int4(model->quantization()); !s.empty())
+    std::printf("weights: %s\n", s.c_str());
   if (model->panel_bytes() > 0) {
     std::printf(
         "weights: attention, dense MLP and output matrices also as panels (%.1f MB packed "

@@ -351,6 +351,10 @@ RankModel load_rank_model(const std::string& model_dir, const DistOptions& o, Di
                  describe(rm.model->quantization()).c_str(), matmul_int_kernel(),
                  rm.model->weight_bytes() / 1048576.0, resident_bytes() / 1048576.0);
   }
+  if (const std::string s = describe_stored_int4(rm.model->quantization()); !s.empty()) {
+    std::fprintf(stderr, "%sweights: %s\n",
+                 ctx ? ("rank " + std::to_string(rank) + ": ").c_str() : "", s.c_str());
+  }
   if (ctx) {
     // The whole model's bytes: this rank's plus the experts it left to the others.
     int64_t n_moe = 0;

@@ -72,4 +72,12 @@ std::string describe(const QuantizationReport& r) {
   return buf;
 }
 
+std::string describe_stored_int4(const QuantizationReport& r) {
+  if (r.n_stored_int4 == 0) return "";
+  char buf[120];
+  std::snprintf(buf, sizeof buf, "%lld matrices int4 as stored (compressed-tensors, %.1f MiB)",
+                static_cast<long long>(r.n_stored_int4), r.stored_int4_bytes / 1048576.0);
+  return buf;
+}
+
 }  // namespace duet

@@ -45,7 +45,13 @@ struct QuantizationReport {
   int64_t n_matrices = 0;
   uint64_t bytes_before = 0;
   uint64_t bytes_after = 0;
+  // A compressed-tensors int4 checkpoint's packed matrices, read as int4 (not counted above).
+  int64_t n_stored_int4 = 0;
+  uint64_t stored_int4_bytes = 0;  // as duet holds them
 };
+
+// "12 matrices int4 as stored (compressed-tensors, 3.1 MiB)", or "" without any.
+std::string describe_stored_int4(const QuantizationReport& r);
 
 // "int8: 36 matrices, 1.2 GiB → 650.0 MiB" (or "none"); int4 adds "(output head int8)".
 std::string describe(const QuantizationReport& r);

@@ -85,6 +85,8 @@ Matrix CheckpointSource::packed_int4(const std::string& name, int64_t rows, int6
           .try_emplace(name, DType::kQ4, rows, cols, values, at + " (with its scales)", &arena_)
           .first->second;
   bytes_by_name_[name] = m.view().nbytes();
+  quantized_.n_stored_int4 += 1;
+  quantized_.stored_int4_bytes += m.view().nbytes();
   return m.view();
 }
 

@@ -260,6 +260,11 @@ TEST(Int4CheckpointTest, GeneratesAsItsDequantizedCopyUnderTheSameQuantization) 
       EXPECT_EQ(got.prompt_logits, want.prompt_logits) << arch << " " << quantization_name(q);
     }
     std::unique_ptr<Model> plain = Model::load(dir);
+    const ModelConfig c = load_config(dir);
+    int64_t moe_layers = 0;
+    for (int64_t il = 0; il < c.n_layer; ++il) moe_layers += c.is_moe_layer(il);
+    EXPECT_EQ(plain->quantization().n_stored_int4, moe_layers * c.n_expert * 3) << arch;
+    EXPECT_EQ(plain->quantization().n_matrices, 0) << arch;
     ThreadPool pool(2);
     GenerateRequest r;
     r.prompt = {1, 2, 3};
