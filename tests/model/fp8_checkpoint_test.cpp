@@ -23,6 +23,7 @@
 #include "model/mla_heads.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "model/test_checkpoint.h"
 #include "model/weight_source.h"
 #include "test_util.h"
 
@@ -49,16 +50,7 @@ void edit_config(const std::string& dir, const std::function<void(json&)>& edit)
   test::write_file(dir + "/config.json", j.dump());
 }
 
-std::vector<TensorData> read_tensors(const std::string& dir) {
-  std::vector<TensorData> ts;
-  const SafetensorsSet set = SafetensorsSet::open_dir(dir);
-  for (const std::string& name : set.names()) {
-    const TensorView& v = set.get(name);
-    const auto* p = static_cast<const uint8_t*>(v.data);
-    ts.push_back({name, v.dtype, v.shape, std::vector<uint8_t>(p, p + v.nbytes())});
-  }
-  return ts;
-}
+using test::read_tensors;
 
 void edit_tensors(const std::string& dir,
                   const std::function<void(std::vector<TensorData>&)>& edit) {
@@ -492,15 +484,7 @@ TEST(Fp8GenerateInt4Test, FourBitsQuantizeTheFp8WeightsAsTheirValues) {
       EXPECT_EQ(a->quantization().n_matrices, b->quantization().n_matrices) << arch;
       EXPECT_EQ(a->quantization().bytes_after, b->quantization().bytes_after) << arch;
       EXPECT_LT(a->quantization().bytes_before, b->quantization().bytes_before) << arch;
-      ThreadPool pool(2);
-      GenerateRequest r;
-      r.prompt = {7, 300, 11, 42, 8, 9, 100, 3, 55};
-      r.max_tokens = 6;
-      r.prompt_logits = true;
-      const GenerateResult got = Generator(*a, pool).generate({r})[0];
-      const GenerateResult want = Generator(*b, pool).generate({r})[0];
-      EXPECT_EQ(got.tokens, want.tokens) << arch << " " << quantization_name(q);
-      EXPECT_EQ(got.prompt_logits, want.prompt_logits) << arch << " " << quantization_name(q);
+      test::expect_same_generation(*a, *b, std::string(arch) + " " + quantization_name(q));
     }
   }
 }

@@ -12,11 +12,13 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/generator.h"
+#include "error_of.h"
 #include "kernels/quantize.h"
 #include "model/config.h"
 #include "model/make_model.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "model/test_checkpoint.h"
 #include "model/weight_source.h"
 #include "test_util.h"
 
@@ -35,26 +37,9 @@ std::string int4_model(const std::string& arch) {
   return opt.dir;
 }
 
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
-std::vector<TensorData> read_tensors(const std::string& dir) {
-  std::vector<TensorData> ts;
-  const SafetensorsSet set = SafetensorsSet::open_dir(dir);
-  for (const std::string& name : set.names()) {
-    const TensorView& v = set.get(name);
-    const auto* p = static_cast<const uint8_t*>(v.data);
-    ts.push_back({name, v.dtype, v.shape, std::vector<uint8_t>(p, p + v.nbytes())});
-  }
-  return ts;
-}
+using test::read_tensors;
 
 // A copy of `dir` with `edit` applied to its tensors (and config.json by `edit_config`).
 std::string edited_copy(const std::string& dir, const std::function<void(std::vector<TensorData>&)>& edit,
@@ -249,15 +234,7 @@ TEST(Int4CheckpointTest, GeneratesAsItsDequantizedCopyUnderTheSameQuantization) 
       LoadOptions opt;
       opt.quantization = q;
       std::unique_ptr<Model> a = Model::load(dir, opt), b = Model::load(deq, opt);
-      ThreadPool pool(2);
-      GenerateRequest r;
-      r.prompt = {7, 300, 11, 42, 8, 9, 100, 3, 55};
-      r.max_tokens = 6;
-      r.prompt_logits = true;
-      const GenerateResult got = Generator(*a, pool).generate({r})[0];
-      const GenerateResult want = Generator(*b, pool).generate({r})[0];
-      EXPECT_EQ(got.tokens, want.tokens) << arch << " " << quantization_name(q);
-      EXPECT_EQ(got.prompt_logits, want.prompt_logits) << arch << " " << quantization_name(q);
+      test::expect_same_generation(*a, *b, std::string(arch) + " " + quantization_name(q));
     }
     std::unique_ptr<Model> plain = Model::load(dir);
     const ModelConfig c = load_config(dir);

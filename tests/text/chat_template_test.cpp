@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "error_of.h"
 
 namespace duet {
 namespace {
@@ -23,15 +24,7 @@ const char* kMixtral =
     "message['content'] + eos_token}}{% else %}{{ raise_exception('Only user and assistant "
     "roles are supported!') }}{% endif %}{% endfor %}";
 
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 // A template read as raw bytes (chat_template.jinja) may hold ill-formed UTF-8: printing a list
 // shows each string as Python's repr, character by character; an ill-formed byte is kept as it

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "error_of.h"
 #include "text/jinja_eval.h"
 #include "text/jinja_parser.h"
 
@@ -18,15 +19,7 @@ std::string render_text(const std::string& source, const std::string& vars_json 
   return render(body, *vars.dict);
 }
 
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 struct Case {
   const char* source;

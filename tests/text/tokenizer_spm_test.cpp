@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "error_of.h"
 #include "text/tokenizer.h"
 
 namespace duet {
@@ -216,15 +217,7 @@ TEST(SpmTokenizerTest, MetaspacePreTokenizerAndDecoder) {
   EXPECT_EQ(make(doc)->encode("<s>Hello"), (Ids{1, kHello}));
 }
 
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(SpmTokenizerTest, RefusesUnsupportedComponentsByName) {
   json doc = llama_doc();

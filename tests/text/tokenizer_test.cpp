@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "error_of.h"
 #include "text/tokenizer_bpe.h"
 #include "text/tokenizer_nfc.h"
 
@@ -290,16 +291,7 @@ TEST(TinyTokenizerTest, SplitBehaviors) {
   EXPECT_EQ(with_split("Contiguous"), (Ids{8, 9, 3}));             // "he" "ll" "o"
 }
 
-// Runs `fn` and returns the duet::Error message it throws ("" if none).
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(TinyTokenizerTest, ErrorsNameSourceAndComponent) {
   json doc = tiny_doc(false);

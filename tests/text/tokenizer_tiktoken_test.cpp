@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "error_of.h"
 #include "test_util.h"
 #include "text/tokenizer.h"
 #include "text/tokenizer_regex.h"
@@ -30,15 +31,7 @@ std::vector<std::string> pieces(const std::string& pattern, const std::string& t
   return out;
 }
 
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(OnigurumaClassesTest, KimiPatternKeepsHanRunsApart) {
   using V = std::vector<std::string>;
