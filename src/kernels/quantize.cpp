@@ -187,6 +187,7 @@ QuantizedMatrix::QuantizedMatrix(DType to, int64_t rows, int64_t cols, const Row
   std::vector<float> d(static_cast<size_t>(n_groups));
   build(to, rows, cols, arena,
         [&](int64_t r, int8_t* row_q, uint16_t* row_s, float& row_scale) {
+          std::fill_n(row_q, q8_ld(cols), int8_t{0});
           std::fill(d.begin(), d.end(), 0.0f);
           values(r, row_q, d.data());
           row_scale = row_scale_for(d.data(), n_groups);
@@ -223,7 +224,6 @@ void QuantizedMatrix::build(DType to, int64_t rows, int64_t cols, HugePageArena*
   std::vector<int8_t> row_q(static_cast<size_t>(ld));
   std::vector<uint16_t> row_s(static_cast<size_t>(n_groups));
   for (int64_t r = 0; r < rows; ++r) {
-    std::fill(row_q.begin(), row_q.end(), int8_t{0});
     fill(r, row_q.data(), row_s.data(), row_scales[r]);
     if (q4) {
       for (int64_t k = 0; k < ld; ++k) {

@@ -103,7 +103,7 @@ class QuantizedMatrix {
   const Matrix& view() const { return view_; }
 
  private:
-  // Writes row r's values, f16 scales and row factor (the layouts above).
+  // Writes row r's values (all q8_ld(cols) of them), f16 scales and row factor.
   using RowFill = std::function<void(int64_t r, int8_t* q, uint16_t* s, float& row_scale)>;
   void build(DType to, int64_t rows, int64_t cols, HugePageArena* arena, const RowFill& fill);
 

@@ -292,7 +292,8 @@ void make_model(const MakeModelOptions& opt) {
   if (opt.dtype == DType::kF8E4M3) cfg["quantization_config"] = fp8_quantization_config();  // fp8
   if (opt.dtype == DType::kQ4) cfg["quantization_config"] = int4_quantization_config();
   const ModelConfig config = parse_config(cfg, "make-model config");
-  if (opt.dtype == DType::kF16) throw Error("make-model writes f32, bf16 or fp8 weights, not f16");
+  if (opt.dtype == DType::kF16)
+    throw Error("make-model writes f32, bf16, fp8 or int4 weights, not f16");
 
   std::filesystem::create_directories(opt.dir);
   std::vector<TensorData> tensors;
@@ -318,18 +319,13 @@ void make_model(const MakeModelOptions& opt) {
                        : is_embed ? 1.0
                                   : 1.0 / std::sqrt(double(r.shape[1]));
     const double mean = is_norm && !is_bias ? 1.0 : 0.0;
-    if (opt.dtype == DType::kF8E4M3) {  // fp8: the f32 weights quantized, as published
-      for (TensorData& t : fp8_checkpoint_tensors(
-               random_tensor(r.name, r.shape, DType::kF32, opt.seed, mean, std))) {
-        tensors.push_back(std::move(t));
-      }
-      continue;
-    }
-    if (opt.dtype == DType::kQ4) {  // int4: the routed experts' bf16 weights packed, as published
-      for (TensorData& t : int4_checkpoint_tensors(
-               random_tensor(r.name, r.shape, DType::kBF16, opt.seed, mean, std))) {
-        tensors.push_back(std::move(t));
-      }
+    if (opt.dtype == DType::kF8E4M3 || opt.dtype == DType::kQ4) {  // quantized, as published:
+      // fp8 from the f32 weights, int4 (the routed experts) from the bf16 ones
+      const bool fp8 = opt.dtype == DType::kF8E4M3;
+      const TensorData t =
+          random_tensor(r.name, r.shape, fp8 ? DType::kF32 : DType::kBF16, opt.seed, mean, std);
+      for (TensorData& q : fp8 ? fp8_checkpoint_tensors(t) : int4_checkpoint_tensors(t))
+        tensors.push_back(std::move(q));
       continue;
     }
     tensors.push_back(random_tensor(r.name, r.shape, opt.dtype, opt.seed, mean, std));

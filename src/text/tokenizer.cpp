@@ -196,48 +196,44 @@ Tokenizer::~Tokenizer() = default;
 namespace {
 
 // Kimi's tiktoken tokenizer (no tokenizer.json; its class in Python code): the tokenizer.json
-// text equal to it, from dir/tiktoken.model and the tokenizer_config.json that names the class.
-std::string kimi_tokenizer_json(const std::string& dir, const std::string& ranks_path) {
+// text equal to it, from the ranks at ranks_path and `config`, the directory's
+// tokenizer_config.json (null without one), which must name the class.
+std::string kimi_tokenizer_json(const json& config, const std::string& config_path,
+                                const std::string& ranks_path) {
   constexpr int32_t kReservedSpecials = 256;  // tokenization_kimi.py's num_reserved_special_tokens
-  const std::string config_path = dir + "/tokenizer_config.json";
-  if (!std::ifstream(config_path)) {
+  if (config.is_null()) {
     DUET_ERROR(ranks_path << ": there is no tokenizer.json, and no tokenizer_config.json to say "
                              "which tiktoken tokenizer this is (duet reads Kimi's)");
   }
+  std::string cls;
+  const json* am =
+      config.is_object() && config.contains("auto_map") ? &config.at("auto_map") : nullptr;
+  if (am && am->is_object() && am->contains("AutoTokenizer")) {
+    const json& at = am->at("AutoTokenizer");
+    const json& first = at.is_array() && !at.empty() ? at[0] : at;
+    if (first.is_string()) cls = first.get<std::string>();
+  }
+  if (cls != "tokenization_kimi.TikTokenTokenizer") {
+    DUET_ERROR(config_path << ": auto_map.AutoTokenizer is '" << cls
+                           << "'; of the tiktoken tokenizers duet reads Kimi's "
+                              "(tokenization_kimi.TikTokenTokenizer), whose regex it knows");
+  }
   std::map<int64_t, std::string> named;
-  try {
-    const json config = json::parse(read_file(config_path));
-    std::string cls;
-    const json* am =
-        config.is_object() && config.contains("auto_map") ? &config.at("auto_map") : nullptr;
-    if (am && am->is_object() && am->contains("AutoTokenizer")) {
-      const json& at = am->at("AutoTokenizer");
-      const json& first = at.is_array() && !at.empty() ? at[0] : at;
-      if (first.is_string()) cls = first.get<std::string>();
-    }
-    if (cls != "tokenization_kimi.TikTokenTokenizer") {
-      DUET_ERROR(config_path << ": auto_map.AutoTokenizer is '" << cls
-                             << "'; of the tiktoken tokenizers duet reads Kimi's "
-                                "(tokenization_kimi.TikTokenTokenizer), whose regex it knows");
-    }
-    if (config.contains("added_tokens_decoder")) {
-      for (const auto& [key, v] : config.at("added_tokens_decoder").items()) {
-        const std::string name = config_token_name(v);
-        size_t used = 0;
-        int64_t id = -1;
-        try {
-          id = std::stoll(key, &used);
-        } catch (const std::exception&) {
-        }
-        if (used != key.size() || id < 0 || name.empty()) {
-          DUET_ERROR(config_path << ": added_tokens_decoder entry '" << key
-                                 << "' is not an id with a content");
-        }
-        named[id] = name;
+  if (config.contains("added_tokens_decoder")) {
+    for (const auto& [key, v] : config.at("added_tokens_decoder").items()) {
+      const std::string name = config_token_name(v);
+      size_t used = 0;
+      int64_t id = -1;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
       }
+      if (used != key.size() || id < 0 || name.empty()) {
+        DUET_ERROR(config_path << ": added_tokens_decoder entry '" << key
+                               << "' is not an id with a content");
+      }
+      named[id] = name;
     }
-  } catch (const json::exception& e) {
-    DUET_ERROR(config_path << ": malformed JSON: " << e.what());
   }
   return tiktoken_tokenizer_json(read_file(ranks_path), ranks_path, named, kReservedSpecials,
                                  kKimiPattern);
@@ -252,27 +248,30 @@ bool Tokenizer::exists(const std::string& dir) {
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
   const std::string ranks_path = dir + "/tiktoken.model";
-  std::unique_ptr<Tokenizer> tok = !std::ifstream(path) && std::ifstream(ranks_path)
-                                       ? from_json(kimi_tokenizer_json(dir, ranks_path), ranks_path)
-                                       : from_json(read_file(path), path);
   const std::string config_path = dir + "/tokenizer_config.json";
-  if (!std::ifstream(config_path)) return tok;
+  json config;  // tokenizer_config.json, read once; null without one
   try {
-    const json config = json::parse(read_file(config_path));
+    if (std::ifstream(config_path)) config = json::parse(read_file(config_path));
+    std::unique_ptr<Tokenizer> tok =
+        !std::ifstream(path) && std::ifstream(ranks_path)
+            ? from_json(kimi_tokenizer_json(config, config_path, ranks_path), ranks_path)
+            : from_json(read_file(path), path);
     if (config.is_object() && config.contains("add_bos_token") &&
         config.at("add_bos_token").is_boolean())
       tok->impl_->add_bos_token = config.at("add_bos_token").get<bool>();
-    for (auto [key, slot] : {std::pair{"bos_token", &tok->impl_->bos_id},
-                             std::pair{"eos_token", &tok->impl_->eos_id}}) {
-      const std::string name = config_token_name(config.value(key, json()));
-      if (name.empty()) continue;
-      *slot = tok->token_to_id(name);
-      if (*slot < 0) DUET_ERROR(config_path << ": " << key << " '" << name << "' is not a token");
+    if (!config.is_null()) {
+      for (auto [key, slot] : {std::pair{"bos_token", &tok->impl_->bos_id},
+                               std::pair{"eos_token", &tok->impl_->eos_id}}) {
+        const std::string name = config_token_name(config.value(key, json()));
+        if (name.empty()) continue;
+        *slot = tok->token_to_id(name);
+        if (*slot < 0) DUET_ERROR(config_path << ": " << key << " '" << name << "' is not a token");
+      }
     }
+    return tok;
   } catch (const json::exception& e) {
     DUET_ERROR(config_path << ": malformed JSON: " << e.what());
   }
-  return tok;
 }
 
 std::unique_ptr<Tokenizer> Tokenizer::from_json(const std::string& tokenizer_json_text,
